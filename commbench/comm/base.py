@@ -1,0 +1,152 @@
+"""The communicator interface every backend implements.
+
+A communicator knows the job's topology (rank, size, and the two levels used
+by hierarchical schemes: ``local`` = ranks on the same host, ``cross`` = ranks
+with the same local rank on different hosts) and offers the few collectives
+the strategies need. Tensors are CPU torch tensors reduced in place.
+"""
+
+from __future__ import annotations
+
+import abc
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class Handle(abc.ABC):
+    """A non-blocking collective in flight."""
+
+    @abc.abstractmethod
+    def test(self) -> bool:
+        """Drive progress; return True once the operation has completed."""
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Block until the operation has completed."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a rank sits: its host, and its place on and across hosts."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostnames: tuple[str, ...]  # host of every rank, indexed by rank
+
+    @property
+    def nodes(self) -> int:
+        return len(set(self.hostnames))
+
+    @property
+    def local_sizes(self) -> tuple[int, ...]:
+        """Ranks per node, nodes in order of their first rank (uneven allowed)."""
+        seen: dict[str, int] = {}
+        for h in self.hostnames:
+            seen[h] = seen.get(h, 0) + 1
+        return tuple(seen.values())
+
+
+def topology_from_hostnames(rank: int, hostnames: list[str] | tuple[str, ...]) -> Topology:
+    """Group ranks by host name, as Horovod and Open MPI do.
+
+    local_rank is the rank's index among the ranks of its host (ordered by
+    global rank); cross_rank is the host's index among hosts that have a rank
+    with that local_rank, so cross groups work for uneven nodes too.
+    """
+    hostnames = tuple(hostnames)
+    me = hostnames[rank]
+    local = [r for r, h in enumerate(hostnames) if h == me]
+    local_rank = local.index(rank)
+    hosts_in_order = list(dict.fromkeys(hostnames))
+    cross = [h for h in hosts_in_order
+             if sum(1 for x in hostnames if x == h) > local_rank]
+    return Topology(rank=rank, size=len(hostnames), local_rank=local_rank,
+                    local_size=len(local), cross_rank=cross.index(me),
+                    cross_size=len(cross), hostnames=hostnames)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+class Communicator(abc.ABC):
+    """One backend's view of the job. Subclasses set ``name`` and ``topo``."""
+
+    name: str = "?"
+    topo: Topology
+
+    # -- topology shortcuts -------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.topo.rank
+
+    @property
+    def size(self) -> int:
+        return self.topo.size
+
+    @property
+    def local_rank(self) -> int:
+        return self.topo.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.topo.local_size
+
+    @property
+    def cross_rank(self) -> int:
+        return self.topo.cross_rank
+
+    @property
+    def cross_size(self) -> int:
+        return self.topo.cross_size
+
+    # -- collectives on tensors (sum, in place) ----------------------------
+    @abc.abstractmethod
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over all ranks, in place, with the backend's own algorithm."""
+
+    @abc.abstractmethod
+    def iallreduce(self, tensor: torch.Tensor) -> Handle:
+        """Start a non-blocking in-place sum of ``tensor``; return its handle."""
+
+    @abc.abstractmethod
+    def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
+                 tag: int = 0) -> None:
+        """Send ``send`` to ``dest`` while receiving ``recv`` from ``source`` (point to point)."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank has arrived."""
+
+    # -- small Python objects (outside timed regions) ----------------------
+    @abc.abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Return ``obj`` of every rank, indexed by rank."""
+
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Return ``obj`` of every rank on rank 0, None elsewhere."""
+        objs = self.allgather_object(obj)
+        return objs if self.rank == 0 else None
+
+    @abc.abstractmethod
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Return root's ``obj`` on every rank."""
+
+    # -- job control ---------------------------------------------------------
+    @abc.abstractmethod
+    def abort(self, code: int = 1) -> None:
+        """End the whole job now (all ranks) with ``code``."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the backend (called once at the end)."""
+
+    @abc.abstractmethod
+    def versions(self) -> dict[str, str]:
+        """Library versions this backend runs on, for result records."""

@@ -1,0 +1,111 @@
+"""Horovod backend (horovod.torch): Horovod's own collectives and its topology.
+
+Point-to-point messages (used by the project's ring) are not part of Horovod's
+API; when Horovod runs on MPI (``horovodrun --mpi`` or plain mpirun) they go
+through mpi4py on the same ``MPI_COMM_WORLD`` Horovod uses. Under the Gloo
+controller there is no point-to-point path and ``sendrecv`` says so.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from commbench.comm.base import Communicator, Handle, Topology, hostname
+
+
+def launched_by_mpi() -> bool:
+    return any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+class _HorovodHandle(Handle):
+    __slots__ = ("_hvd", "_handle", "_done")
+
+    def __init__(self, hvd: Any, handle: Any) -> None:
+        self._hvd = hvd
+        self._handle = handle
+        self._done = False
+
+    def test(self) -> bool:
+        # Horovod progresses on its own background thread; poll only observes.
+        if not self._done and self._hvd.poll(self._handle):
+            self.wait()
+        return self._done
+
+    def wait(self) -> None:
+        if not self._done:
+            self._hvd.synchronize(self._handle)
+            self._done = True
+
+
+class HorovodCommunicator(Communicator):
+    name = "horovod"
+
+    def __init__(self) -> None:
+        self._mpi = None
+        if launched_by_mpi():
+            # Initialise MPI with MPI_THREAD_MULTIPLE (mpi4py's default) before
+            # Horovod so both share MPI_COMM_WORLD.
+            from mpi4py import MPI
+
+            self._mpi = MPI
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        hvd.init()
+        if self._mpi is not None and not hvd.mpi_enabled():
+            self._mpi = None  # Gloo controller under mpirun: do not mix in MPI traffic
+        hosts = tuple(hvd.allgather_object(hostname()))
+        self.topo = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                             local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
+                             cross_size=hvd.cross_size(), hostnames=hosts)
+
+    @property
+    def controller(self) -> str:
+        return "mpi" if self.hvd.mpi_enabled() else "gloo"
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+
+    def iallreduce(self, tensor: torch.Tensor) -> Handle:
+        return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(tensor, op=self.hvd.Sum))
+
+    def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
+                 tag: int = 0) -> None:
+        if self._mpi is None:
+            raise RuntimeError(
+                "point-to-point messages under the horovod backend need Horovod's MPI "
+                "controller (horovodrun --mpi or mpirun); this job runs on Gloo")
+        from commbench.comm.mpi import as_buffer
+
+        self._mpi.COMM_WORLD.Sendrecv(as_buffer(send), dest, tag, as_buffer(recv), source, tag)
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return list(self.hvd.allgather_object(obj, name="commbench.allgather_object"))
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.hvd.broadcast_object(obj, root_rank=root, name="commbench.bcast_object")
+
+    def abort(self, code: int = 1) -> None:
+        if self._mpi is not None:
+            self._mpi.COMM_WORLD.Abort(code)
+        os._exit(code)  # horovodrun (Gloo) ends the other workers when one exits
+
+    def close(self) -> None:
+        self.hvd.shutdown()
+
+    def versions(self) -> dict[str, str]:
+        import horovod
+
+        out = {"horovod": horovod.__version__, "horovod_controller": self.controller}
+        if self._mpi is not None:
+            import mpi4py
+
+            out["mpi4py"] = mpi4py.__version__
+            out["mpi_library"] = self._mpi.Get_library_version().strip().splitlines()[0]
+        return out

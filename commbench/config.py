@@ -1,0 +1,179 @@
+"""Command-line flags of ``commbench.allreduce``, grouped, with their checks.
+
+Everything is checked here, on every rank, before any library is
+initialised or any collective runs: a bad flag ends every rank with exit
+status 2 and one line naming the flag. Later issues add flags to
+``build_parser``'s groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+class ConfigError(Exception):
+    """A user error in the command line; the message names the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump, exit 2 by the caller
+        raise ConfigError(message)
+
+
+def _csv(choices: tuple[str, ...] | None, flag: str):
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{flag} needs at least one value")
+        if choices is not None:
+            bad = [x for x in items if x not in choices]
+            if bad:
+                raise argparse.ArgumentTypeError(
+                    f"unknown value {bad[0]!r}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+@dataclass
+class Config:
+    strategies: list[str] = field(default_factory=lambda: ["flat"])
+    algos: list[str] = field(default_factory=lambda: ["native", "ring"])
+    backend: str = "auto"
+    workload: str = "synthetic"
+    model: str = "resnet50"
+    batch_size: int = 32
+    num_classes: int = 1000
+    compute_ms: float = 100.0
+    steps: int = 20
+    warmup: int = 3
+    seed: int = 0
+    validate: bool = True
+    output: str | None = None
+    output_dir: str = "results"
+    quiet: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Imported here so --help lists exactly what the registries hold.
+    from commbench.comm import BACKENDS
+    from commbench.models import MODELS
+    from commbench.strategies import ALGOS, STRATEGIES
+    from commbench.workloads import WORKLOADS
+
+    d = Config()
+    p = _Parser(
+        prog="python -m commbench.allreduce",
+        description="Time every training step under a gradient-sync strategy and report "
+                    "how much of it is spent waiting for gradients. Run it under "
+                    "horovodrun or mpirun.",
+        formatter_class=lambda prog: argparse.ArgumentDefaultsHelpFormatter(prog, width=96),
+        epilog="examples:\n"
+               "  horovodrun -np 8 -H localhost:8 python -m commbench.allreduce\n"
+               "  mpirun -np 4 python -m commbench.allreduce --algo ring --model resnet18\n"
+               "  mpirun -np 64 --hostfile hosts python -m commbench.allreduce --steps 100")
+
+    g = p.add_argument_group("synchronisation")
+    g.add_argument("--strategy", dest="strategies", metavar="NAME[,NAME]",
+                   type=_csv(tuple(STRATEGIES), "--strategy"), default=d.strategies,
+                   help=f"strategies to run, one run each: {', '.join(STRATEGIES)}")
+    g.add_argument("--algo", dest="algos", metavar="NAME[,NAME]",
+                   type=_csv(tuple(ALGOS), "--algo"), default=d.algos,
+                   help="all-reduce algorithms for strategies that take one: native = the "
+                        "backend's own, ring = the project's reduce-scatter + all-gather")
+    g.add_argument("--backend", choices=("auto", *BACKENDS), default=d.backend,
+                   help="communication backend; auto = horovod under horovodrun, mpi under "
+                        "mpirun")
+
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
+                   help="synthetic = a real model's gradient shapes, compute replayed")
+    g.add_argument("--model", choices=tuple(MODELS), default=d.model,
+                   help="model whose gradients are synchronised")
+    g.add_argument("--batch-size", type=_positive_int, default=d.batch_size,
+                   help="samples per rank per step (throughput = ranks * batch / step)")
+    g.add_argument("--num-classes", type=_positive_int, default=d.num_classes,
+                   help="classifier width (sets the last layer's gradient size)")
+    g.add_argument("--compute-ms", type=_nonneg_float, default=d.compute_ms,
+                   help="forward+backward time per step replayed by the synthetic workload "
+                        "(1/3 forward, 2/3 backward)")
+
+    g = p.add_argument_group("run")
+    g.add_argument("--steps", type=_positive_int, default=d.steps,
+                   help="measured steps per run")
+    g.add_argument("--warmup", type=_nonneg_int, default=d.warmup,
+                   help="warm-up steps before them (recorded, flagged, excluded from summaries)")
+    g.add_argument("--seed", type=_nonneg_int, default=d.seed, help="seed for gradient values")
+    g.add_argument("--no-validate", dest="validate", action="store_false",
+                   help="skip the correctness pass (known values, closed-form sum)")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--output", metavar="FILE", default=None,
+                   help="JSON Lines results file (default: results/allreduce-<time>-<backend>"
+                        "-np<N>.jsonl)")
+    g.add_argument("--quiet", action="store_true", help="no table on rank 0")
+    return p
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Fail unless ``path`` can be created (parents included) or overwritten."""
+    if path.is_dir():
+        raise ConfigError(f"{flag}: {path} is a directory")
+    anc = path.parent
+    while not anc.exists():
+        if anc.parent == anc:
+            break
+        anc = anc.parent
+    if not anc.is_dir():
+        raise ConfigError(f"{flag}: cannot create {path}: {anc} is not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: cannot write under {anc}: permission denied")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{flag}: {path} is not writable")
+    if str(anc).startswith(("/proc", "/sys")):
+        raise ConfigError(f"{flag}: cannot write under {anc}")
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
+    out = Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl"
+    check_writable(out, "--output")
+    return cfg

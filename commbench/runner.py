@@ -1,0 +1,92 @@
+"""The step loop and what is made of its samples: records and summaries.
+
+Per step, on every rank: a barrier whose duration is recorded as ``wait_s``
+(a slow rank's lateness, kept apart from transfer time), then the timed step:
+forward, backward (gradients announced to the strategy as they are ready),
+the strategy's finish, the optimizer. Samples stay on their rank until the
+run ends, then are gathered to rank 0, so no collective of the bookkeeping
+runs inside or between timed steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from commbench import metrics
+from commbench.comm.base import Communicator
+from commbench.strategies.base import Strategy
+from commbench.timing import NullTimer, StepSample, StepTimer, now
+
+RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s")
+
+
+def run_steps(comm: Communicator, workload, strategy: Strategy,
+              timer: StepTimer | NullTimer, steps: int, warmup: int,
+              first_step: int = 0) -> list[StepSample]:
+    """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer)."""
+    samples = []
+    for k in range(first_step, first_step + warmup + steps):
+        t = now()
+        comm.barrier()
+        wait_s = now() - t
+        timer.begin_step(k, k - first_step < warmup, wait_s)
+        strategy.begin_step(timer)
+        workload.forward(timer, strategy.progress)
+        workload.backward(timer, strategy.on_ready, strategy.progress)
+        strategy.finish()
+        workload.optimizer_step(timer)
+        sample = timer.end_step()
+        if sample is not None:
+            samples.append(sample)
+    return samples
+
+
+def step_record(per_rank: Sequence[StepSample], world_size: int) -> dict:
+    """Reduce one step's per-rank samples: the step takes as long as its slowest rank.
+
+    Compute, comm and exposed sync are those of that critical-path rank, so
+    ``step_s = compute_s + exposed_sync_s`` holds within the record; every
+    rank's raw numbers are kept under ``ranks``.
+    """
+    crit = max(range(len(per_rank)), key=lambda r: per_rank[r].step_s)
+    c = per_rank[crit]
+    return {
+        "step": c.step,
+        "warmup": c.warmup,
+        "critical_rank": crit,
+        "step_s": c.step_s,
+        "compute_s": c.compute_s,
+        "comm_s": c.comm_s,
+        "exposed_sync_s": c.exposed_sync_s,
+        "sync_share": metrics.sync_share(c.exposed_sync_s, c.step_s),
+        "overlap": metrics.overlap(c.exposed_sync_s, c.comm_s),
+        "wait_s": max(s.wait_s for s in per_rank),
+        "comm_calls": c.comm_calls,
+        "comm_bytes": c.comm_bytes,
+        "busbw_gbps": metrics.busbw(c.comm_bytes, c.comm_s, world_size)
+        if c.comm_calls else None,
+        "ranks": {f: [getattr(s, f) for s in per_rank] for f in RANK_FIELDS},
+    }
+
+
+SUMMARY_FIELDS = ("step_s", "compute_s", "comm_s", "exposed_sync_s", "sync_share",
+                  "overlap", "busbw_gbps", "wait_s", "throughput")
+
+
+def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:
+    """Median/p5/p95/count of every step field over the measured (non-warm-up) steps.
+
+    The summary's plain fields (``step_s``, ``sync_share``, …) are the medians.
+    """
+    measured = [s for s in steps if not s["warmup"]]
+    out: dict = {"measured_steps": len(measured), "warmup_steps": len(steps) - len(measured)}
+    stats = {}
+    for f in SUMMARY_FIELDS:
+        if f == "throughput":
+            vals = [samples_per_step / s["step_s"] for s in measured if s["step_s"] > 0]
+        else:
+            vals = [s[f] for s in measured if s.get(f) is not None]
+        stats[f] = metrics.summarize(vals)
+        out[f] = stats[f]["median"]
+    out["stats"] = stats
+    return out

@@ -1,0 +1,48 @@
+"""The interface every synchronisation strategy implements.
+
+A strategy is built once per run from the communicator, the gradient tensors
+(in parameter order) and its knobs. Each step the runner calls
+``begin_step(timer)``; the workload calls ``on_ready(i)`` as gradient ``i``
+is produced (backward order) and ``progress()`` while it computes; then the
+runner calls ``finish()``, after which every gradient holds the mean over
+ranks. Strategies time their collectives on the timer they were given.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import torch
+
+from commbench.comm.base import Communicator
+from commbench.timing import NullTimer, StepTimer
+
+
+class Strategy(abc.ABC):
+    name: str = "?"
+    #: whether --algo applies (the strategy runs one of ALGOS on a buffer)
+    uses_algo: bool = False
+
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor]) -> None:
+        self.comm = comm
+        self.grads = list(grads)
+        self.nbytes = sum(g.numel() * g.element_size() for g in self.grads)
+        self.timer: StepTimer | NullTimer = NullTimer()
+
+    def begin_step(self, timer: StepTimer | NullTimer) -> None:
+        self.timer = timer
+
+    def on_ready(self, i: int) -> None:  # noqa: B027 - most strategies wait for finish()
+        """Gradient ``i`` has been produced."""
+
+    #: called while compute runs; None when the strategy has nothing to drive
+    progress = None
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Complete the step's synchronisation; gradients then hold the mean."""
+
+    def knobs(self) -> dict:
+        """The strategy's settings, for result records."""
+        return {}

@@ -1,0 +1,130 @@
+"""Per-step phase timing on one rank.
+
+A step is timed from the moment every rank has left a barrier (so waiting for
+a slow rank to *arrive* is recorded apart, as ``wait_s``) to the end of the
+optimizer update. Inside it the workload marks compute spans and strategies
+mark the intervals during which a gradient collective was in flight; comm
+time is the union of those intervals. Only this rank's clock is ever used.
+
+``NullTimer`` has the same interface and does nothing: the instrumentation
+overhead benchmark runs the same loop with each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+from commbench.metrics import exposed_sync, union_length
+
+now = time.perf_counter
+
+
+@dataclass
+class StepSample:
+    """One rank's timings for one step (seconds)."""
+
+    step: int
+    warmup: bool
+    wait_s: float  # time in the pre-step barrier: skew between ranks, not transfer
+    step_s: float
+    compute_s: float
+    comm_s: float
+    exposed_sync_s: float
+    comm_calls: int
+    comm_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class StepTimer:
+    """Collects one step's phases; ``end_step`` returns the sample."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self._intervals: list[tuple[float, float]] = []
+        self._compute = 0.0
+        self._calls = 0
+        self._bytes = 0
+        self._t0 = 0.0
+        self._step = 0
+        self._warmup = False
+        self._wait = 0.0
+
+    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
+        self._intervals.clear()
+        self._compute = 0.0
+        self._calls = self._bytes = 0
+        self._step, self._warmup, self._wait = step, warmup, wait_s
+        self._t0 = now()
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        t = now()
+        try:
+            yield
+        finally:
+            self._compute += now() - t
+
+    def add_compute(self, seconds: float) -> None:
+        self._compute += seconds
+
+    clock = staticmethod(now)
+
+    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
+        """Record that a collective of ``nbytes`` was in flight from ``start`` to ``end``."""
+        self._intervals.append((start, end))
+        self._calls += calls
+        self._bytes += nbytes
+
+    @contextlib.contextmanager
+    def comm_span(self, nbytes: int, calls: int = 1) -> Iterator[None]:
+        """Time a blocking collective of ``nbytes``."""
+        t = now()
+        try:
+            yield
+        finally:
+            self.comm(t, now(), nbytes, calls)
+
+    def end_step(self) -> StepSample:
+        step_s = now() - self._t0
+        return StepSample(
+            step=self._step, warmup=self._warmup, wait_s=self._wait, step_s=step_s,
+            compute_s=self._compute, comm_s=union_length(self._intervals),
+            exposed_sync_s=exposed_sync(step_s, self._compute),
+            comm_calls=self._calls, comm_bytes=self._bytes)
+
+
+_NULL_CTX = contextlib.nullcontext()
+
+
+class NullTimer:
+    """StepTimer's interface with no clock reads: the uninstrumented loop."""
+
+    enabled = False
+
+    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
+        pass
+
+    def compute(self) -> contextlib.AbstractContextManager[None]:
+        return _NULL_CTX
+
+    def add_compute(self, seconds: float) -> None:
+        pass
+
+    @staticmethod
+    def clock() -> float:
+        return 0.0
+
+    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
+        pass
+
+    def comm_span(self, nbytes: int, calls: int = 1) -> contextlib.AbstractContextManager[None]:
+        return _NULL_CTX
+
+    def end_step(self) -> None:
+        return None
