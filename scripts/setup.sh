@@ -47,14 +47,21 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade pip setuptools wheel >/dev/null
-
-if ! "$PY" -c "import torch, sys; sys.exit(0)" 2>/dev/null; then
-  log "installing $TORCH_REQ"
-  "${PIP[@]}" install "$TORCH_REQ"
+# Python packages are reinstalled only when what asks for them changed.
+stamp="$VENV/.commbench-setup"
+want=$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)-$TORCH_REQ
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  "${PIP[@]}" install --upgrade pip setuptools wheel >/dev/null
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    log "installing $TORCH_REQ"
+    "${PIP[@]}" install "$TORCH_REQ"
+  fi
+  log "installing project (editable) with test extras"
+  "${PIP[@]}" install -e "$ROOT[test]"
+  echo "$want" > "$stamp"
+else
+  log "python packages up to date ($VENV)"
 fi
-log "installing project (editable) with test extras"
-"${PIP[@]}" install -e "$ROOT[test]"
 
 # --- 3. Horovod ---------------------------------------------------------------
 torch_ver=$("$PY" -c "import torch; print(torch.__version__.replace('+', '_'))")

@@ -1,0 +1,21 @@
+# commbench: `make run` sets up and runs the default study; `make test` sets up and runs the tests.
+NP ?= 8
+VENV ?= .venv
+ARGS ?=
+
+.PHONY: setup run test lint clean
+
+setup:
+	./scripts/setup.sh
+
+run: setup
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(VENV)/bin/python -m commbench.allreduce $(ARGS)
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+lint:
+	$(VENV)/bin/ruff check commbench launch analysis tests
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

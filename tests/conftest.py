@@ -1,0 +1,47 @@
+"""Shared helpers for tests that launch real MPI / Horovod jobs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import commands
+from launch.execute import Completed, run
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+JOB_TIMEOUT = 240  # seconds; a job that takes longer has hung
+
+
+def need(binary: str) -> None:
+    if shutil.which(binary) is None and not Path(binary).exists():
+        pytest.fail(f"{binary} not found: run scripts/setup.sh first")
+
+
+def horovodrun_bin() -> str:
+    return str(Path(PY).parent / "horovodrun")
+
+
+def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIMEOUT,
+           env: dict[str, str] | None = None) -> Completed:
+    """Run ``program`` under ``mpirun`` or ``horovodrun`` (mpi controller) with ``np`` ranks."""
+    if launcher == "mpirun":
+        need("mpirun")
+        argv = commands.mpirun(np, program)
+    elif launcher in ("horovodrun", "horovodrun-gloo"):
+        need(horovodrun_bin())
+        argv = commands.horovodrun(np, program, horovodrun_bin=horovodrun_bin(),
+                                   controller="gloo" if launcher.endswith("gloo") else "mpi")
+    else:
+        raise ValueError(launcher)
+    res = run(argv, timeout=timeout, env={"OMP_NUM_THREADS": "1", **(env or {})}, cwd=str(ROOT))
+    assert not res.timed_out, f"{argv} timed out after {timeout}s\n{res.stdout}\n{res.stderr}"
+    return res
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

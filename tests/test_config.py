@@ -1,0 +1,70 @@
+import subprocess
+
+import pytest
+
+from commbench.config import Config, ConfigError, parse_config
+from tests.conftest import PY, ROOT
+
+
+def test_defaults():
+    cfg = parse_config([])
+    assert cfg.strategies == ["flat"] and cfg.algos == ["native", "ring"]
+    assert cfg.backend == "auto" and cfg.model == "resnet50" and cfg.steps > 0
+    assert cfg.as_dict() == Config(**cfg.as_dict()).as_dict()
+
+
+def test_lists_and_values():
+    cfg = parse_config(["--algo", "ring", "--model", "resnet18", "--steps", "7", "--warmup", "0",
+                        "--compute-ms", "12.5", "--batch-size", "64", "--seed", "3"])
+    assert (cfg.algos, cfg.model, cfg.steps, cfg.warmup, cfg.compute_ms, cfg.batch_size,
+            cfg.seed) == (["ring"], "resnet18", 7, 0, 12.5, 64, 3)
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--strategy", "nope"], "--strategy"),
+    (["--strategy", ""], "--strategy"),
+    (["--algo", "native,tree"], "--algo"),
+    (["--backend", "nccl"], "--backend"),
+    (["--model", "vgg16"], "--model"),
+    (["--workload", "bert"], "--workload"),
+    (["--steps", "0"], "--steps"),
+    (["--steps", "two"], "--steps"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--compute-ms", "-5"], "--compute-ms"),
+    (["--compute-ms", "nan"], "--compute-ms"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_bad_values_name_the_flag(argv, flag):
+    with pytest.raises(ConfigError, match=flag):
+        parse_config(argv)
+
+
+def test_unwritable_outputs(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="--output.*not a directory"):
+        parse_config(["--output", str(a_file / "sub" / "r.jsonl")])
+    with pytest.raises(ConfigError, match="--output.*is a directory"):
+        parse_config(["--output", str(tmp_path)])
+    # a path whose parents do not exist yet is fine: they are made at the first record
+    assert parse_config(["--output", str(tmp_path / "a" / "b" / "r.jsonl")]).output
+
+
+def test_help_shows_groups_and_defaults():
+    res = subprocess.run([PY, "-m", "commbench.allreduce", "--help"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 0
+    for text in ("synchronisation:", "workload:", "run:", "output:", "--strategy", "--algo",
+                 "--backend", "--workload", "--model", "--batch-size", "--steps", "--warmup",
+                 "--compute-ms", "--output", "--seed", "(default: 20)"):
+        assert text in res.stdout, text
+
+
+def test_bad_input_without_launcher_exits_2_one_line(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([PY, "-m", "commbench.allreduce", "--steps", "-3", "--output", str(out)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "--steps" in res.stderr
+    assert not out.exists()

@@ -1,0 +1,92 @@
+"""Real jobs: python -m commbench.allreduce under mpirun and horovodrun, records checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import PY, launch, read_jsonl
+
+ARGS = ["--model", "resnet18", "--steps", "3", "--warmup", "1", "--compute-ms", "20",
+        "--algo", "native,ring"]
+
+STEP_FIELDS = {"schema", "kind", "run_id", "strategy", "algo", "backend", "world_size", "nodes",
+               "local_size", "workload", "model", "batch_size", "step_s", "compute_s", "comm_s",
+               "exposed_sync_s", "sync_share", "busbw_gbps", "versions", "hostnames", "config",
+               "step", "warmup", "ranks", "wait_s"}
+SUMMARY_FIELDS = (STEP_FIELDS - {"step", "warmup", "ranks"}) | {"wrong", "stats",
+                                                                  "measured_steps"}
+
+
+def check_records(path, world_size: int, backend: str) -> None:
+    recs = read_jsonl(path)
+    steps = [r for r in recs if r["kind"] == "step"]
+    summaries = [r for r in recs if r["kind"] == "summary"]
+    assert sorted(s["algo"] for s in summaries) == ["native", "ring"]
+    assert len(steps) == 2 * (3 + 1)
+    for r in steps:
+        assert STEP_FIELDS <= set(r), STEP_FIELDS - set(r)
+        assert len(r["ranks"]["step_s"]) == world_size
+        # the step's time is its slowest rank's
+        assert r["step_s"] == pytest.approx(max(r["ranks"]["step_s"]))
+        assert r["step_s"] == pytest.approx(r["compute_s"] + r["exposed_sync_s"])
+        assert 0 <= r["sync_share"] <= 1
+        assert r["comm_s"] > 0 and r["busbw_gbps"] > 0
+        assert r["comm_bytes"] == 11_689_512 * 4
+    assert [r["warmup"] for r in steps[:4]] == [True, False, False, False]
+    for s in summaries:
+        assert SUMMARY_FIELDS <= set(s), SUMMARY_FIELDS - set(s)
+        assert s["wrong"] == 0
+        assert s["elements_checked"] == 11_689_512 * world_size
+        assert s["measured_steps"] == 3 and s["stats"]["step_s"]["count"] == 3
+        assert s["world_size"] == world_size and s["backend"] == backend
+        assert s["strategy"] == "flat" and s["model"] == "resnet18"
+        assert s["versions"]["torch"] and s["versions"]["mpi_library"]
+        assert len(s["hostnames"]) == world_size
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_mpirun(tmp_path, np_):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", np_, [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    check_records(out, np_, "mpi")
+    assert "#wrong" in res.stdout and "(GB/s)" in res.stdout
+
+
+@pytest.mark.horovod
+def test_horovodrun(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = launch("horovodrun", 4, [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    check_records(out, 4, "horovod")
+    assert read_jsonl(out)[-1]["versions"]["horovod"] == "0.28.1"
+
+
+@pytest.mark.mpi
+def test_backend_forced_under_mpirun(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", *ARGS, "--algo", "native",
+                               "--backend", "horovod", "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {r["backend"] for r in read_jsonl(out)} == {"horovod"}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("bad,flag", [
+    (["--strategy", "nope"], "--strategy"),
+    (["--backend", "nccl2"], "--backend"),
+    (["--model", "resnet7"], "--model"),
+    (["--steps", "0"], "--steps"),
+    (["--batch-size", "-4"], "--batch-size"),
+    (["--output", "/proc/commbench/r.jsonl"], "--output"),
+])
+def test_bad_input_every_rank_exits_2(tmp_path, bad, flag):
+    out = tmp_path / "r.jsonl"
+    args = [PY, "-m", "commbench.allreduce", "--output", str(out), *bad]
+    res = launch("mpirun", 3, args, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if "commbench.allreduce: error" in line]
+    assert len(lines) == 1 and flag in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()

@@ -1,0 +1,77 @@
+import json
+import math
+import time
+
+import pytest
+
+from commbench.results import ResultWriter, read_records
+from commbench.runner import step_record, summarize_steps
+from commbench.timing import NullTimer, StepSample, StepTimer
+
+
+def sample(step, step_s, compute_s, comm_s=0.05, warmup=False, wait_s=0.0):
+    return StepSample(step=step, warmup=warmup, wait_s=wait_s, step_s=step_s,
+                      compute_s=compute_s, comm_s=comm_s,
+                      exposed_sync_s=max(0.0, step_s - compute_s), comm_calls=1,
+                      comm_bytes=1_000_000)
+
+
+def test_writer_lines_are_complete_json_as_written(tmp_path):
+    path = tmp_path / "sub" / "r.jsonl"
+    w = ResultWriter(path)
+    assert not path.exists()  # nothing is created before the first record
+    w.write({"a": 1, "x": math.nan, "y": [math.inf, 2.0]})
+    # flushed: a reader sees the line while the writer is still open
+    assert json.loads(path.read_text()) == {"a": 1, "x": None, "y": [None, 2.0]}
+    w.write({"b": 2})
+    w.close()
+    assert read_records(path) == [{"a": 1, "x": None, "y": [None, 2.0]}, {"b": 2}]
+
+
+def test_step_record_takes_the_slowest_rank():
+    per_rank = [sample(4, 0.30, 0.20, wait_s=0.01), sample(4, 0.35, 0.22, wait_s=0.02),
+                sample(4, 0.31, 0.25)]
+    r = step_record(per_rank, world_size=3)
+    assert r["critical_rank"] == 1
+    assert r["step_s"] == 0.35 and r["compute_s"] == 0.22
+    assert r["exposed_sync_s"] == pytest.approx(0.13)
+    assert r["sync_share"] == pytest.approx(0.13 / 0.35)
+    assert r["wait_s"] == 0.02
+    # busbw = 1 MB / 0.05 s * 2(3-1)/3
+    assert r["busbw_gbps"] == pytest.approx(1e6 / 0.05 / 1e9 * 4 / 3)
+    assert r["ranks"]["step_s"] == [0.30, 0.35, 0.31]
+
+
+def test_summary_excludes_warmup_and_reports_percentiles():
+    steps = [step_record([sample(0, 5.0, 0.1, warmup=True)], 1)]
+    steps += [step_record([sample(k, 0.1 * k, 0.05 * k)], 1) for k in range(1, 6)]
+    s = summarize_steps(steps, samples_per_step=32)
+    assert s["measured_steps"] == 5 and s["warmup_steps"] == 1
+    assert s["step_s"] == pytest.approx(0.3)  # median of 0.1..0.5; the 5 s warm-up is out
+    assert s["stats"]["step_s"]["p95"] == pytest.approx(0.48)
+    assert s["stats"]["step_s"]["count"] == 5
+    assert s["sync_share"] == pytest.approx(0.5)
+    assert s["throughput"] == pytest.approx(32 / 0.3)
+
+
+def test_timer_phases_and_union_of_comm():
+    t = StepTimer()
+    t.begin_step(3, warmup=False, wait_s=0.001)
+    t.add_compute(0.010)
+    t.comm(1.0, 1.2, nbytes=10)
+    t.comm(1.1, 1.3, nbytes=20)  # overlaps the first: counted once
+    time.sleep(0.02)
+    s = t.end_step()
+    assert s.step == 3 and s.comm_s == pytest.approx(0.3) and s.comm_calls == 2
+    assert s.comm_bytes == 30 and s.compute_s == 0.010
+    assert s.exposed_sync_s == pytest.approx(s.step_s - 0.010)
+
+
+def test_null_timer_has_the_same_interface():
+    n = NullTimer()
+    n.begin_step(0, False)
+    with n.compute(), n.comm_span(10):
+        pass
+    n.add_compute(1.0)
+    n.comm(0, 1)
+    assert n.end_step() is None and n.clock() == 0.0
