@@ -28,7 +28,7 @@ from commbench.config import Config, ConfigError, parse_config
 from commbench.report import Column, format_table, rank0_print
 from commbench.results import ResultWriter, default_output, run_header, versions
 from commbench.runner import run_steps, step_record, summarize_steps
-from commbench.strategies import make_strategy
+from commbench.strategies import STRATEGIES, make_strategy
 from commbench.timing import StepTimer
 from commbench.validate import count_wrong
 from commbench.workloads import WORKLOADS
@@ -51,8 +51,6 @@ def set_torch_threads(local_size: int) -> int:
 
 
 def runs_of(cfg: Config) -> list[tuple[str, str | None]]:
-    from commbench.strategies import STRATEGIES
-
     out: list[tuple[str, str | None]] = []
     for s in cfg.strategies:
         if STRATEGIES[s].uses_algo:
@@ -92,9 +90,10 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
     strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native")
     samples = run_steps(comm, workload, strategy, StepTimer(), cfg.steps, cfg.warmup)
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
-    gathered = comm.gather_object(([s for s in samples], wrong, checked))
+    gathered = comm.gather_object((samples, wrong, checked))
     if comm.rank != 0:
         return None
+    wrong_total = sum(g[1] for g in gathered)
     run_id = uuid.uuid4().hex[:12]
     head = dict(run_id=run_id, strategy=strategy_name, algo=algo, backend=comm.name,
                 topo=comm.topo, workload=workload, knobs=strategy.knobs(),
@@ -104,10 +103,10 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
     for k in range(len(per_rank_samples[0])):
         rec = step_record([rank_samples[k] for rank_samples in per_rank_samples], comm.size)
         steps.append(rec)
-        writer.write({**run_header(kind="step", **head), **rec})
+        writer.write({**run_header(kind="step", **head), **rec, "wrong": wrong_total})
     summary = {**run_header(kind="summary", **head),
                **summarize_steps(steps, cfg.batch_size * comm.size),
-               "wrong": sum(g[1] for g in gathered),
+               "wrong": wrong_total,
                "elements_checked": sum(g[2] for g in gathered),
                "validated": cfg.validate}
     writer.write(summary)
@@ -122,13 +121,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     backend = detect_backend() if cfg.backend == "auto" else cfg.backend
     comm = make_communicator(backend)
+    runs = runs_of(cfg)
+    try:
+        for strategy_name, algo in runs:  # same verdict on every rank: no collective needed
+            STRATEGIES[strategy_name].check(comm, algo or "native")
+    except ValueError as e:
+        rank0_print(comm.rank, f"{PROG}: error: {e}", file=sys.stderr)
+        comm.close()
+        return 2
     try:
         threads = set_torch_threads(comm.local_size)
         vers = versions(comm.versions())
         path = cfg.output or default_output(cfg.output_dir, backend, comm.size)
         writer = ResultWriter(path) if comm.rank == 0 else None
         summaries = []
-        for strategy_name, algo in runs_of(cfg):
+        for strategy_name, algo in runs:
             summaries.append(run_one(comm, cfg, strategy_name, algo, writer, vers, threads))
         wrong = comm.bcast_object(sum(s["wrong"] for s in summaries) if comm.rank == 0 else None)
         if comm.rank == 0:

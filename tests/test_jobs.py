@@ -90,3 +90,32 @@ def test_bad_input_every_rank_exits_2(tmp_path, bad, flag):
     assert len(lines) == 1 and flag in lines[0], res.stderr
     assert "Traceback" not in res.stderr
     assert not out.exists()
+
+
+@pytest.mark.horovod
+def test_horovodrun_gloo_native_runs_and_ring_is_refused(tmp_path):
+    out = tmp_path / "r.jsonl"
+    args = [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)]
+    res = launch("horovodrun-gloo", 2, [*args, "--algo", "native"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = read_jsonl(out)[-1]
+    assert s["backend"] == "horovod" and s["versions"]["horovod_controller"] == "gloo"
+    assert s["wrong"] == 0
+    out.unlink()
+    res = launch("horovodrun-gloo", 2, [*args, "--algo", "native,ring"])
+    assert res.returncode != 0
+    assert "--algo ring needs point-to-point messages" in res.stdout + res.stderr
+    assert not out.exists()  # refused before the native run wrote anything
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algo", ["native", "ring"])
+def test_a_wrong_element_fails_the_run(tmp_path, algo):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 3, [PY, "-m", "commbench.allreduce", *ARGS, "--algo", algo,
+                               "--output", str(out)],
+                 env={"COMMBENCH_TEST_CORRUPT_RANK": "1"})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "wrong elements in validation" in res.stderr
+    summary = read_jsonl(out)[-1]
+    assert summary["kind"] == "summary" and summary["wrong"] >= 1

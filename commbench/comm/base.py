@@ -81,6 +81,8 @@ class Communicator(abc.ABC):
 
     name: str = "?"
     topo: Topology
+    #: whether ``sendrecv`` works (the project's own algorithms need it)
+    supports_p2p: bool = True
 
     # -- topology shortcuts -------------------------------------------------
     @property

@@ -63,6 +63,10 @@ class HorovodCommunicator(Communicator):
                              cross_size=hvd.cross_size(), hostnames=hosts)
 
     @property
+    def supports_p2p(self) -> bool:
+        return self._mpi is not None
+
+    @property
     def controller(self) -> str:
         return "mpi" if self.hvd.mpi_enabled() else "gloo"
 

@@ -30,6 +30,18 @@ class Strategy(abc.ABC):
         self.nbytes = sum(g.numel() * g.element_size() for g in self.grads)
         self.timer: StepTimer | NullTimer = NullTimer()
 
+    @classmethod
+    def check(cls, comm: Communicator, algo: str) -> None:
+        """Raise ValueError, naming the cause, if this strategy cannot run on ``comm``.
+
+        Called on every rank before any run starts, so an impossible
+        combination ends the job before it writes anything.
+        """
+        if cls.uses_algo and algo != "native" and not comm.supports_p2p:
+            raise ValueError(f"--algo {algo} needs point-to-point messages, which the "
+                             f"{comm.name} backend does not offer here (Horovod on Gloo); "
+                             "use --algo native or launch with horovodrun --mpi")
+
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         self.timer = timer
 

@@ -29,6 +29,7 @@ class FlatStrategy(Strategy):
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
                  algo: str = "native") -> None:
         super().__init__(comm, grads)
+        self.check(comm, algo)
         self.algo = algo
         self._allreduce = get_algo(algo)
         self.buffer = torch.empty(sum(g.numel() for g in self.grads), dtype=self.grads[0].dtype)
