@@ -51,3 +51,55 @@ def horovodrun(np: int, program: Sequence[str], *, hosts: str | None = None,
     exe = horovodrun_bin or os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return [exe, "-np", str(np), "-H", hosts or f"localhost:{np}", f"--{controller}",
             *extra, *program]
+
+
+def srun(ntasks: int, program: Sequence[str], *, nodes: int | None = None,
+         ntasks_per_node: int | None = None, mpi: str = "pmix") -> list[str]:
+    """``srun`` for a Slurm allocation (``--mpi=pmix`` lets Open MPI ranks wire up)."""
+    if ntasks <= 0:
+        raise ValueError(f"ntasks must be > 0, got {ntasks}")
+    cmd = ["srun", f"--ntasks={ntasks}", f"--mpi={mpi}"]
+    if nodes:
+        cmd.append(f"--nodes={nodes}")
+    if ntasks_per_node:
+        cmd.append(f"--ntasks-per-node={ntasks_per_node}")
+    return [*cmd, *program]
+
+
+def emulated_mca(spec) -> dict[str, str]:
+    """Open MPI settings that route a job through an emulated cluster's nodes and links."""
+    return {
+        "plm_rsh_agent": str(spec.agent),
+        "plm_rsh_no_tree_spawn": "1",
+        "oob_tcp_if_include": spec.subnet,
+        "btl_tcp_if_include": spec.subnet,
+        "btl": "self,vader,tcp",
+        "pml": "ob1",
+    }
+
+
+def mpirun_emulated(spec, np: int, program: Sequence[str]) -> list[str]:
+    """mpirun across an emulated cluster (``launch.cluster``): host file + rsh agent."""
+    if np > spec.nodes * spec.slots:
+        raise ValueError(f"{np} ranks do not fit {spec.nodes} nodes x {spec.slots} slots")
+    env = [k for k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS") if k in os.environ]
+    return mpirun(np, program, hostfile=str(spec.hostfile), oversubscribe=True,
+                  mca=emulated_mca(spec), env=env)
+
+
+def horovodrun_emulated(spec, np: int, program: Sequence[str], *, controller: str = "mpi",
+                        horovodrun_bin: str | None = None) -> list[str]:
+    """horovodrun across an emulated cluster: the cluster's ``ssh`` first on PATH,
+    its interface named, and (MPI) the rsh agent passed to mpirun."""
+    if np > spec.nodes * spec.slots:
+        raise ValueError(f"{np} ranks do not fit {spec.nodes} nodes x {spec.slots} slots")
+    extra = ["--network-interfaces", "eth0"]
+    if controller == "mpi":
+        mca = emulated_mca(spec)
+        for k in ("btl_tcp_if_include", "btl", "pml"):  # horovodrun sets these itself
+            del mca[k]
+        extra += ["--mpi-args", " ".join(f"--mca {k} {v}" for k, v in mca.items())]
+    path = f"{spec.ssh_dir}:{os.environ.get('PATH', '')}"
+    return ["env", f"PATH={path}",
+            *horovodrun(np, program, hosts=spec.hosts_arg(), controller=controller,
+                        horovodrun_bin=horovodrun_bin, extra=extra)]

@@ -1,0 +1,361 @@
+"""An emulated cluster on one machine: N nodes x S slots, links shaped with tc.
+
+Each node is a Linux network namespace joined to a bridge by a veth pair
+(``eth0`` inside the node) on a private subnet; processes started on a node
+also get their own UTS namespace so the node has its own host name (without
+it Open MPI takes all nodes for one host and its shared-memory transport
+crashes). Ranks on one node talk through shared memory; ranks on different
+nodes only through their links, each shaped with ``tc tbf`` in both
+directions (node egress inside the namespace, node ingress on the host side).
+
+Processes reach the nodes through a generated rsh agent (for ``mpirun --mca
+plm_rsh_agent``) and an ``ssh`` stand-in on PATH (for ``horovodrun``); both
+map a node's name or address to ``ip netns exec NS unshare --uts``.
+
+What ``up`` makes is written to a state file before it is made, so ``down`` —
+from the same process at exit, failure, SIGINT or SIGTERM, or from
+``python -m launch.cluster down`` later — removes every namespace, link,
+bridge, firewall rule and process of the cluster.
+
+Usage::
+
+    sudo python -m launch.cluster up --nodes 2 --slots 4 --rate 1gbit
+    python -m launch.cluster status
+    python -m launch.cluster run -- python -m commbench.allreduce   # mpirun across the nodes
+    sudo python -m launch.cluster down
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STATE_DIR = Path(os.environ.get("COMMBENCH_CLUSTER_DIR", "/run/commbench-cluster"))
+DEFAULT_SUBNET = "10.213.57.0/24"  # private; nothing else on this machine uses it
+DEFAULT_NAME = "cb"
+RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$", re.IGNORECASE)
+RATE_UNITS = {"bit": 1e-9, "kbit": 1e-6, "mbit": 1e-3, "gbit": 1.0, "tbit": 1e3}
+
+
+class ClusterError(Exception):
+    """A problem with the request or the machine; the message names it."""
+
+
+def parse_rate(rate: str | None) -> float | None:
+    """``'1gbit'`` -> 1.0 (Gbit/s); ``None``/``'none'``/``'unshaped'`` -> None."""
+    if rate is None or rate.lower() in ("none", "unshaped", "0"):
+        return None
+    m = RATE_RE.match(rate.strip())
+    if not m or float(m.group(1)) <= 0:
+        raise ClusterError(f"--rate: cannot read link rate {rate!r}; use e.g. 200mbit, 1gbit, "
+                           "10gbit or none")
+    return float(m.group(1)) * RATE_UNITS[m.group(2).lower()]
+
+
+def _tc_rate(gbps: float) -> str:
+    return f"{int(round(gbps * 1e6))}kbit"
+
+
+@dataclass
+class Node:
+    index: int
+    name: str      # host name inside the node (UTS namespace)
+    netns: str
+    veth: str      # host-side end; the node side is eth0
+    addr: str
+
+
+@dataclass
+class ClusterSpec:
+    nodes: int
+    slots: int
+    rate_gbps: float | None = None
+    subnet: str = DEFAULT_SUBNET
+    name: str = DEFAULT_NAME
+    node_list: list[Node] = field(default_factory=list)
+    bridge: str = ""
+    bridge_addr: str = ""
+    iptables_rule: list[str] | None = None
+    created: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ClusterError(f"--nodes must be >= 1, got {self.nodes}")
+        if self.slots < 1:
+            raise ClusterError(f"--slots must be >= 1, got {self.slots}")
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", self.name):
+            raise ClusterError(f"--name must be 1-6 lowercase letters/digits, got {self.name!r}")
+        try:
+            net = ipaddress.ip_network(self.subnet)
+        except ValueError as e:
+            raise ClusterError(f"--subnet: {e}") from None
+        hosts = list(net.hosts())
+        if len(hosts) < self.nodes + 2:
+            raise ClusterError(f"--subnet {self.subnet} is too small for {self.nodes} nodes")
+        self.bridge = f"{self.name}-br"
+        self.bridge_addr = str(hosts[0])
+        if not self.node_list:
+            self.node_list = [
+                Node(index=i, name=f"{self.name}node{i}", netns=f"{self.name}-n{i}",
+                     veth=f"{self.name}-v{i}", addr=str(hosts[9 + i]))
+                for i in range(1, self.nodes + 1)]
+
+    @property
+    def prefixlen(self) -> int:
+        return ipaddress.ip_network(self.subnet).prefixlen
+
+    @property
+    def state_file(self) -> Path:
+        return STATE_DIR / f"{self.name}.json"
+
+    @property
+    def agent(self) -> Path:
+        return STATE_DIR / self.name / "rsh-agent"
+
+    @property
+    def ssh_dir(self) -> Path:
+        """Put this first on PATH so horovodrun's ``ssh`` reaches the nodes."""
+        return STATE_DIR / self.name / "bin"
+
+    @property
+    def hosts_file(self) -> Path:
+        """/etc/hosts as the nodes see it: the machine's plus one line per node."""
+        return STATE_DIR / self.name / "etc-hosts"
+
+    @property
+    def hostfile(self) -> Path:
+        return STATE_DIR / self.name / "hostfile"
+
+    def hosts_arg(self) -> str:
+        """``node1:S,node2:S`` as horovodrun's -H and mpirun's --host take it."""
+        return ",".join(f"{n.addr}:{self.slots}" for n in self.node_list)
+
+    def save(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(self.state_file)
+
+    @classmethod
+    def load(cls, name: str = DEFAULT_NAME) -> ClusterSpec | None:
+        path = STATE_DIR / f"{name}.json"
+        if not path.exists():
+            return None
+        d = json.loads(path.read_text())
+        d["node_list"] = [Node(**n) for n in d["node_list"]]
+        return cls(**d)
+
+
+def _run(argv: Sequence[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    res = subprocess.run(list(argv), capture_output=True, text=True, **kw)
+    if check and res.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} failed: {res.stderr.strip() or res.stdout.strip()}")
+    return res
+
+
+def _in_ns(ns: str, *argv: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, *argv]
+
+
+def check_machine() -> None:
+    """Fail before creating anything when the machine cannot host the cluster."""
+    if os.geteuid() != 0:
+        raise ClusterError("the emulated cluster needs root (network namespaces, veth, tc); "
+                           "run as root or under sudo")
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            raise ClusterError(f"{tool} not found: install iproute2 and util-linux")
+
+
+def _agent_script(spec: ClusterSpec) -> str:
+    cases = "\n".join(
+        f'  {n.addr}|{n.name}) ns={n.netns}; name={n.name} ;;' for n in spec.node_list)
+    return f"""#!/bin/sh
+# rsh agent / ssh stand-in of emulated cluster '{spec.name}' (made by launch.cluster).
+# Usage as ssh: AGENT [ssh options] HOST COMMAND...
+# Like OpenSSH, accept options before and after the host (horovodrun puts -p/-o after it).
+host=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -p|-o|-i|-l|-F|-E|-c|-m|-b|-J) shift 2 ;;
+    --) shift; break ;;
+    -*) shift ;;
+    *) if [ -z "$host" ]; then host=$1; shift; else break; fi ;;
+  esac
+done
+case "$host" in
+{cases}
+  *) echo "emulated cluster {spec.name}: unknown node $host" >&2; exit 255 ;;
+esac
+# Own host name (UTS namespace) and an /etc/hosts that resolves every node
+# (mount namespace; Gloo looks its own host name up).
+exec ip netns exec "$ns" unshare --uts --mount sh -c \
+  'hostname "$0" && mount --bind "$1" /etc/hosts && exec sh -c "$2"' \
+  "$name" "{spec.hosts_file}" "$*"
+"""
+
+
+def _write_exec(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def _existing_links() -> set[str]:
+    out = _run(["ip", "-o", "link", "show"]).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
+
+
+def up(spec: ClusterSpec) -> ClusterSpec:
+    """Create the cluster; on any failure remove what was made and raise."""
+    check_machine()
+    if ClusterSpec.load(spec.name) is not None:
+        raise ClusterError(f"cluster {spec.name!r} is already up; run "
+                           f"'python -m launch.cluster down --name {spec.name}' first")
+    clash = {spec.bridge, *(n.veth for n in spec.node_list)} & _existing_links()
+    if clash:
+        raise ClusterError(f"links {sorted(clash)} already exist; pick another --name")
+    spec.created = time.time()
+    spec.save()  # record first, so down() finds whatever exists after a crash
+    try:
+        _run(["ip", "link", "add", spec.bridge, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{spec.bridge_addr}/{spec.prefixlen}", "dev", spec.bridge])
+        _run(["ip", "link", "set", spec.bridge, "up"])
+        if shutil.which("iptables"):
+            # Docker sets FORWARD's policy to DROP, which also drops bridged traffic
+            # when br_netfilter is loaded; accept our bridge explicitly.
+            rule = ["FORWARD", "-i", spec.bridge, "-o", spec.bridge, "-j", "ACCEPT"]
+            spec.iptables_rule = rule
+            spec.save()
+            _run(["iptables", "-I", *rule])
+        for n in spec.node_list:
+            _run(["ip", "netns", "add", n.netns])
+            _run(["ip", "link", "add", n.veth, "type", "veth", "peer", "name", "eth0",
+                  "netns", n.netns])
+            _run(["ip", "link", "set", n.veth, "master", spec.bridge])
+            _run(["ip", "link", "set", n.veth, "up"])
+            _run(_in_ns(n.netns, "ip", "addr", "add", f"{n.addr}/{spec.prefixlen}",
+                        "dev", "eth0"))
+            _run(_in_ns(n.netns, "ip", "link", "set", "eth0", "up"))
+            _run(_in_ns(n.netns, "ip", "link", "set", "lo", "up"))
+            _run(_in_ns(n.netns, "ip", "route", "add", "default", "via", spec.bridge_addr))
+            if spec.rate_gbps is not None:
+                rate = _tc_rate(spec.rate_gbps)
+                for argv in (_in_ns(n.netns, "tc", "qdisc", "add", "dev", "eth0"),
+                             ["tc", "qdisc", "add", "dev", n.veth]):
+                    _run([*argv, "root", "tbf", "rate", rate, "burst", "256kb",
+                          "latency", "50ms"])
+        _write_exec(spec.agent, _agent_script(spec))
+        spec.ssh_dir.mkdir(parents=True, exist_ok=True)
+        ssh = spec.ssh_dir / "ssh"
+        if ssh.exists() or ssh.is_symlink():
+            ssh.unlink()
+        ssh.symlink_to(spec.agent)
+        base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+        spec.hosts_file.write_text(base.rstrip("\n") + "\n# emulated cluster\n" + "".join(
+            f"{n.addr} {n.name}\n" for n in spec.node_list))
+        spec.hostfile.write_text("".join(f"{n.addr} slots={spec.slots}\n"
+                                         for n in spec.node_list))
+        spec.save()
+        return spec
+    except BaseException:
+        down(spec)
+        raise
+
+
+def node_pids(spec: ClusterSpec) -> dict[str, list[int]]:
+    out = {}
+    for n in spec.node_list:
+        res = _run(["ip", "netns", "pids", n.netns], check=False)
+        out[n.netns] = [int(p) for p in res.stdout.split()] if res.returncode == 0 else []
+    return out
+
+
+def down(spec: ClusterSpec | None = None, name: str = DEFAULT_NAME) -> list[str]:
+    """Remove everything the cluster made (idempotent); return what was removed."""
+    spec = spec or ClusterSpec.load(name)
+    if spec is None:
+        return []
+    removed = []
+    for _ in range(3):  # processes may spawn children while we kill
+        pids = [p for ps in node_pids(spec).values() for p in ps]
+        if not pids:
+            break
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        removed.append(f"{len(pids)} processes")
+        time.sleep(0.2)
+    links = _existing_links()
+    for n in spec.node_list:
+        if _run(["ip", "netns", "delete", n.netns], check=False).returncode == 0:
+            removed.append(f"netns {n.netns}")
+        if n.veth in links and _run(["ip", "link", "delete", n.veth],
+                                    check=False).returncode == 0:
+            removed.append(f"link {n.veth}")
+    if spec.bridge in links and _run(["ip", "link", "delete", spec.bridge],
+                                     check=False).returncode == 0:
+        removed.append(f"bridge {spec.bridge}")
+    if spec.iptables_rule and shutil.which("iptables"):
+        while _run(["iptables", "-D", *spec.iptables_rule], check=False).returncode == 0:
+            removed.append("iptables rule")
+    shutil.rmtree(STATE_DIR / spec.name, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        spec.state_file.unlink()
+    return removed
+
+
+def status(name: str = DEFAULT_NAME) -> str:
+    spec = ClusterSpec.load(name)
+    if spec is None:
+        return f"cluster {name}: down"
+    rate = f"{spec.rate_gbps:g} Gbit/s" if spec.rate_gbps else "unshaped"
+    lines = [f"cluster {spec.name}: {spec.nodes} nodes x {spec.slots} slots, links {rate}, "
+             f"subnet {spec.subnet}, bridge {spec.bridge} ({spec.bridge_addr})"]
+    pids = node_pids(spec)
+    for n in spec.node_list:
+        lines.append(f"  {n.name:<10} {n.addr:<15} netns {n.netns:<8} "
+                     f"{len(pids[n.netns])} processes")
+    lines.append(f"  hostfile {spec.hostfile}; rsh agent {spec.agent}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def cluster(nodes: int, slots: int, rate: str | None = None, subnet: str = DEFAULT_SUBNET,
+            name: str = DEFAULT_NAME) -> Iterator[ClusterSpec]:
+    """Bring a cluster up for the ``with`` block; take it down on exit, failure or signal."""
+    spec = up(ClusterSpec(nodes=nodes, slots=slots, rate_gbps=parse_rate(rate),
+                          subnet=subnet, name=name))
+    previous = {}
+
+    def on_signal(signum, frame):
+        down(spec)
+        handler = previous.get(signum)
+        if callable(handler):
+            handler(signum, frame)
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield spec
+    finally:
+        down(spec)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
