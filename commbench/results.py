@@ -58,9 +58,26 @@ def versions(backend_versions: dict[str, str]) -> dict[str, str | None]:
     return out
 
 
-def default_output(output_dir: str, backend: str, world_size: int) -> Path:
+def link_info(environ: dict[str, str] | None = None) -> dict:
+    """The link reference a launcher measured and the shaping it applied, if any.
+
+    ``launch.cluster`` (and any launcher that measures its links) exports
+    COMMBENCH_LINK_GBPS (achieved Gbit/s of one inter-node link) and
+    COMMBENCH_LINK_SHAPING (the tc rate, or "none").
+    """
+    env = os.environ if environ is None else environ
+    try:
+        gbps = float(env["COMMBENCH_LINK_GBPS"]) if "COMMBENCH_LINK_GBPS" in env else None
+    except ValueError:
+        gbps = None
+    return {"link_gbps": gbps, "link_shaping": env.get("COMMBENCH_LINK_SHAPING")}
+
+
+def default_output(output_dir: str, backend: str, world_size: int,
+                   tool: str = "allreduce") -> Path:
+    """``<output_dir>/<tool>-<time>-<backend>-np<N>.jsonl``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(output_dir) / f"allreduce-{stamp}-{backend}-np{world_size}.jsonl"
+    return Path(output_dir) / f"{tool}-{stamp}-{backend}-np{world_size}.jsonl"
 
 
 class ResultWriter:
@@ -114,6 +131,7 @@ def run_header(*, kind: str, run_id: str, strategy: str, algo: str | None, backe
         "dtype": "float32",
         "grad_bytes": workload.nbytes,
         "grad_tensors": len(workload.grads),
+        **link_info(),
         "knobs": knobs,
         "torch_threads": torch_threads,
         "versions": vers,

@@ -276,6 +276,42 @@ def up(spec: ClusterSpec) -> ClusterSpec:
         raise
 
 
+def on_node(spec: ClusterSpec, node: Node, argv: Sequence[str]) -> list[str]:
+    """argv that runs ``argv`` on ``node`` (through the cluster's agent, like ssh would)."""
+    return [str(spec.agent), node.name, *argv]
+
+
+def measure_link(spec: ClusterSpec, seconds: float = 2.0, port: int = 5299) -> dict:
+    """Achieved Gbit/s from node 2 to node 1 (launch.linktest), as the link reference."""
+    if spec.nodes < 2:
+        raise ClusterError("measuring a link needs at least 2 nodes")
+    a, b = spec.node_list[0], spec.node_list[1]
+    py = [sys.executable, "-m", "launch.linktest"]
+    env = {**os.environ, "PYTHONPATH": _project_root() + os.pathsep + os.environ.get(
+        "PYTHONPATH", "")}
+    server = subprocess.Popen(
+        on_node(spec, a, [*py, "serve", "--port", str(port), "--timeout", str(seconds + 30)]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _run(on_node(spec, b, [*py, "send", a.addr, "--port", str(port), "--seconds",
+                               str(seconds)]), env=env, timeout=seconds + 60)
+        out, err = server.communicate(timeout=seconds + 60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    if server.returncode != 0:
+        raise ClusterError(f"link test failed: {err.strip()}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result.update(method="launch.linktest tcp stream", src=b.name, dst=a.name,
+                  shaped_gbps=spec.rate_gbps)
+    return result
+
+
+def _project_root() -> str:
+    return str(Path(__file__).resolve().parents[1])
+
+
 def node_pids(spec: ClusterSpec) -> dict[str, list[int]]:
     out = {}
     for n in spec.node_list:
@@ -359,3 +395,124 @@ def cluster(nodes: int, slots: int, rate: str | None = None, subnet: str = DEFAU
         down(spec)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
+
+
+def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str],
+                link: dict | None = None) -> list[str]:
+    """The command that runs ``program`` on ``np`` ranks of the cluster with ``launcher``.
+
+    The link reference goes to every rank as COMMBENCH_LINK_* variables,
+    which commbench writes into its records.
+    """
+    from launch import commands
+
+    env = {"COMMBENCH_LINK_SHAPING": f"{spec.rate_gbps:g}gbit" if spec.rate_gbps else "none"}
+    if link:
+        env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"
+    assignments = [f"{k}={v}" for k, v in env.items()]
+    if launcher == "mpirun":
+        argv = commands.mpirun_emulated(spec, np, program)
+        forward = [a for k in env for a in ("-x", k)]
+        return ["env", *assignments, argv[0], *forward, *argv[1:]]
+    controller = "gloo" if launcher == "horovodrun-gloo" else "mpi"
+    hvd = str(Path(sys.executable).parent / "horovodrun")
+    argv = commands.horovodrun_emulated(spec, np, program, controller=controller,
+                                        horovodrun_bin=hvd)
+    return [argv[0], *assignments, *argv[1:]]  # horovodrun forwards its environment
+
+
+def _cli(argv: list[str] | None = None) -> int:
+
+    p = argparse.ArgumentParser(prog="python -m launch.cluster",
+                                description="Emulated multi-node cluster on one machine.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def shape_args(sp, required: bool) -> None:
+        sp.add_argument("--nodes", type=int, required=required, help="number of nodes")
+        sp.add_argument("--slots", type=int, required=required, help="ranks per node")
+        sp.add_argument("--rate", default="none",
+                        help="link rate per node, tc syntax: 200mbit, 1gbit, 10gbit, none")
+        sp.add_argument("--subnet", default=DEFAULT_SUBNET, help="private subnet for the nodes")
+
+    for name in ("up", "down", "status", "run", "link"):
+        sp = sub.add_parser(name)
+        sp.add_argument("--name", default=DEFAULT_NAME, help="cluster name (prefix of its links)")
+        if name == "up":
+            shape_args(sp, required=True)
+        if name == "run":
+            shape_args(sp, required=False)
+            sp.add_argument("--np", type=int, help="ranks (default: nodes x slots)")
+            sp.add_argument("--launcher", choices=LAUNCHERS, default="mpirun")
+            sp.add_argument("--no-link-test", action="store_true",
+                            help="skip measuring the link before the job")
+            sp.add_argument("--timeout", type=float, default=3600.0, help="job deadline (s)")
+            sp.add_argument("program", nargs=argparse.REMAINDER,
+                            help="-- then the program, e.g. python -m commbench.allreduce")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "up":
+            spec = up(ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
+                                  subnet=a.subnet, name=a.name))
+            print(status(spec.name))
+        elif a.cmd == "down":
+            check_machine()
+            removed = down(name=a.name)
+            print(f"removed: {', '.join(removed)}" if removed else f"cluster {a.name}: not up")
+        elif a.cmd == "status":
+            print(status(a.name))
+        elif a.cmd == "link":
+            spec = ClusterSpec.load(a.name)
+            if spec is None:
+                raise ClusterError(f"cluster {a.name} is not up")
+            print(json.dumps(measure_link(spec)))
+        else:
+            return _cli_run(a)
+    except ClusterError as e:
+        print(f"launch.cluster: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cli_run(a) -> int:
+    from launch.execute import run
+
+    program = a.program[1:] if a.program[:1] == ["--"] else a.program
+    if not program:
+        raise ClusterError("run: give the program after --")
+    if program[0] in ("python", "python3"):
+        program = [sys.executable, *program[1:]]
+    existing = ClusterSpec.load(a.name)
+    ephemeral = existing is None
+    if ephemeral and not (a.nodes and a.slots):
+        raise ClusterError(f"cluster {a.name} is not up: bring it up first or give "
+                           "--nodes and --slots for a cluster that lives for this run")
+    spec = existing or ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
+                                   subnet=a.subnet, name=a.name)
+    np = a.np or spec.nodes * spec.slots
+    if np > spec.nodes * spec.slots:
+        raise ClusterError(f"--np {np} is more ranks than {spec.nodes} nodes x {spec.slots} "
+                           "slots")
+    if ephemeral:
+        check_machine()
+    ctx = (cluster(spec.nodes, spec.slots, a.rate, spec.subnet, spec.name) if ephemeral
+           else contextlib.nullcontext(spec))
+    with ctx as spec:
+        link = None
+        if spec.nodes > 1 and not a.no_link_test:
+            link = measure_link(spec)
+            print(f"# link {link['src']} -> {link['dst']}: {link['gbps']:.3f} Gbit/s "
+                  f"(shaped {a.rate if ephemeral else spec.rate_gbps})", flush=True)
+        res = run(launch_argv(spec, a.launcher, np, program, link), timeout=a.timeout)
+        sys.stdout.write(res.stdout)
+        sys.stderr.write(res.stderr)
+        if res.timed_out:
+            print(f"launch.cluster: job timed out after {a.timeout:g} s", file=sys.stderr)
+            return 124
+        return res.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())

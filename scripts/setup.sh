@@ -25,7 +25,7 @@ WITH_NCCL=${COMMBENCH_WITH_NCCL:-0}
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- 1. system packages -------------------------------------------------------
-apt_pkgs=(openmpi-bin libopenmpi-dev g++ make cmake git iproute2 procps)
+apt_pkgs=(openmpi-bin libopenmpi-dev g++ make cmake git iproute2 iptables procps util-linux)
 if [ "${COMMBENCH_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${apt_pkgs[@]}"; do

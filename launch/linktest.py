@@ -1,0 +1,93 @@
+"""Achieved bandwidth of one link: a TCP stream between two nodes, timed at the receiver.
+
+The link reference of a study (``link_gbps`` in its records), so busbw can be
+read as a fraction of what the link really carries. Run by the launcher in
+two nodes' namespaces::
+
+    python -m launch.linktest serve --port 5299          # on node 1; prints JSON
+    python -m launch.linktest send 10.213.57.11 --port 5299 --seconds 2   # on node 2
+
+The receiver times from its first byte to the last and ignores the first
+``--skip`` seconds (TCP slow start, tbf's burst bucket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+CHUNK = 1 << 20
+
+
+def serve(port: int, skip: float, timeout: float) -> dict:
+    with socket.create_server(("0.0.0.0", port), reuse_port=False) as srv:
+        srv.settimeout(timeout)
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(timeout)
+            buf = bytearray(CHUNK)
+            first = None
+            counted = 0
+            t_start = None
+            while True:
+                n = conn.recv_into(buf)
+                if n == 0:
+                    break
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                if now - first >= skip:
+                    if t_start is None:
+                        t_start = now
+                    else:
+                        counted += n
+                last = now
+    if t_start is None or last <= t_start:
+        raise RuntimeError("link test: too little data received to time the link")
+    seconds = last - t_start
+    return {"gbps": counted * 8 / seconds / 1e9, "bytes": counted, "seconds": seconds}
+
+
+def send(host: str, port: int, seconds: float, connect_timeout: float) -> None:
+    deadline = time.monotonic() + connect_timeout
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=connect_timeout)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    data = b"\0" * CHUNK
+    with sock:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            sock.sendall(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.linktest",
+                                description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--port", type=int, default=5299)
+    s.add_argument("--skip", type=float, default=0.3, help="seconds ignored at the start")
+    s.add_argument("--timeout", type=float, default=30.0)
+    c = sub.add_parser("send")
+    c.add_argument("host")
+    c.add_argument("--port", type=int, default=5299)
+    c.add_argument("--seconds", type=float, default=2.0)
+    c.add_argument("--connect-timeout", type=float, default=10.0)
+    a = p.parse_args(argv)
+    if a.cmd == "serve":
+        print(json.dumps(serve(a.port, a.skip, a.timeout)), flush=True)
+    else:
+        send(a.host, a.port, a.seconds, a.connect_timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Emulated cluster: real namespaces, shaped links, jobs across nodes, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from launch import commands
+from launch.cluster import (
+    ClusterError,
+    ClusterSpec,
+    cluster,
+    launch_argv,
+    measure_link,
+    parse_rate,
+)
+from launch.execute import run
+from tests.conftest import PY, ROOT, read_jsonl
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+NAME = "cbt"
+PROG = [PY, "-m", "commbench.allreduce", "--model", "resnet18", "--steps", "2", "--warmup",
+        "1", "--compute-ms", "10"]
+
+
+def leftovers(name: str = NAME) -> list[str]:
+    """Everything of cluster ``name`` still on the machine."""
+    out = []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out += [f"netns {line.split()[0]}" for line in netns.splitlines()
+            if line.startswith(f"{name}-")]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    out += [f"link {line.split(':')[1].strip()}" for line in links.splitlines()
+            if line.split(":")[1].strip().startswith(f"{name}-")]
+    rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout
+    out += [f"rule {r}" for r in rules.splitlines() if f"{name}-br" in r]
+    ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    out += [f"process {p}" for p in ps.splitlines()  # zombies hold nothing: parent reaps them
+            if not p.startswith("Z") and ("orted" in p or "commbench.allreduce" in p)]
+    return out
+
+
+def settled_leftovers() -> list[str]:
+    deadline = time.time() + 10
+    while (left := leftovers()) and time.time() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+@pytest.fixture(autouse=True)
+def clean_machine():
+    assert settled_leftovers() == []
+    yield
+    assert settled_leftovers() == []
+
+
+def test_parse_rate():
+    assert parse_rate("1gbit") == 1.0
+    assert parse_rate("200mbit") == pytest.approx(0.2)
+    assert parse_rate("10Gbit") == 10.0
+    assert parse_rate("none") is None
+    for bad in ("1gb", "fast", "-1gbit", "0mbit", "1 gbit/s"):
+        with pytest.raises(ClusterError, match="--rate"):
+            parse_rate(bad)
+
+
+def test_spec_checks():
+    with pytest.raises(ClusterError, match="--nodes"):
+        ClusterSpec(nodes=0, slots=2)
+    with pytest.raises(ClusterError, match="too small"):
+        ClusterSpec(nodes=8, slots=1, subnet="10.1.1.0/29")
+    spec = ClusterSpec(nodes=2, slots=3, name=NAME)
+    assert spec.hosts_arg() == "10.213.57.11:3,10.213.57.12:3"
+    with pytest.raises(ValueError, match="do not fit"):
+        commands.mpirun_emulated(spec, 7, ["true"])
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", "horovodrun-gloo"])
+def test_job_across_two_nodes(tmp_path, launcher):
+    out = tmp_path / "r.jsonl"
+    prog = [*PROG, "--output", str(out)]
+    if launcher == "horovodrun-gloo":
+        prog += ["--algo", "native"]  # no point-to-point under Gloo
+    with cluster(2, 2, rate="1gbit", name=NAME) as spec:
+        res = run(launch_argv(spec, launcher, 4, prog, link={"gbps": 0.95}), timeout=240,
+                  cwd=str(ROOT))
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    recs = read_jsonl(out)
+    assert recs and all(r["nodes"] == 2 and r["local_size"] == 2 for r in recs)
+    assert {tuple(sorted(set(r["hostnames"]))) for r in recs} == {(f"{NAME}node1",
+                                                                   f"{NAME}node2")}
+    summaries = [r for r in recs if r["kind"] == "summary"]
+    assert summaries and all(s["wrong"] == 0 for s in summaries)
+    assert all(r["link_gbps"] == pytest.approx(0.95) and r["link_shaping"] == "1gbit"
+               for r in recs)
+
+
+def test_shaped_link_measures_within_ten_percent():
+    with cluster(2, 1, rate="200mbit", name=NAME) as spec:
+        link = measure_link(spec, seconds=3.0)
+    assert link["gbps"] == pytest.approx(0.2, rel=0.10), link
+
+
+def test_failed_job_leaves_nothing():
+    with cluster(2, 1, rate="1gbit", name=NAME) as spec:
+        res = run(launch_argv(spec, "mpirun", 2, [PY, "-c", "import sys; sys.exit(3)"]),
+                  timeout=60)
+        assert res.returncode != 0
+    # the autouse fixture checks the machine is clean
+
+
+def test_exception_inside_block_still_tears_down():
+    with pytest.raises(RuntimeError, match="boom"), cluster(2, 2, name=NAME):
+        raise RuntimeError("boom")
+
+
+def test_sigint_during_run_leaves_nothing():
+    cmd = [PY, "-m", "launch.cluster", "run", "--name", NAME, "--nodes", "2", "--slots", "1",
+           "--rate", "1gbit", "--no-link-test", "--",
+           PY, "-c", "import time; time.sleep(300)"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:  # wait until the sleepers run on the nodes
+            pids = subprocess.run(["ip", "netns", "pids", f"{NAME}-n2"], capture_output=True,
+                                  text=True).stdout.split()
+            if pids:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("job never started on the nodes")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nodes", "2", "--slots", "2", "--np", "5"], "more ranks than"),
+    (["--nodes", "2", "--slots", "2", "--rate", "fast"], "--rate"),
+    ([], "not up"),
+])
+def test_cli_bad_input_exits_2_before_creating_anything(args, message):
+    res = subprocess.run([PY, "-m", "launch.cluster", "run", "--name", NAME, *args, "--",
+                          "python", "-c", "pass"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_up_status_down():
+    def cli(*a):
+        return subprocess.run([PY, "-m", "launch.cluster", *a, "--name", NAME], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    try:
+        t = time.perf_counter()
+        r = cli("up", "--nodes", "4", "--slots", "2", "--rate", "10gbit")
+        assert r.returncode == 0, r.stderr
+        assert f"{NAME}node4" in cli("status").stdout
+        again = cli("up", "--nodes", "1", "--slots", "1")
+        assert again.returncode == 2 and "already up" in again.stderr
+    finally:
+        r = cli("down")
+    assert r.returncode == 0 and "netns" in r.stdout
+    print(f"4-node cluster up+down: {time.perf_counter() - t:.2f} s")
+    assert "down" in cli("status").stdout
