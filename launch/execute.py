@@ -33,6 +33,17 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the launching process dies (Linux), so a killed
+    sweep or test does not orphan its mpirun, which then ends its ranks."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
         cwd: str | None = None) -> Completed:
     """Run ``argv`` in its own session; capture output; never leave processes behind."""
@@ -40,7 +51,8 @@ def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = 
     if env:
         full_env.update(env)
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=full_env, cwd=cwd, start_new_session=True)
+                            text=True, env=full_env, cwd=cwd, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     try:
         out, err = proc.communicate(timeout=timeout)
         return Completed(list(argv), proc.returncode, out, err)

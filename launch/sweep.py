@@ -1,0 +1,325 @@
+"""Resumable sweeps: a grid of points, each its own job with a deadline.
+
+A sweep file (TOML or JSON) names the launcher, fixed arguments and a grid::
+
+    [sweep]
+    launcher = "mpirun"        # mpirun | horovodrun | horovodrun-gloo
+    program = "commbench.allreduce"
+    args = ["--steps", "10", "--warmup", "2"]
+    timeout = 900              # seconds per point
+    output = "results/sweep-flat"
+
+    [grid]                     # every combination is one point
+    ranks = [2, 4]
+    algo = ["native", "ring"]
+    model = ["resnet18", "resnet50"]
+    # nodes/slots/rate run the point on an emulated cluster (launch.cluster)
+
+or the same from flags::
+
+    python -m launch.sweep --set ranks=2,4 --set algo=native,ring -o results/s -- --steps 10
+
+Each point writes ``<output>/<point id>.jsonl``; a finished point also
+``<id>.done.json``, a failed one ``<id>.failed.json`` (exit status, timeout,
+the end of its output), and the sweep goes on. Running the same sweep again
+skips points that are done and re-runs failed or interrupted ones (an
+interrupted point's partial results are discarded first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import itertools
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launch import commands
+from launch.execute import run
+
+# grid key -> (type of each value, flag of the program; None = consumed by the launcher)
+GRID_KEYS: dict[str, tuple[type, str | None]] = {
+    "ranks": (int, None),
+    "nodes": (int, None),
+    "slots": (int, None),
+    "rate": (str, None),
+    "strategy": (str, "--strategy"),
+    "algo": (str, "--algo"),
+    "backend": (str, "--backend"),
+    "workload": (str, "--workload"),
+    "model": (str, "--model"),
+    "batch_size": (int, "--batch-size"),
+    "compute_ms": (float, "--compute-ms"),
+    "steps": (int, "--steps"),
+    "bucket_mb": (float, "--bucket-mb"),
+    "accum_steps": (int, "--accum-steps"),
+    "compression": (str, "--compression"),
+    "staleness": (int, "--staleness"),
+}
+SWEEP_KEYS: dict[str, type] = {"launcher": str, "program": str, "args": list, "timeout": float,
+                               "output": str}
+LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
+
+
+class SweepError(Exception):
+    """Bad sweep description; the message names the key."""
+
+
+@dataclass
+class Sweep:
+    launcher: str = "mpirun"
+    program: str = "commbench.allreduce"
+    args: list[str] = field(default_factory=list)
+    timeout: float = 900.0
+    output: str = "results/sweep"
+    grid: dict[str, list] = field(default_factory=dict)
+
+    def points(self) -> list[dict]:
+        keys = list(self.grid)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*self.grid.values())]
+
+
+def _check_value(key: str, value, typ: type):
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise SweepError(f"{key}: expected {typ.__name__}, got {value!r}")
+    return value
+
+
+def make_sweep(sweep: dict, grid: dict) -> Sweep:
+    """Check a parsed description: unknown keys and wrong types are errors naming the key."""
+    for k, v in sweep.items():
+        if k not in SWEEP_KEYS:
+            raise SweepError(f"[sweep] unknown key {k!r}; known: {', '.join(SWEEP_KEYS)}")
+        _check_value(f"sweep.{k}", v, SWEEP_KEYS[k])
+    if sweep.get("launcher", "mpirun") not in LAUNCHERS:
+        raise SweepError(f"sweep.launcher: {sweep['launcher']!r} is not one of "
+                         f"{', '.join(LAUNCHERS)}")
+    if not all(isinstance(a, str) for a in sweep.get("args", [])):
+        raise SweepError("sweep.args: expected a list of strings")
+    checked = {}
+    for k, values in grid.items():
+        if k not in GRID_KEYS:
+            raise SweepError(f"[grid] unknown key {k!r}; known: {', '.join(GRID_KEYS)}")
+        values = values if isinstance(values, list) else [values]
+        if not values:
+            raise SweepError(f"grid.{k}: empty list")
+        checked[k] = [_check_value(f"grid.{k}", v, GRID_KEYS[k][0]) for v in values]
+    s = Sweep(**{k: v for k, v in sweep.items()}, grid=checked)
+    for p in s.points():
+        ranks, nodes, slots = p.get("ranks"), p.get("nodes"), p.get("slots")
+        if (nodes is None) != (slots is None):
+            raise SweepError("grid: nodes and slots go together")
+        if ranks is not None and ranks < 1:
+            raise SweepError(f"grid.ranks: must be >= 1, got {ranks}")
+        if nodes is not None and ranks is not None and ranks > nodes * slots:
+            raise SweepError(f"grid: {ranks} ranks is more than {nodes} nodes x {slots} slots")
+        if "rate" in p:
+            from launch.cluster import ClusterError, parse_rate
+
+            try:
+                parse_rate(p["rate"])
+            except ClusterError as e:
+                raise SweepError(f"grid.rate: {e}") from None
+    if s.timeout <= 0:
+        raise SweepError("sweep.timeout: must be > 0")
+    return s
+
+
+def load_file(path: str) -> tuple[dict, dict]:
+    p = Path(path)
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(p.read_text())
+        else:
+            data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"sweep file {path} not found") from None
+    except (ValueError, ImportError) as e:
+        raise SweepError(f"sweep file {path}: {e}") from None
+    unknown = set(data) - {"sweep", "grid"}
+    if unknown:
+        raise SweepError(f"{path}: unknown table(s) {sorted(unknown)}; use [sweep] and [grid]")
+    return data.get("sweep", {}), data.get("grid", {})
+
+
+def parse_set(items: list[str]) -> dict:
+    grid = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or key not in GRID_KEYS:
+            raise SweepError(f"--set {item!r}: use KEY=V1,V2 with KEY one of "
+                             f"{', '.join(GRID_KEYS)}")
+        typ = GRID_KEYS[key][0]
+        try:
+            grid[key] = [typ(v) for v in values.split(",") if v]
+        except ValueError:
+            raise SweepError(f"--set {key}: expected {typ.__name__} values, got {values!r}") \
+                from None
+    return grid
+
+
+def point_id(point: dict, sweep: Sweep) -> str:
+    """Stable id of a point: the same parameters give the same id in every run."""
+    key = json.dumps({"p": point, "program": sweep.program, "args": sweep.args,
+                      "launcher": sweep.launcher}, sort_keys=True)
+    label = "-".join(f"{k}{v}" for k, v in point.items()).replace("/", "_")[:80]
+    return f"{label}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def point_program(point: dict, sweep: Sweep, out: Path) -> list[str]:
+    flags = [a for k, v in point.items() if GRID_KEYS[k][1] for a in (GRID_KEYS[k][1], str(v))]
+    return commands.python_module(sweep.program, [*sweep.args, *flags, "--output", str(out)])
+
+
+class _Clusters:
+    """Keeps one emulated cluster up across consecutive points that share its shape."""
+
+    def __init__(self) -> None:
+        self.key = None
+        self.stack = contextlib.ExitStack()
+        self.spec = None
+        self.link = None
+
+    def get(self, nodes: int, slots: int, rate: str | None):
+        from launch.cluster import cluster, measure_link
+
+        key = (nodes, slots, rate)
+        if key != self.key:
+            self.close()
+            self.spec = self.stack.enter_context(cluster(nodes, slots, rate, name="cbsw"))
+            self.link = measure_link(self.spec) if nodes > 1 else None
+            self.key = key
+        return self.spec, self.link
+
+    def close(self) -> None:
+        self.stack.close()
+        self.key = None
+
+
+def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> list[str]:
+    prog = point_program(point, sweep, out)
+    if "nodes" in point:
+        from launch.cluster import launch_argv
+
+        spec, link = clusters.get(point["nodes"], point["slots"], point.get("rate"))
+        np = point.get("ranks", point["nodes"] * point["slots"])
+        return launch_argv(spec, sweep.launcher, np, prog, link)
+    np = point.get("ranks", 1)
+    if sweep.launcher == "mpirun":
+        return commands.mpirun(np, prog)
+    hvd = str(Path(sys.executable).parent / "horovodrun")
+    return commands.horovodrun(np, prog, horovodrun_bin=hvd,
+                               controller="gloo" if sweep.launcher.endswith("gloo") else "mpi")
+
+
+def _fmt_s(s: float) -> str:
+    return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.0f}s"
+
+
+def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
+    outdir = Path(sweep.output)
+    outdir.mkdir(parents=True, exist_ok=True)
+    points = sweep.points()
+    ids = [point_id(p, sweep) for p in points]
+    (outdir / "sweep.json").write_text(json.dumps(
+        {"sweep": {k: v for k, v in vars(sweep).items() if k != "grid"}, "grid": sweep.grid,
+         "points": [{"id": i, **p} for i, p in zip(ids, points)]}, indent=1))
+    counts = {"done": 0, "failed": 0, "skipped": 0}
+    todo = [(i, p) for i, p in zip(ids, points) if not (outdir / f"{i}.done.json").exists()]
+    counts["skipped"] = len(points) - len(todo)
+    if counts["skipped"]:
+        print(f"[sweep] {counts['skipped']} of {len(points)} points already done; skipping them",
+              file=log, flush=True)
+    clusters = _Clusters()
+    t0 = time.time()
+    try:
+        for k, (pid, point) in enumerate(todo, 1):
+            out = outdir / f"{pid}.jsonl"
+            for stale in (out, outdir / f"{pid}.failed.json"):
+                stale.unlink(missing_ok=True)  # interrupted or failed before: start clean
+            label = " ".join(f"{a}={b}" for a, b in point.items())
+            t = time.time()
+            try:
+                argv = launch_point(point, sweep, out, clusters)
+                res = run(argv, timeout=sweep.timeout)
+                ok = res.returncode == 0 and not res.timed_out
+                info = {"id": pid, "point": point, "argv": argv, "returncode": res.returncode,
+                        "timed_out": res.timed_out, "seconds": time.time() - t}
+                if not ok:
+                    info["stderr_tail"] = res.stderr[-4000:]
+                    info["stdout_tail"] = res.stdout[-2000:]
+            except Exception as e:  # a point that cannot even start is a failed point
+                ok = False
+                info = {"id": pid, "point": point, "error": f"{type(e).__name__}: {e}",
+                        "seconds": time.time() - t}
+            marker = outdir / f"{pid}.{'done' if ok else 'failed'}.json"
+            tmp = marker.with_suffix(".tmp")
+            tmp.write_text(json.dumps(info, indent=1))
+            tmp.replace(marker)
+            counts["done" if ok else "failed"] += 1
+            elapsed = time.time() - t0
+            eta = elapsed / k * (len(todo) - k)
+            status = "ok" if ok else ("TIMEOUT" if info.get("timed_out") else "FAILED")
+            print(f"[sweep] point {counts['skipped'] + k}/{len(points)} {label}: {status} "
+                  f"{info['seconds']:.1f}s  elapsed {_fmt_s(elapsed)}  eta {_fmt_s(eta)}",
+                  file=log, flush=True)
+    finally:
+        clusters.close()
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.sweep",
+                                description="Run a grid of commbench jobs, resumably.")
+    p.add_argument("file", nargs="?", help="sweep file (.toml or .json)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2",
+                   help="grid axis (adds to / overrides the file's grid)")
+    p.add_argument("--launcher", choices=LAUNCHERS)
+    p.add_argument("--program", help="module to run (default commbench.allreduce)")
+    p.add_argument("--timeout", type=float, help="seconds per point")
+    p.add_argument("-o", "--output", help="results directory")
+    p.epilog = "Arguments after -- are passed to every point's program."
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    try:
+        sweep_d, grid_d = load_file(a.file) if a.file else ({}, {})
+        grid_d.update(parse_set(a.set))
+        for k in ("launcher", "program", "timeout", "output"):
+            if getattr(a, k) is not None:
+                sweep_d[k] = getattr(a, k)
+        if extra:
+            sweep_d["args"] = [*sweep_d.get("args", []), *extra]
+        sweep = make_sweep(sweep_d, grid_d)
+        if any("nodes" in pt for pt in sweep.points()):
+            from launch.cluster import ClusterError, check_machine
+
+            try:
+                check_machine()
+            except ClusterError as e:
+                raise SweepError(str(e)) from None
+    except SweepError as e:
+        print(f"launch.sweep: error: {e}", file=sys.stderr)
+        return 2
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)  # unwind: the running job and cluster are cleaned up
+
+    signal.signal(signal.SIGTERM, on_term)
+    counts = run_sweep(sweep)
+    print(f"[sweep] {counts['done']} done, {counts['failed']} failed, {counts['skipped']} "
+          f"skipped (already done); results in {sweep.output}", file=sys.stderr)
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Sweeps: real jobs per point, failures recorded, re-runs resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from launch.sweep import SweepError, make_sweep, parse_set, point_id
+from tests.conftest import PY, ROOT
+
+FIXED = ["--", "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "10"]
+
+
+def sweep_cli(*args, timeout=600):
+    return subprocess.run([PY, "-m", "launch.sweep", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def done_files(d):
+    return sorted(p.name for p in d.glob("*.done.json"))
+
+
+def test_grid_checks():
+    s = make_sweep({"launcher": "mpirun"}, {"ranks": [1, 2], "algo": ["native", "ring"]})
+    assert len(s.points()) == 4
+    assert point_id(s.points()[0], s) == point_id(dict(s.points()[0]), s)
+    assert make_sweep({}, {"compute_ms": [10]}).grid["compute_ms"] == [10.0]
+    for sweep, grid, msg in [
+        ({}, {"color": ["red"]}, "unknown key 'color'"),
+        ({"speed": 1}, {}, "unknown key 'speed'"),
+        ({}, {"ranks": ["two"]}, "grid.ranks: expected int"),
+        ({"timeout": "soon"}, {}, "sweep.timeout: expected float"),
+        ({"launcher": "pdsh"}, {}, "sweep.launcher"),
+        ({}, {"nodes": [2], "slots": [2], "ranks": [5]}, "more than 2 nodes x 2 slots"),
+        ({}, {"nodes": [2], "slots": [1], "rate": ["quick"]}, "grid.rate"),
+        ({}, {"nodes": [2]}, "nodes and slots go together"),
+    ]:
+        with pytest.raises(SweepError, match=msg):
+            make_sweep(sweep, grid)
+    assert parse_set(["ranks=1,2", "algo=ring"]) == {"ranks": [1, 2], "algo": ["ring"]}
+    with pytest.raises(SweepError, match="--set"):
+        parse_set(["ranks=x"])
+
+
+def test_bad_sweep_file_exits_2_before_running(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('[sweep]\noutput = "%s"\n[grid]\nranks = [1]\nbatch = [3]\n' % (tmp_path / "o"))
+    res = sweep_cli(str(f))
+    assert res.returncode == 2 and "unknown key 'batch'" in res.stderr
+    assert not (tmp_path / "o").exists()
+    f.write_text('[grid]\nranks = "2"\n')
+    res = sweep_cli(str(f), "-o", str(tmp_path / "o"))
+    assert res.returncode == 2 and "grid.ranks: expected int" in res.stderr
+
+
+@pytest.mark.mpi
+def test_four_points_complete_then_rerun_runs_nothing(tmp_path):
+    out = tmp_path / "sw"
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"sweep": {"launcher": "mpirun", "output": str(out),
+                                       "args": FIXED[1:], "timeout": 240},
+                             "grid": {"ranks": [1, 2], "algo": ["native", "ring"]}}))
+    res = sweep_cli(str(f))
+    assert res.returncode == 0, res.stderr
+    assert len(done_files(out)) == 4
+    assert "point 4/4" in res.stderr and "eta" in res.stderr
+    for p in out.glob("*.jsonl"):
+        recs = [json.loads(line) for line in p.read_text().splitlines()]
+        assert recs[-1]["kind"] == "summary" and recs[-1]["wrong"] == 0
+    before = {p.name: p.stat().st_mtime for p in out.iterdir()}
+    again = sweep_cli(str(f))
+    assert again.returncode == 0
+    assert "4 of 4 points already done" in again.stderr and "point 1/4" not in again.stderr
+    assert {p.name: p.stat().st_mtime for p in out.iterdir() if p.name != "sweep.json"} == {
+        k: v for k, v in before.items() if k != "sweep.json"}
+
+
+@pytest.mark.mpi
+def test_failed_point_is_recorded_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "sw"
+    res = sweep_cli("--set", "ranks=2", "--set", "model=resnet18,resnet7", "-o", str(out),
+                    "--", "--steps", "2", "--warmup", "0", "--compute-ms", "0")
+    assert res.returncode == 1
+    assert len(done_files(out)) == 1
+    failed = list(out.glob("*.failed.json"))
+    assert len(failed) == 1
+    info = json.loads(failed[0].read_text())
+    assert info["point"]["model"] == "resnet7" and info["returncode"] != 0
+    assert "--model" in info["stderr_tail"]
+
+
+@pytest.mark.mpi
+def test_interrupted_sweep_resumes_only_missing_points(tmp_path):
+    out = tmp_path / "sw"
+    args = ["--set", "ranks=1,2", "--set", "algo=native,ring", "-o", str(out), *FIXED]
+    proc = subprocess.Popen([PY, "-m", "launch.sweep", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not done_files(out) and time.time() < deadline:
+            time.sleep(0.2)
+        assert done_files(out), "no point finished"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    first = {n: (out / n).stat().st_mtime for n in done_files(out)}
+    assert 1 <= len(first) < 4
+    time.sleep(1)
+    assert subprocess.run(["pgrep", "-f", "commbench.allreduce"]).returncode == 1
+    res = sweep_cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert f"{len(first)} of 4 points already done" in res.stderr
+    assert len(done_files(out)) == 4
+    assert all((out / n).stat().st_mtime == t for n, t in first.items())
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(os.geteuid() != 0, reason="emulated cluster needs root")
+def test_point_on_emulated_cluster(tmp_path):
+    out = tmp_path / "sw"
+    res = sweep_cli("--set", "nodes=2", "--set", "slots=1", "--set", "rate=1gbit", "-o",
+                    str(out), "--", "--model", "resnet18", "--steps", "2", "--warmup", "1",
+                    "--algo", "native")
+    assert res.returncode == 0, res.stderr
+    recs = [json.loads(line) for p in out.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert recs[-1]["nodes"] == 2 and recs[-1]["link_gbps"] > 0.5
+    assert recs[-1]["link_shaping"] == "1gbit"
