@@ -11,7 +11,8 @@ setup:
 run: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(VENV)/bin/python -m commbench.allreduce $(ARGS)
 
-test: setup
+test:
+	./scripts/setup.sh --with-test-deps
 	$(VENV)/bin/python -m pytest -q
 
 lint:

@@ -13,7 +13,18 @@
 #   COMMBENCH_TORCH=...     torch requirement (default torch==2.13.0, CPU build).
 #   COMMBENCH_SKIP_APT=1    do not touch system packages.
 #   COMMBENCH_VENV=PATH     where the venv goes (default .venv in the repo).
+#
+# Flags:
+#   --with-test-deps        also install what only the tests need (a single-node
+#                           Slurm: slurm-wlm, munge); `make test` passes it.
 set -euo pipefail
+TEST_DEPS=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-test-deps) TEST_DEPS=1 ;;
+    *) echo "setup.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 
 HOROVOD_VERSION=0.28.1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,6 +37,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- 1. system packages -------------------------------------------------------
 apt_pkgs=(openmpi-bin libopenmpi-dev g++ make cmake git iproute2 iptables procps util-linux)
+[ "$TEST_DEPS" = 1 ] && apt_pkgs+=(slurm-wlm munge)
 if [ "${COMMBENCH_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${apt_pkgs[@]}"; do

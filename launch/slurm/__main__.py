@@ -1,0 +1,5 @@
+import sys
+
+from launch.slurm import main
+
+sys.exit(main())
