@@ -26,7 +26,7 @@ import torch
 from commbench.comm import detect_backend, launcher_rank, make_communicator
 from commbench.config import Config, ConfigError, parse_config
 from commbench.report import Column, format_table, rank0_print
-from commbench.results import ResultWriter, default_output, run_header, versions
+from commbench.results import ResultWriter, default_output, link_info, run_header, versions
 from commbench.runner import run_steps, step_record, summarize_steps
 from commbench.strategies import STRATEGIES, make_strategy
 from commbench.timing import StepTimer
@@ -99,9 +99,12 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
                 topo=comm.topo, workload=workload, knobs=strategy.knobs(),
                 config=cfg.as_dict(), vers=vers, torch_threads=threads)
     per_rank_samples = [g[0] for g in gathered]
+    link = link_info()  # interface bytes are compared with the link's rate in the same unit
+    wire_gbps = link["link_wire_gbps"] or link["link_gbps"]
     steps = []
     for k in range(len(per_rank_samples[0])):
-        rec = step_record([rank_samples[k] for rank_samples in per_rank_samples], comm.size)
+        rec = step_record([rank_samples[k] for rank_samples in per_rank_samples], comm.size,
+                          wire_gbps)
         steps.append(rec)
         writer.write({**run_header(kind="step", **head), **rec, "wrong": wrong_total})
     summary = {**run_header(kind="summary", **head),

@@ -63,14 +63,21 @@ def link_info(environ: dict[str, str] | None = None) -> dict:
 
     ``launch.cluster`` (and any launcher that measures its links) exports
     COMMBENCH_LINK_GBPS (achieved Gbit/s of one inter-node link) and
-    COMMBENCH_LINK_SHAPING (the tc rate, or "none").
+    COMMBENCH_LINK_SHAPING (the tc rate, or "none"), and COMMBENCH_LINK_WIRE_GBPS,
+    the same stream counted in interface bytes (headers included), the unit
+    ``link_bytes`` is counted in.
     """
     env = os.environ if environ is None else environ
-    try:
-        gbps = float(env["COMMBENCH_LINK_GBPS"]) if "COMMBENCH_LINK_GBPS" in env else None
-    except ValueError:
-        gbps = None
-    return {"link_gbps": gbps, "link_shaping": env.get("COMMBENCH_LINK_SHAPING")}
+
+    def num(key: str) -> float | None:
+        try:
+            return float(env[key]) if key in env else None
+        except ValueError:
+            return None
+
+    return {"link_gbps": num("COMMBENCH_LINK_GBPS"),
+            "link_wire_gbps": num("COMMBENCH_LINK_WIRE_GBPS"),
+            "link_shaping": env.get("COMMBENCH_LINK_SHAPING")}
 
 
 def default_output(output_dir: str, backend: str, world_size: int,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from commbench import metrics
 from commbench.comm.base import Communicator
+from commbench.linkstats import link_efficiency, link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
 from commbench.timing import NullTimer, StepSample, StepTimer, now
 
@@ -25,10 +26,13 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
               first_step: int = 0) -> list[StepSample]:
     """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer)."""
     samples = []
+    iface = link_iface() if comm.local_rank == 0 and timer.enabled else None
     for k in range(first_step, first_step + warmup + steps):
         t = now()
         comm.barrier()
         wait_s = now() - t
+        if iface:
+            rx0, tx0 = read_iface_bytes(iface)
         timer.begin_step(k, k - first_step < warmup, wait_s)
         strategy.begin_step(timer)
         workload.forward(timer, strategy.progress)
@@ -37,11 +41,15 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
         workload.optimizer_step(timer)
         sample = timer.end_step()
         if sample is not None:
+            if iface:
+                rx1, tx1 = read_iface_bytes(iface)
+                sample.link_bytes = max(rx1 - rx0, tx1 - tx0)
             samples.append(sample)
     return samples
 
 
-def step_record(per_rank: Sequence[StepSample], world_size: int) -> dict:
+def step_record(per_rank: Sequence[StepSample], world_size: int,
+                link_wire_gbps: float | None = None) -> dict:
     """Reduce one step's per-rank samples: the step takes as long as its slowest rank.
 
     Compute, comm and exposed sync are those of that critical-path rank, so
@@ -50,6 +58,8 @@ def step_record(per_rank: Sequence[StepSample], world_size: int) -> dict:
     """
     crit = max(range(len(per_rank)), key=lambda r: per_rank[r].step_s)
     c = per_rank[crit]
+    link = [s.link_bytes for s in per_rank if s.link_bytes is not None]
+    link_bytes = max(link) if link else None
     return {
         "step": c.step,
         "warmup": c.warmup,
@@ -65,12 +75,15 @@ def step_record(per_rank: Sequence[StepSample], world_size: int) -> dict:
         "comm_bytes": c.comm_bytes,
         "busbw_gbps": metrics.busbw(c.comm_bytes, c.comm_s, world_size)
         if c.comm_calls else None,
+        "link_bytes": link_bytes,
+        "link_efficiency": link_efficiency(link_bytes, link_wire_gbps, c.comm_s),
         "ranks": {f: [getattr(s, f) for s in per_rank] for f in RANK_FIELDS},
     }
 
 
 SUMMARY_FIELDS = ("step_s", "compute_s", "comm_s", "exposed_sync_s", "sync_share",
-                  "overlap", "busbw_gbps", "wait_s", "throughput")
+                  "overlap", "busbw_gbps", "wait_s", "throughput", "link_bytes",
+                  "link_efficiency")
 
 
 def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:

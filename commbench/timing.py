@@ -35,6 +35,7 @@ class StepSample:
     exposed_sync_s: float
     comm_calls: int
     comm_bytes: int
+    link_bytes: int | None = None  # max(rx, tx) through this node's link (local rank 0 only)
 
     def as_dict(self) -> dict:
         return asdict(self)

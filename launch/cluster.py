@@ -409,9 +409,12 @@ def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str
     """
     from launch import commands
 
-    env = {"COMMBENCH_LINK_SHAPING": f"{spec.rate_gbps:g}gbit" if spec.rate_gbps else "none"}
+    env = {"COMMBENCH_LINK_SHAPING": f"{spec.rate_gbps:g}gbit" if spec.rate_gbps else "none",
+           "COMMBENCH_LINK_IFACE": "eth0"}  # every node's link, counted per step
     if link:
         env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"
+        if link.get("wire_gbps"):
+            env["COMMBENCH_LINK_WIRE_GBPS"] = f"{link['wire_gbps']:.4f}"
     assignments = [f"{k}={v}" for k, v in env.items()]
     if launcher == "mpirun":
         argv = commands.mpirun_emulated(spec, np, program)

@@ -19,10 +19,19 @@ import socket
 import sys
 import time
 
+from commbench.linkstats import read_iface_bytes
+
 CHUNK = 1 << 20
 
 
-def serve(port: int, skip: float, timeout: float) -> dict:
+def _rx(iface: str | None) -> int | None:
+    try:
+        return read_iface_bytes(iface)[0] if iface else None
+    except (OSError, ValueError):
+        return None
+
+
+def serve(port: int, skip: float, timeout: float, iface: str | None = "eth0") -> dict:
     with socket.create_server(("0.0.0.0", port), reuse_port=False) as srv:
         srv.settimeout(timeout)
         conn, _ = srv.accept()
@@ -31,6 +40,7 @@ def serve(port: int, skip: float, timeout: float) -> dict:
             buf = bytearray(CHUNK)
             first = None
             counted = 0
+            rx_start = rx_end = None
             t_start = None
             while True:
                 n = conn.recv_into(buf)
@@ -42,13 +52,19 @@ def serve(port: int, skip: float, timeout: float) -> dict:
                 if now - first >= skip:
                     if t_start is None:
                         t_start = now
+                        rx_start = _rx(iface)
                     else:
                         counted += n
                 last = now
+            rx_end = _rx(iface)
     if t_start is None or last <= t_start:
         raise RuntimeError("link test: too little data received to time the link")
     seconds = last - t_start
-    return {"gbps": counted * 8 / seconds / 1e9, "bytes": counted, "seconds": seconds}
+    out = {"gbps": counted * 8 / seconds / 1e9, "bytes": counted, "seconds": seconds}
+    if rx_start is not None and rx_end is not None:
+        # what the interface carried, headers included: the unit /proc/net/dev counts in
+        out["wire_gbps"] = (rx_end - rx_start) * 8 / seconds / 1e9
+    return out
 
 
 def send(host: str, port: int, seconds: float, connect_timeout: float) -> None:

@@ -100,6 +100,11 @@ def test_job_across_two_nodes(tmp_path, launcher):
     assert summaries and all(s["wrong"] == 0 for s in summaries)
     assert all(r["link_gbps"] == pytest.approx(0.95) and r["link_shaping"] == "1gbit"
                for r in recs)
+    # local rank 0 of each node counted the bytes through its link: flat all-reduce of the
+    # 46.8 MB gradient moves at least half of it across the node boundary
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert all(r["link_bytes"] > 0.5 * r["grad_bytes"] for r in steps)
+    assert all(0 < r["link_efficiency"] < 1.5 for r in steps)
 
 
 def test_shaped_link_measures_within_ten_percent():
