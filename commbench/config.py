@@ -19,12 +19,12 @@ class ConfigError(Exception):
     """A user error in the command line; the message names the flag."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump, exit 2 by the caller
         raise ConfigError(message)
 
 
-def _csv(choices: tuple[str, ...] | None, flag: str):
+def csv_list(choices: tuple[str, ...] | None, flag: str):
     def parse(text: str) -> list[str]:
         items = [x.strip() for x in text.split(",") if x.strip()]
         if not items:
@@ -38,7 +38,7 @@ def _csv(choices: tuple[str, ...] | None, flag: str):
     return parse
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
@@ -48,7 +48,7 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _nonneg_int(text: str) -> int:
+def nonneg_int(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
@@ -58,7 +58,7 @@ def _nonneg_int(text: str) -> int:
     return v
 
 
-def _nonneg_float(text: str) -> float:
+def nonneg_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     from commbench.workloads import WORKLOADS
 
     d = Config()
-    p = _Parser(
+    p = Parser(
         prog="python -m commbench.allreduce",
         description="Time every training step under a gradient-sync strategy and report "
                     "how much of it is spent waiting for gradients. Run it under "
@@ -111,10 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("synchronisation")
     g.add_argument("--strategy", dest="strategies", metavar="NAME[,NAME]",
-                   type=_csv(tuple(STRATEGIES), "--strategy"), default=d.strategies,
+                   type=csv_list(tuple(STRATEGIES), "--strategy"), default=d.strategies,
                    help=f"strategies to run, one run each: {', '.join(STRATEGIES)}")
     g.add_argument("--algo", dest="algos", metavar="NAME[,NAME]",
-                   type=_csv(tuple(ALGOS), "--algo"), default=d.algos,
+                   type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
                    help="all-reduce algorithms for strategies that take one: native = the "
                         "backend's own, ring = the project's reduce-scatter + all-gather")
     g.add_argument("--backend", choices=("auto", *BACKENDS), default=d.backend,
@@ -126,20 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic = a real model's gradient shapes, compute replayed")
     g.add_argument("--model", choices=tuple(MODELS), default=d.model,
                    help="model whose gradients are synchronised")
-    g.add_argument("--batch-size", type=_positive_int, default=d.batch_size,
+    g.add_argument("--batch-size", type=positive_int, default=d.batch_size,
                    help="samples per rank per step (throughput = ranks * batch / step)")
-    g.add_argument("--num-classes", type=_positive_int, default=d.num_classes,
+    g.add_argument("--num-classes", type=positive_int, default=d.num_classes,
                    help="classifier width (sets the last layer's gradient size)")
-    g.add_argument("--compute-ms", type=_nonneg_float, default=d.compute_ms,
+    g.add_argument("--compute-ms", type=nonneg_float, default=d.compute_ms,
                    help="forward+backward time per step replayed by the synthetic workload "
                         "(1/3 forward, 2/3 backward)")
 
     g = p.add_argument_group("run")
-    g.add_argument("--steps", type=_positive_int, default=d.steps,
+    g.add_argument("--steps", type=positive_int, default=d.steps,
                    help="measured steps per run")
-    g.add_argument("--warmup", type=_nonneg_int, default=d.warmup,
+    g.add_argument("--warmup", type=nonneg_int, default=d.warmup,
                    help="warm-up steps before them (recorded, flagged, excluded from summaries)")
-    g.add_argument("--seed", type=_nonneg_int, default=d.seed, help="seed for gradient values")
+    g.add_argument("--seed", type=nonneg_int, default=d.seed, help="seed for gradient values")
     g.add_argument("--no-validate", dest="validate", action="store_false",
                    help="skip the correctness pass (known values, closed-form sum)")
 

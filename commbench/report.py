@@ -32,15 +32,30 @@ def _cell(value: Any, col: Column) -> str:
     return text.rjust(col.width)
 
 
-def format_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]],
-                 title: str | None = None, footer: Sequence[str] = ()) -> str:
+def format_header(columns: Sequence[Column], title: str | None = None) -> str:
+    """The ``#`` lines above the rows: optional title, column names, units."""
     lines = [f"# {title}"] if title else []
     head = " ".join(c.name.rjust(c.width) for c in columns)
     units = " ".join((f"({c.unit})" if c.unit else "").rjust(c.width) for c in columns)
     lines += ["#" + head[1:], "#" + units[1:]]
-    for row in rows:
-        lines.append(" ".join(_cell(v, c) for v, c in zip(row, columns)))
-    lines.extend(f"# {f}" for f in footer)
+    return "\n".join(lines)
+
+
+def format_row(columns: Sequence[Column], row: Sequence[Any]) -> str:
+    """One data line; tools that print rows as they are measured use this directly."""
+    return " ".join(_cell(v, c) for v, c in zip(row, columns))
+
+
+def format_footer(footer: Sequence[str]) -> str:
+    return "\n".join(f"# {f}" for f in footer)
+
+
+def format_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]],
+                 title: str | None = None, footer: Sequence[str] = ()) -> str:
+    lines = [format_header(columns, title)]
+    lines += [format_row(columns, row) for row in rows]
+    if footer:
+        lines.append(format_footer(footer))
     return "\n".join(lines)
 
 

@@ -114,6 +114,15 @@ class Communicator(abc.ABC):
     def allreduce(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over all ranks, in place, with the backend's own algorithm."""
 
+    def allreduce_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype ``allreduce`` puts on the wire for tensors of ``dtype``.
+
+        ``dtype`` itself unless the backend has to widen (Horovod without
+        bfloat16); results record it so a widened run is not mistaken for a
+        2-byte one.
+        """
+        return dtype
+
     @abc.abstractmethod
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
         """Start a non-blocking in-place sum of ``tensor``; return its handle."""

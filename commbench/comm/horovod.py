@@ -4,6 +4,13 @@ Point-to-point messages (used by the project's ring) are not part of Horovod's
 API; when Horovod runs on MPI (``horovodrun --mpi`` or plain mpirun) they go
 through mpi4py on the same ``MPI_COMM_WORLD`` Horovod uses. Under the Gloo
 controller there is no point-to-point path and ``sendrecv`` says so.
+
+Horovod 0.28.1 reduces float16 on the CPU (its own MPI op, or Gloo's) but has
+no bfloat16 all-reduce ("Tensor type torch.BFloat16Tensor is not supported").
+For a dtype the installed Horovod cannot reduce, ``allreduce`` widens to
+float32, reduces that, and narrows back: 4 bytes per element on the wire
+plus two casts, which ``allreduce_dtype`` reports so results can say so. A
+Horovod that gains bfloat16 is used directly (the check asks its library).
 """
 
 from __future__ import annotations
@@ -20,13 +27,28 @@ def launched_by_mpi() -> bool:
     return any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
 
 
-class _HorovodHandle(Handle):
-    __slots__ = ("_hvd", "_handle", "_done")
+def horovod_reduces(dtype: torch.dtype) -> bool:
+    """Whether the installed horovod.torch has a CPU all-reduce for ``dtype``."""
+    try:
+        from horovod.torch import mpi_ops
 
-    def __init__(self, hvd: Any, handle: Any) -> None:
+        lib = mpi_ops.mpi_lib
+    except (ImportError, AttributeError):  # layout changed: assume only bfloat16 is missing
+        return dtype != torch.bfloat16
+    # the name horovod.torch.mpi_ops looks up for a tensor of this type
+    kind = torch.empty(0, dtype=dtype).type().replace(".", "_")
+    return hasattr(lib, f"horovod_torch_allreduce_async_{kind}")
+
+
+class _HorovodHandle(Handle):
+    __slots__ = ("_hvd", "_handle", "_done", "_narrow")
+
+    def __init__(self, hvd: Any, handle: Any,
+                 narrow: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self._hvd = hvd
         self._handle = handle
         self._done = False
+        self._narrow = narrow  # (widened copy being reduced, the caller's tensor)
 
     def test(self) -> bool:
         # Horovod progresses on its own background thread; poll only observes.
@@ -37,6 +59,9 @@ class _HorovodHandle(Handle):
     def wait(self) -> None:
         if not self._done:
             self._hvd.synchronize(self._handle)
+            if self._narrow is not None:
+                wide, tensor = self._narrow
+                tensor.copy_(wide)
             self._done = True
 
 
@@ -61,6 +86,7 @@ class HorovodCommunicator(Communicator):
         self.topo = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                              local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
                              cross_size=hvd.cross_size(), hostnames=hosts)
+        self._wire: dict[torch.dtype, torch.dtype] = {}
 
     @property
     def supports_p2p(self) -> bool:
@@ -70,11 +96,27 @@ class HorovodCommunicator(Communicator):
     def controller(self) -> str:
         return "mpi" if self.hvd.mpi_enabled() else "gloo"
 
+    def allreduce_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        if dtype not in self._wire:
+            self._wire[dtype] = dtype if horovod_reduces(dtype) else torch.float32
+        return self._wire[dtype]
+
     def allreduce(self, tensor: torch.Tensor) -> None:
-        self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+        wire = self.allreduce_dtype(tensor.dtype)
+        if wire == tensor.dtype:
+            self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+            return
+        wide = tensor.to(wire)
+        self.hvd.allreduce_(wide, op=self.hvd.Sum)
+        tensor.copy_(wide)
 
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
-        return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(tensor, op=self.hvd.Sum))
+        wire = self.allreduce_dtype(tensor.dtype)
+        if wire == tensor.dtype:
+            return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(tensor, op=self.hvd.Sum))
+        wide = tensor.to(wire)
+        return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(wide, op=self.hvd.Sum),
+                              narrow=(wide, tensor))
 
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
                  tag: int = 0) -> None:
@@ -110,6 +152,8 @@ class HorovodCommunicator(Communicator):
         if self._mpi is not None:
             import mpi4py
 
+            from commbench.comm.mpi import mpi_library_version
+
             out["mpi4py"] = mpi4py.__version__
-            out["mpi_library"] = self._mpi.Get_library_version().strip().splitlines()[0]
+            out["mpi_library"] = mpi_library_version(self._mpi)
         return out

@@ -3,6 +3,14 @@
 Open MPI does not progress a non-blocking collective on its own (DESIGN.md
 §8): ``Handle.test`` must be called while compute runs for transfers to
 overlap it; strategies that overlap do so.
+
+float16 and bfloat16: numpy has no bfloat16 and MPI 3 has no half-precision
+type, so 2-byte floats travel as their raw bits in a 2-byte contiguous MPI
+datatype and are summed by a user-defined commutative ``MPI.Op`` that adds
+the buffers with torch (``torch.frombuffer``). Transfers stay 2 bytes per
+element; Open MPI calls the op once per piece it reduces, a Python call each
+time, so 2-byte reductions cost more per call than float32's, which keeps
+the predefined ``MPI.SUM`` on a numpy view.
 """
 
 from __future__ import annotations
@@ -15,23 +23,48 @@ import torch
 from commbench.comm.base import Communicator, Handle, hostname, topology_from_hostnames
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
+#: 2-byte floats numpy cannot reduce: sent as uint16 bits, summed by a user-defined op
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def as_buffer(t: torch.Tensor) -> np.ndarray:
-    """A numpy view sharing ``t``'s memory; MPI reads and writes it directly."""
+    """A numpy view sharing ``t``'s memory; MPI reads and writes it directly.
+
+    float16/bfloat16 come back as a uint16 view of their bits: right for
+    moving them (send, receive, gather), wrong for ``MPI.SUM``, which
+    ``MpiCommunicator`` therefore never applies to them.
+    """
     if t.device.type != "cpu":
         raise ValueError(f"mpi backend needs CPU tensors, got {t.device}")
-    if t.dtype not in _NUMPY_OK:
-        raise ValueError(f"mpi backend cannot reduce {t.dtype}; use float32")
     if not t.is_contiguous():
         raise ValueError("mpi backend needs contiguous tensors")
+    if t.dtype in _HALF:
+        return t.detach().view(torch.uint16).numpy()
+    if t.dtype not in _NUMPY_OK:
+        raise ValueError(f"mpi backend cannot reduce {t.dtype}; use float32, float16 or "
+                         "bfloat16")
     return t.detach().numpy()
+
+
+def mpi_library_version(MPI: Any) -> str:
+    """First line of the MPI library's version string (Open MPI's ends in a NUL byte)."""
+    return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
+
+
+def _torch_sum_op(MPI: Any, dtype: torch.dtype) -> Any:
+    """A commutative MPI.Op summing 2-byte ``dtype`` buffers in place with torch."""
+
+    def add(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        if len(memoryview(inoutbuf)):  # torch.frombuffer refuses empty buffers
+            torch.frombuffer(inoutbuf, dtype=dtype).add_(torch.frombuffer(inbuf, dtype=dtype))
+
+    return MPI.Op.Create(add, commute=True)
 
 
 class _MpiHandle(Handle):
     __slots__ = ("_req", "_buf", "_done")
 
-    def __init__(self, req: Any, buf: np.ndarray) -> None:
+    def __init__(self, req: Any, buf: Any) -> None:
         self._req = req
         self._buf = buf  # keep the buffer alive while MPI writes into it
         self._done = False
@@ -57,13 +90,27 @@ class MpiCommunicator(Communicator):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         hosts = self.comm.allgather(hostname())
         self.topo = topology_from_hostnames(self.comm.Get_rank(), hosts)
+        self._half_type = None  # 2-byte contiguous datatype, made at the first half reduce
+        self._half_ops: dict[torch.dtype, Any] = {}
+
+    def _reduce_args(self, tensor: torch.Tensor) -> tuple[Any, Any]:
+        """(buffer spec, op) summing ``tensor``: MPI.SUM where MPI knows the type."""
+        buf = as_buffer(tensor)
+        if tensor.dtype not in _HALF:
+            return buf, self._MPI.SUM  # the fast path: a predefined type and op
+        if self._half_type is None:
+            self._half_type = self._MPI.BYTE.Create_contiguous(2).Commit()
+        if tensor.dtype not in self._half_ops:
+            self._half_ops[tensor.dtype] = _torch_sum_op(self._MPI, tensor.dtype)
+        return [buf, self._half_type], self._half_ops[tensor.dtype]
 
     def allreduce(self, tensor: torch.Tensor) -> None:
-        self.comm.Allreduce(self._MPI.IN_PLACE, as_buffer(tensor), op=self._MPI.SUM)
+        buf, op = self._reduce_args(tensor)
+        self.comm.Allreduce(self._MPI.IN_PLACE, buf, op=op)
 
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
-        buf = as_buffer(tensor)
-        return _MpiHandle(self.comm.Iallreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM), buf)
+        buf, op = self._reduce_args(tensor)
+        return _MpiHandle(self.comm.Iallreduce(self._MPI.IN_PLACE, buf, op=op), buf)
 
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
                  tag: int = 0) -> None:
@@ -84,11 +131,19 @@ class MpiCommunicator(Communicator):
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
 
+    def close(self) -> None:
+        for op in self._half_ops.values():
+            op.Free()
+        self._half_ops.clear()
+        if self._half_type is not None:
+            self._half_type.Free()
+            self._half_type = None
+
     def versions(self) -> dict[str, str]:
         import mpi4py
 
         return {
             "mpi4py": mpi4py.__version__,
-            "mpi_library": self._MPI.Get_library_version().strip().splitlines()[0],
+            "mpi_library": mpi_library_version(self._MPI),
             "mpi_standard": "{}.{}".format(*self._MPI.Get_version()),
         }

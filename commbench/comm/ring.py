@@ -14,6 +14,9 @@ Rabenseifner & Gropp 2005):
    ``(r+1-s) mod p`` and receives chunk ``(r-s) mod p`` into place.
 
 Each rank sends and receives ``2(p-1)/p`` of the tensor in ``2(p-1)`` messages.
+Any dtype the communicator can move works (float32, float16, bfloat16): the
+scratch buffer has the tensor's dtype and the additions are torch's, so a
+2-byte tensor stays 2 bytes per element on the wire.
 """
 
 from __future__ import annotations

@@ -25,6 +25,25 @@ ALGOS: dict[str, Callable[[Communicator, torch.Tensor], None]] = {
 }
 
 
+def check_algo(comm: Communicator, name: str) -> None:
+    """Raise ValueError, naming the cause, if algorithm ``name`` cannot run on ``comm``."""
+    if name not in ALGOS:
+        raise ValueError(f"unknown algo {name!r}; choose from {', '.join(ALGOS)}")
+    if name != "native" and not comm.supports_p2p:  # the project's own algorithms use sendrecv
+        raise ValueError(f"--algo {name} needs point-to-point messages, which the "
+                         f"{comm.name} backend does not offer here (Horovod on Gloo); "
+                         "use --algo native or launch with horovodrun --mpi")
+
+
+def wire_dtype(comm: Communicator, name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype algorithm ``name`` transfers for a tensor of ``dtype`` on ``comm``.
+
+    The project's own algorithms send the tensor's bytes as they are; ``native``
+    is whatever the backend does (Horovod 0.28.1 widens bfloat16 to float32).
+    """
+    return comm.allreduce_dtype(dtype) if name == "native" else dtype
+
+
 # Test-only fault hook: on the rank named here, every all-reduce's first
 # element comes out off by one, so the tests can show that #wrong catches it.
 CORRUPT_ENV = "COMMBENCH_TEST_CORRUPT_RANK"

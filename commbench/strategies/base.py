@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from commbench.comm.base import Communicator
+from commbench.strategies.algos import check_algo
 from commbench.timing import NullTimer, StepTimer
 
 
@@ -37,10 +38,8 @@ class Strategy(abc.ABC):
         Called on every rank before any run starts, so an impossible
         combination ends the job before it writes anything.
         """
-        if cls.uses_algo and algo != "native" and not comm.supports_p2p:
-            raise ValueError(f"--algo {algo} needs point-to-point messages, which the "
-                             f"{comm.name} backend does not offer here (Horovod on Gloo); "
-                             "use --algo native or launch with horovodrun --mpi")
+        if cls.uses_algo:
+            check_algo(comm, algo)
 
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         self.timer = timer

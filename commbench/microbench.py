@@ -1,0 +1,443 @@
+"""All-reduce time and bus bandwidth per message size, in the manner of nccl-tests.
+
+Launch it like ``all_reduce_perf``; the flags are nccl-tests' flags::
+
+    mpirun -np 4 python -m commbench.microbench -b 8 -e 128M -f 2             # plain MPI
+    horovodrun -np 4 -H localhost:4 python -m commbench.microbench -d float16
+    mpirun -np 64 --hostfile hosts python -m commbench.microbench --algo ring -e 1G
+
+For every size from ``-b`` to ``-e`` (multiplied by ``-f``), every ``-d``
+dtype and every ``--algo``:
+
+1. warm up with ``-w`` all-reduces, then a barrier (waiting for a late rank
+   stays out of the timed loop), then each rank times its own loop of ``-n``
+   in-place all-reduces; its time per call is the loop's time over ``-n``.
+   The buffer holds zeros while timed: repeated in-place sums of anything
+   else overflow float16/bfloat16 within a few calls;
+2. gather the per-rank times on rank 0: min / avg / max over ranks (clocks of
+   two ranks are never subtracted). algbw and busbw come from the average,
+   as nccl-tests reports them by default (its ``-a 1``);
+3. validate outside the timed loop: fill the buffer with fresh values whose
+   sum has a closed form that is exact in the dtype, all-reduce once with the
+   same algorithm, and count the elements that differ (``#wrong``).
+
+Rank 0 prints a ``#``-headed table as rows are measured, ending with the
+average bus bandwidth, and writes one JSON Lines record per row. Exit
+status: 0 when no element was wrong, 1 when any was (or a rank failed), 2 on
+bad input (one line naming the flag, before any collective runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from commbench import SCHEMA_VERSION
+from commbench.allreduce import set_torch_threads
+from commbench.comm import BACKENDS, detect_backend, launcher_rank, make_communicator
+from commbench.comm.base import Communicator
+from commbench.config import ConfigError, Parser, check_writable, csv_list, nonneg_int, positive_int
+from commbench.metrics import algbw, busbw
+from commbench.report import Column, format_footer, format_header, format_row, rank0_print
+from commbench.results import ResultWriter, default_output, link_info, versions
+from commbench.strategies.algos import ALGOS, check_algo, get_algo, wire_dtype
+
+PROG = "commbench.microbench"
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+# nccl-tests' size suffixes: binary multiples (1K = 1024 bytes)
+_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+# -- flags ---------------------------------------------------------------------
+
+def parse_size(text: str) -> int:
+    """Bytes from ``8``, ``64K``, ``256M`` or ``1G`` (K/M/G = 2**10/20/30, any case)."""
+    s = text.strip()
+    mult = _SUFFIXES.get(s[-1:].upper(), 1)
+    digits = s[:-1] if mult > 1 else s
+    if not digits.isdigit():  # refuses "", "-8", "1.5K", "8B", "1T"
+        raise argparse.ArgumentTypeError(
+            f"expected a byte count such as 8, 64K, 256M or 1G, got {text!r}")
+    value = int(digits) * mult
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _stepfactor(text: str) -> int:
+    v = positive_int(text)
+    if v <= 1:
+        raise argparse.ArgumentTypeError(f"must be > 1, got {v}")
+    return v
+
+
+def _dtypes(text: str) -> list[str]:
+    if text.strip() == "all":  # nccl-tests' -d all
+        return list(DTYPES)
+    return csv_list(tuple(DTYPES), "-d/--datatype")(text)
+
+
+def message_sizes(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
+    """``minbytes``, times ``stepfactor`` each step, while not above ``maxbytes``."""
+    sizes, size = [], minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size *= stepfactor
+    return sizes
+
+
+@dataclass
+class MicroConfig:
+    minbytes: int = 8
+    maxbytes: int = 32 << 20  # nccl-tests' default top size
+    stepfactor: int = 2
+    dtypes: list[str] = field(default_factory=lambda: ["float32"])
+    iters: int = 20  # nccl-tests' defaults
+    warmup_iters: int = 5
+    algos: list[str] = field(default_factory=lambda: list(ALGOS))
+    backend: str = "auto"
+    output: str | None = None
+    output_dir: str = "results"
+    quiet: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def sizes(self) -> list[int]:
+        return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = MicroConfig()
+    p = Parser(
+        prog=f"python -m {PROG}",
+        description="Time the all-reduce per message size and report algbw, busbw and "
+                    "#wrong as nccl-tests does. Run it under horovodrun or mpirun.",
+        formatter_class=lambda prog: argparse.ArgumentDefaultsHelpFormatter(prog, width=96),
+        epilog="sizes take K, M, G suffixes (binary: 1K = 1024 bytes).\nexamples:\n"
+               "  mpirun -np 4 python -m commbench.microbench -b 8 -e 128M -f 2\n"
+               "  horovodrun -np 4 -H localhost:4 python -m commbench.microbench -d all")
+
+    g = p.add_argument_group("sizes to scan")
+    g.add_argument("-b", "--minbytes", type=parse_size, default=d.minbytes,
+                   help="smallest message in bytes")
+    g.add_argument("-e", "--maxbytes", type=parse_size, default=d.maxbytes,
+                   help="largest message in bytes")
+    g.add_argument("-f", "--stepfactor", type=_stepfactor, default=d.stepfactor,
+                   help="multiplication factor between sizes (integer > 1)")
+
+    g = p.add_argument_group("operation")
+    g.add_argument("-d", "--datatype", "--dtype", dest="dtypes", metavar="TYPE[,TYPE]",
+                   type=_dtypes, default=d.dtypes,
+                   help=f"element types, one sweep each: {', '.join(DTYPES)} or all")
+    g.add_argument("--algo", dest="algos", metavar="NAME[,NAME]",
+                   type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
+                   help=f"all-reduce algorithms: {', '.join(ALGOS)} (native = the backend's "
+                        "own, ring = the project's reduce-scatter + all-gather)")
+    g.add_argument("--backend", choices=("auto", *BACKENDS), default=d.backend,
+                   help="communication backend; auto = horovod under horovodrun, mpi under "
+                        "mpirun")
+
+    g = p.add_argument_group("performance")
+    g.add_argument("-n", "--iters", type=positive_int, default=d.iters,
+                   help="timed all-reduces per size and algorithm")
+    g.add_argument("-w", "--warmup_iters", type=nonneg_int, default=d.warmup_iters,
+                   help="untimed all-reduces before them")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--output", metavar="FILE", default=None,
+                   help="JSON Lines results file (default: results/microbench-<time>-<backend>"
+                        "-np<N>.jsonl)")
+    g.add_argument("--quiet", action="store_true", help="no table on rank 0")
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> MicroConfig:
+    """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = MicroConfig(**{k: v for k, v in vars(ns).items()
+                         if k in MicroConfig.__dataclass_fields__})
+    if cfg.minbytes > cfg.maxbytes:
+        raise ConfigError(f"-b/--minbytes {cfg.minbytes} is above -e/--maxbytes "
+                          f"{cfg.maxbytes}")
+    for name in cfg.dtypes:
+        item = DTYPES[name].itemsize
+        for flag, size in (("-b/--minbytes", cfg.minbytes), ("-e/--maxbytes", cfg.maxbytes)):
+            if size % item:
+                raise ConfigError(f"{flag} {size} is not a multiple of the {name} element "
+                                  f"size ({item} bytes)")
+    out = Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl"
+    check_writable(out, "--output")
+    return cfg
+
+
+# -- validation values -----------------------------------------------------------
+
+def exact_limit(dtype: torch.dtype) -> int:
+    """Every integer in [0, limit] is exact in ``dtype``: 2**24, 2**11, 2**8."""
+    return 2 * round(1 / torch.finfo(dtype).eps)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Validation values whose sum over ranks is exact in the dtype, in any order.
+
+    Element ``j`` of rank ``r`` holds ``(j % period + 1) * weight(r)``, with
+    ``weight(r) = r % modulus + 1`` for the first ``contributors`` ranks and 0
+    after them; the sum is ``(j % period + 1) * total``. Every partial sum is an
+    integer of at most ``period * total <= exact_limit``, so any reduction
+    order gives the closed form bit for bit.
+    """
+
+    period: int
+    modulus: int
+    contributors: int
+    total: int
+
+    def weight(self, rank: int) -> int:
+        return rank % self.modulus + 1 if rank < self.contributors else 0
+
+    def values(self, scale: int, dtype: torch.dtype) -> torch.Tensor:
+        return (torch.arange(1, self.period + 1, dtype=torch.float64) * scale).to(dtype)
+
+
+def _weight_sum(ranks: int, modulus: int) -> int:
+    q, t = divmod(ranks, modulus)
+    return q * modulus * (modulus + 1) // 2 + t * (t + 1) // 2
+
+
+def validation_pattern(world_size: int, dtype: torch.dtype, max_period: int = 13) -> Pattern:
+    """The richest exact pattern for ``world_size`` ranks in ``dtype``.
+
+    Prefers distinct weights per rank (modulus = ranks) and at least two
+    distinct element values; shrinks the modulus when the sum would leave the
+    exact range. On more than ``exact_limit`` ranks (256 in bfloat16) only the
+    first ``exact_limit`` contribute non-zero values: every rank's result is
+    still checked, but a lost contribution of a later rank goes unseen.
+    """
+    limit = exact_limit(dtype)
+    contributors = min(world_size, limit)
+    modulus = contributors
+    while modulus > 1 and 2 * _weight_sum(contributors, modulus) > limit:
+        modulus -= 1
+    total = _weight_sum(contributors, modulus)
+    return Pattern(period=max(1, min(max_period, limit // total)), modulus=modulus,
+                   contributors=contributors, total=total)
+
+
+def _tiled(buf: torch.Tensor, period: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``buf`` as a (rows, period) view plus the tail, so patterns tile without copies."""
+    rows = buf.numel() // period
+    return buf[: rows * period].view(rows, period), buf[rows * period:]
+
+
+def fill_pattern(buf: torch.Tensor, values: torch.Tensor) -> None:
+    body, tail = _tiled(buf, values.numel())
+    body.copy_(values)  # broadcast over rows
+    tail.copy_(values[: tail.numel()])
+
+
+def count_mismatches(buf: torch.Tensor, values: torch.Tensor) -> int:
+    body, tail = _tiled(buf, values.numel())
+    return int((body != values).sum()) + int((tail != values[: tail.numel()]).sum())
+
+
+# -- measuring -----------------------------------------------------------------
+
+AllReduce = Callable[[Communicator, torch.Tensor], None]
+
+
+def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, iters: int,
+                  warmup: int) -> float:
+    """This rank's seconds per all-reduce: its own loop of ``iters``, after a barrier."""
+    buf.zero_()
+    for _ in range(warmup):
+        allreduce(comm, buf)
+    comm.barrier()  # a late rank's lateness is not transfer time
+    start = time.perf_counter()
+    for _ in range(iters):
+        allreduce(comm, buf)
+    return (time.perf_counter() - start) / iters
+
+
+def validate(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor) -> int:
+    """Wrong elements on this rank after one all-reduce of fresh, exactly summable values."""
+    pattern = validation_pattern(comm.size, buf.dtype)
+    fill_pattern(buf, pattern.values(pattern.weight(comm.rank), buf.dtype))
+    allreduce(comm, buf)
+    return count_mismatches(buf, pattern.values(pattern.total, buf.dtype))
+
+
+TIME_W = 10
+
+
+def table_columns() -> list[Column]:
+    return [
+        Column("size", "B", 12), Column("count", "elements", 12), Column("type", "", 8),
+        Column("algo", "", max(6, *(len(a) for a in ALGOS))),
+        Column("min", "us", TIME_W, ".2f"), Column("avg", "us", TIME_W, ".2f"),
+        Column("max", "us", TIME_W, ".2f"),
+        Column("algbw", "GB/s", 7, ".2f"), Column("busbw", "GB/s", 7, ".2f"),
+        Column("#wrong", "", 6),
+    ]
+
+
+def table_row(rec: dict) -> list:
+    t = rec["time_us"]
+    return [rec["size"], rec["count"], rec["dtype"], rec["algo"], t["min"], t["avg"], t["max"],
+            rec["algbw"], rec["busbw"], rec["wrong"]]
+
+
+def make_record(comm: Communicator, cfg: MicroConfig, head: dict, size: int, dtype: str,
+                algo: str, per_rank: list[tuple[float, int]]) -> dict:
+    """One row's record on rank 0 from every rank's (seconds per call, wrong elements)."""
+    seconds = [s for s, _ in per_rank]
+    avg_s = sum(seconds) / len(seconds)
+    n = comm.size
+    return {
+        **head,
+        "size": size,
+        "count": size // DTYPES[dtype].itemsize,
+        "dtype": dtype,
+        "wire_dtype": str(wire_dtype(comm, algo, DTYPES[dtype])).removeprefix("torch."),
+        "algo": algo,
+        "time_us": {"min": min(seconds) * 1e6, "avg": avg_s * 1e6, "max": max(seconds) * 1e6},
+        "algbw": algbw(size, avg_s),
+        "busbw": busbw(size, avg_s, n),
+        "wrong": sum(w for _, w in per_rank),
+        "iters": cfg.iters,
+        "warmup": cfg.warmup_iters,
+        "ranks": {"time_us": [s * 1e6 for s in seconds], "wrong": [w for _, w in per_rank]},
+        **link_info(),  # the launcher's measured link, so busbw reads as a fraction of it
+    }
+
+
+def record_head(comm: Communicator, cfg: MicroConfig, vers: dict, threads: int) -> dict:
+    """Fields every record of this run shares (DESIGN.md §6)."""
+    topo = comm.topo
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "microbench",
+        "run_id": uuid.uuid4().hex[:12],
+        "backend": comm.name,
+        "world_size": topo.size,
+        "nodes": topo.nodes,
+        "local_size": max(topo.local_sizes),
+        "local_sizes": list(topo.local_sizes),
+        "hostnames": list(topo.hostnames),
+        "torch_threads": threads,
+        "versions": vers,
+        "argv": sys.argv,
+        "config": cfg.as_dict(),
+    }
+
+
+def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path: Any) -> list:
+    n_wrong = sum(r["wrong"] for r in records)
+    lines = [f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
+             f"time: per all-reduce, each rank's own loop of {cfg.iters} after a barrier; "
+             "min/avg/max over ranks; algbw = size / avg; busbw = algbw * 2(n-1)/n"]
+    widened = sorted({(r["algo"], r["dtype"], r["wire_dtype"]) for r in records
+                      if r["wire_dtype"] != r["dtype"]})
+    for algo, dtype, wire in widened:
+        lines.append(f"note: {comm.name} {algo} has no {dtype} all-reduce here: it runs as "
+                     f"{wire} on the wire (twice the bytes) and its time includes two casts")
+    lines += [f"#wrong total : {n_wrong} {'OK' if n_wrong == 0 else 'FAILED'}",
+              f"results: {path}"]
+    combos = list(dict.fromkeys((r["dtype"], r["algo"]) for r in records))
+    for dtype, algo in combos:
+        bws = [r["busbw"] for r in records if (r["dtype"], r["algo"]) == (dtype, algo)]
+        avg = sum(bws) / len(bws) if bws else math.nan
+        which = f"  ({dtype} {algo})" if len(combos) > 1 else ""
+        lines.append(f"Avg bus bandwidth : {avg:.3f}{which}")
+    return lines
+
+
+def run_sweep(comm: Communicator, cfg: MicroConfig, writer: ResultWriter | None,
+              head: dict | None, columns: list[Column]) -> list[dict]:
+    """Measure every (dtype, size, algo); rank 0 writes and prints rows as they come."""
+    algos = {name: get_algo(name) for name in cfg.algos}  # get_algo: the test fault hook too
+    records: list[dict] = []
+    for dtype in cfg.dtypes:
+        for size in cfg.sizes():
+            buf = torch.empty(size // DTYPES[dtype].itemsize, dtype=DTYPES[dtype])
+            for name, allreduce in algos.items():
+                seconds = time_per_call(comm, allreduce, buf, cfg.iters, cfg.warmup_iters)
+                wrong = validate(comm, allreduce, buf)
+                per_rank = comm.gather_object((seconds, wrong))
+                if comm.rank != 0:
+                    continue
+                rec = make_record(comm, cfg, head, size, dtype, name, per_rank)
+                writer.write(rec)
+                records.append(rec)
+                if not cfg.quiet:
+                    rank0_print(0, format_row(columns, table_row(rec)))
+            del buf
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_config(argv)
+    except ConfigError as e:
+        rank0_print(launcher_rank(), f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    backend = detect_backend() if cfg.backend == "auto" else cfg.backend
+    comm = make_communicator(backend)
+    try:
+        for name in cfg.algos:  # same verdict on every rank: no collective needed
+            check_algo(comm, name)
+    except ValueError as e:
+        rank0_print(comm.rank, f"{PROG}: error: {e}", file=sys.stderr)
+        comm.close()
+        return 2
+    try:
+        threads = set_torch_threads(comm.local_size)
+        vers = versions(comm.versions())
+        path = cfg.output or default_output(cfg.output_dir, backend, comm.size, "microbench")
+        columns = table_columns()
+        writer = head = None
+        if comm.rank == 0:
+            writer = ResultWriter(path)
+            head = record_head(comm, cfg, vers, threads)
+            if not cfg.quiet:
+                rank0_print(0, format_header(columns, title=(
+                    f"{PROG}  backend {comm.name}  ranks {comm.size}  nodes {comm.topo.nodes}  "
+                    f"minBytes {cfg.minbytes}  maxBytes {cfg.maxbytes}  step: "
+                    f"{cfg.stepfactor}(factor)  warmup iters: {cfg.warmup_iters}  iters: "
+                    f"{cfg.iters}  torch threads/rank {threads}")))
+        records = run_sweep(comm, cfg, writer, head, columns)
+        wrong = comm.bcast_object(sum(r["wrong"] for r in records) if comm.rank == 0 else None)
+        if comm.rank == 0:
+            writer.close()
+            if not cfg.quiet:
+                rank0_print(0, format_footer(footer_lines(comm, cfg, records, path)))
+        comm.close()
+    except Exception:
+        sys.stderr.write(f"{PROG}: rank {comm.rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        comm.abort(1)
+        return 1
+    if wrong:
+        rank0_print(comm.rank, f"{PROG}: {wrong} wrong elements in validation", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""python -m commbench.microbench: flags, exact validation values, real mpirun/horovodrun jobs."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from commbench.config import ConfigError
+from commbench.metrics import busbw
+from commbench.microbench import (
+    DTYPES,
+    count_mismatches,
+    exact_limit,
+    fill_pattern,
+    message_sizes,
+    parse_config,
+    parse_size,
+    validation_pattern,
+)
+from commbench.strategies.algos import ALGOS
+from tests.conftest import PY, ROOT, launch, read_jsonl
+
+MB = [PY, "-m", "commbench.microbench"]
+# one element (4 B float32, 2 B float16 x 2) up to 3.3 MB; counts are powers of 7 (x2 for
+# the 2-byte types), so no rank count here divides them all
+SWEEP = ["-b", "4", "-e", "4M", "-f", "7", "-d", "all", "-n", "2", "-w", "1"]
+SWEEP_SIZES = [4 * 7**k for k in range(8)]
+
+RECORD_FIELDS = {"schema", "kind", "size", "count", "dtype", "algo", "backend", "world_size",
+                 "nodes", "local_size", "hostnames", "time_us", "algbw", "busbw", "wrong",
+                 "iters", "warmup", "versions", "config", "link_gbps"}
+
+
+# -- flags ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,value", [
+    ("8", 8), ("1K", 1024), ("1k", 1024), ("64K", 65536), ("256M", 256 << 20),
+    ("1G", 1 << 30), ("3g", 3 << 30), (" 2M ", 2 << 20),
+])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "K", "-8", "0", "0K", "1.5K", "8B", "1T", "M1", "1 K"])
+def test_parse_size_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size(text)
+
+
+def test_message_sizes():
+    assert message_sizes(8, 64, 2) == [8, 16, 32, 64]
+    assert message_sizes(8, 100, 2) == [8, 16, 32, 64]  # -e is a bound, not a size
+    assert message_sizes(8, 8, 2) == [8]
+    assert message_sizes(4, 4 << 20, 7) == SWEEP_SIZES
+
+
+def test_defaults_and_lists():
+    cfg = parse_config([])
+    assert cfg.algos == list(ALGOS)  # every registered algorithm, later ones included
+    assert (cfg.iters, cfg.warmup_iters, cfg.dtypes) == (20, 5, ["float32"])
+    cfg = parse_config(["-b", "2", "-e", "1K", "-f", "4", "-d", "float16,bfloat16",
+                        "--algo", "ring", "-n", "3", "-w", "0"])
+    assert cfg.sizes() == [2, 8, 32, 128, 512]
+    assert (cfg.dtypes, cfg.algos, cfg.iters, cfg.warmup_iters) == (
+        ["float16", "bfloat16"], ["ring"], 3, 0)
+    assert parse_config(["-d", "all"]).dtypes == list(DTYPES)
+
+
+BAD = [
+    (["-b", "1K", "-e", "8"], "--minbytes"),
+    (["-f", "1"], "--stepfactor"),
+    (["-f", "0"], "--stepfactor"),
+    (["-f", "1.5"], "--stepfactor"),
+    (["-d", "int8"], "--datatype"),
+    (["-d", "float32,fp8"], "--datatype"),
+    (["--algo", "native,tree"], "--algo"),
+    (["-b", "6", "-e", "64"], "--minbytes"),  # float32 is 4 bytes
+    (["-b", "4", "-e", "66"], "--maxbytes"),
+    (["-b", "2", "-d", "float16,float32"], "--minbytes"),
+    (["-n", "0"], "--iters"),
+    (["-n", "-3"], "--iters"),
+    (["-w", "-1"], "--warmup_iters"),
+    (["-b", "1X"], "--minbytes"),
+    (["--output", "/proc/commbench/r.jsonl"], "--output"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", BAD)
+def test_bad_values_name_the_flag(argv, flag):
+    with pytest.raises(ConfigError, match=flag):
+        parse_config(argv)
+
+
+# -- validation values -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7, 64, 256, 300, 5000])
+def test_validation_sum_is_exact_in_any_order(dtype, n):
+    p = validation_pattern(n, dtype)
+    assert p.period * p.total <= exact_limit(dtype)
+    assert p.total == sum(p.weight(r) for r in range(n))
+    assert p.total > 0 and (n == 1 or p.period > 1 or n >= exact_limit(dtype) // 2)
+    per_rank = torch.stack([p.values(p.weight(r), dtype) for r in range(n)])
+    expected = p.values(p.total, dtype)
+    for order in (range(n), reversed(range(n))):  # sequential sums, both directions, in dtype
+        acc = torch.zeros(p.period, dtype=dtype)
+        for r in order:
+            acc += per_rank[r]
+        assert torch.equal(acc, expected)
+    assert torch.equal(per_rank.sum(0, dtype=torch.float64).to(dtype), expected)
+
+
+@pytest.mark.parametrize("numel", [0, 1, 12, 13, 14, 1000])
+def test_fill_and_count(numel):
+    values = torch.arange(1, 14, dtype=torch.bfloat16)
+    buf = torch.empty(numel, dtype=torch.bfloat16)
+    fill_pattern(buf, values)
+    assert count_mismatches(buf, values) == 0
+    assert torch.equal(buf, values.repeat(numel // 13 + 1)[:numel])
+    if numel:
+        buf[-1] += 1
+        assert count_mismatches(buf, values) == 1
+
+
+# -- real jobs -------------------------------------------------------------------
+
+def check_records(path, world_size: int, backend: str, sizes: list[int]) -> list[dict]:
+    recs = read_jsonl(path)
+    assert len(recs) == len(DTYPES) * len(sizes) * len(ALGOS)
+    assert {(r["dtype"], r["size"], r["algo"]) for r in recs} == {
+        (d, s, a) for d in DTYPES for s in sizes for a in ALGOS}
+    for r in recs:
+        assert RECORD_FIELDS <= set(r), RECORD_FIELDS - set(r)
+        assert r["kind"] == "microbench" and r["backend"] == backend
+        assert r["world_size"] == world_size and len(r["hostnames"]) == world_size
+        assert r["wrong"] == 0, r
+        assert r["count"] * DTYPES[r["dtype"]].itemsize == r["size"]
+        t = r["time_us"]
+        assert 0 < t["min"] <= t["avg"] <= t["max"]
+        assert len(r["ranks"]["time_us"]) == world_size
+        assert r["busbw"] == pytest.approx(busbw(r["size"], t["avg"] / 1e6, world_size))
+        assert r["link_gbps"] is None and r["iters"] == 2 and r["warmup"] == 1
+        assert r["versions"]["torch"]
+    return recs
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])
+def test_every_algo_and_dtype_validates(tmp_path, np_):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", np_, [*MB, *SWEEP, "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    recs = check_records(out, np_, "mpi", SWEEP_SIZES)
+    if np_ > 1:
+        assert any(r["count"] % np_ for r in recs)  # uneven ring chunks were exercised
+    assert {r["wire_dtype"] for r in recs} == set(DTYPES)  # 2-byte types stay 2 bytes
+    lines = res.stdout.strip().splitlines()
+    assert lines[1].split()[1:] == ["size", "count", "type", "algo", "min", "avg", "max",
+                                    "algbw", "busbw", "#wrong"]
+    assert "(GB/s)" in lines[2] and "#wrong total : 0 OK" in res.stdout
+    assert lines[-1].startswith("# Avg bus bandwidth : ")
+    rows = [line for line in lines if not line.startswith("#")]
+    assert len(rows) == len(recs)
+
+
+@pytest.mark.horovod
+def test_horovodrun(tmp_path):
+    out = tmp_path / "r.jsonl"
+    sizes = [4, 64, 1024, 16384, 262144]
+    res = launch("horovodrun", 3, [*MB, "-b", "4", "-e", "256K", "-f", "16", "-d", "all",
+                                   "-n", "2", "-w", "1", "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    recs = check_records(out, 3, "horovod", sizes)
+    assert recs[0]["versions"]["horovod"] == "0.28.1"
+    # Horovod 0.28.1 has no bfloat16 all-reduce: native widens to float32 and says so
+    wire = {(r["dtype"], r["algo"]): r["wire_dtype"] for r in recs}
+    assert wire[("bfloat16", "native")] == "float32"
+    assert wire[("bfloat16", "ring")] == "bfloat16" and wire[("float16", "native")] == "float16"
+    assert "runs as float32 on the wire" in res.stdout
+
+
+@pytest.mark.mpi
+def test_a_corrupted_allreduce_is_caught(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 3, [*MB, "-b", "4", "-e", "4K", "-f", "32", "-d", "all", "-n", "1",
+                               "-w", "0", "--output", str(out)],
+                 env={"COMMBENCH_TEST_CORRUPT_RANK": "1"})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "wrong elements in validation" in res.stderr
+    recs = read_jsonl(out)
+    assert len(recs) == 3 * 3 * len(ALGOS)
+    assert all(r["wrong"] >= 1 and r["ranks"]["wrong"][1] >= 1 for r in recs)
+    assert "FAILED" in res.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("argv,flag", [b for b in BAD if "--output" not in b[0]][::2]
+                         + [(["--output", "/proc/commbench/r.jsonl"], "--output")])
+def test_bad_input_exits_2_on_every_rank(tmp_path, argv, flag):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 2, [*MB, "--output", str(out), *argv], timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if "commbench.microbench: error" in line]
+    assert len(lines) == 1 and flag in lines[0], res.stderr
+    assert "Traceback" not in res.stderr and not res.stdout.strip()
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("launcher,np_,backend", [
+    pytest.param("mpirun", 3, "mpi", marks=pytest.mark.mpi),
+    pytest.param("horovodrun", 2, "horovod", marks=pytest.mark.horovod),
+])
+def test_backend_allreduce_on_every_dtype(launcher, np_, backend):
+    res = launch(launcher, np_, [PY, str(ROOT / "tests/mpi/half_dtypes.py"), backend])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"OK all dtypes on {np_} ranks" in res.stdout
