@@ -133,6 +133,18 @@ class Communicator(abc.ABC):
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source`` (point to point)."""
 
     @abc.abstractmethod
+    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
+        """Start sending ``tensor`` to ``dest``; do not touch it until the handle is done."""
+
+    @abc.abstractmethod
+    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
+        """Start receiving into ``tensor`` from ``source``.
+
+        Messages between one pair of ranks with one tag match in the order
+        they were posted (MPI's non-overtaking rule); the ring relies on it.
+        """
+
+    @abc.abstractmethod
     def barrier(self) -> None:
         """Wait until every rank has arrived."""
 

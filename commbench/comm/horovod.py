@@ -118,15 +118,28 @@ class HorovodCommunicator(Communicator):
         return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(wide, op=self.hvd.Sum),
                               narrow=(wide, tensor))
 
-    def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
-                 tag: int = 0) -> None:
+    def _p2p(self) -> Any:
         if self._mpi is None:
             raise RuntimeError(
                 "point-to-point messages under the horovod backend need Horovod's MPI "
                 "controller (horovodrun --mpi or mpirun); this job runs on Gloo")
+        return self._mpi.COMM_WORLD
+
+    def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
+                 tag: int = 0) -> None:
         from commbench.comm.mpi import as_buffer
 
-        self._mpi.COMM_WORLD.Sendrecv(as_buffer(send), dest, tag, as_buffer(recv), source, tag)
+        self._p2p().Sendrecv(as_buffer(send), dest, tag, as_buffer(recv), source, tag)
+
+    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
+        from commbench.comm.mpi import p2p_isend
+
+        return p2p_isend(self._p2p(), tensor, dest, tag)
+
+    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
+        from commbench.comm.mpi import p2p_irecv
+
+        return p2p_irecv(self._p2p(), tensor, source, tag)
 
     def barrier(self) -> None:
         self.hvd.barrier()

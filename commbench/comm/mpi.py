@@ -80,6 +80,18 @@ class _MpiHandle(Handle):
             self._done = True
 
 
+def p2p_isend(mpi_comm: Any, t: torch.Tensor, dest: int, tag: int) -> Handle:
+    """Non-blocking send of ``t``'s bytes on an mpi4py communicator."""
+    buf = as_buffer(t)
+    return _MpiHandle(mpi_comm.Isend(buf, dest, tag), buf)
+
+
+def p2p_irecv(mpi_comm: Any, t: torch.Tensor, source: int, tag: int) -> Handle:
+    """Non-blocking receive into ``t`` on an mpi4py communicator."""
+    buf = as_buffer(t)
+    return _MpiHandle(mpi_comm.Irecv(buf, source, tag), buf)
+
+
 class MpiCommunicator(Communicator):
     name = "mpi"
 
@@ -115,6 +127,12 @@ class MpiCommunicator(Communicator):
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
                  tag: int = 0) -> None:
         self.comm.Sendrecv(as_buffer(send), dest, tag, as_buffer(recv), source, tag)
+
+    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
+        return p2p_isend(self.comm, tensor, dest, tag)
+
+    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
+        return p2p_irecv(self.comm, tensor, source, tag)
 
     def barrier(self) -> None:
         self.comm.Barrier()

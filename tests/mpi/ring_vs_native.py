@@ -25,13 +25,18 @@ def main() -> int:
         base = (torch.arange(numel) % 5 + 1).to(torch.float32)
         native = base * (r + 1)
         ring = native.clone()
+        tiny = native.clone()  # many small segments: the pipeline's bookkeeping at its worst
         comm.allreduce(native)
         ring_allreduce(comm, ring)
+        if numel <= 65537:
+            ring_allreduce(comm, tiny, segment_bytes=12)
         expected = base * (n * (n + 1) // 2)
         if not torch.equal(native, expected):
             bad.append(f"native wrong at numel={numel}")
         if not torch.equal(ring, expected):
             bad.append(f"ring wrong at numel={numel}: {int((ring != expected).sum())} elements")
+        if numel <= 65537 and not torch.equal(tiny, expected):
+            bad.append(f"ring with 12-byte segments wrong at numel={numel}")
     bad_all = comm.allgather_object(bad)
     comm.close()
     if r == 0:
