@@ -31,7 +31,7 @@ from commbench.runner import run_steps, step_record, summarize_steps
 from commbench.strategies import STRATEGIES, make_strategy
 from commbench.timing import StepTimer
 from commbench.validate import count_wrong
-from commbench.workloads import WORKLOADS
+from commbench.workloads import make_workload
 
 PROG = "commbench.allreduce"
 
@@ -82,15 +82,37 @@ def table_row(s: dict) -> list:
             s["busbw_gbps"], s["wrong"]]
 
 
+def rank_extras(workload) -> dict:
+    """Per-rank facts for the summary: peak memory, and the parameters' checksum."""
+    import resource
+
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if getattr(workload, "device", None) is not None and workload.device.type == "cuda":
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(workload.device) / 2**20
+    if hasattr(workload, "parameter_checksum"):
+        out["param_checksum"] = workload.parameter_checksum()
+    return out
+
+
+def summarize_extras(per_rank: list[dict]) -> dict:
+    """Max over ranks of each memory figure, and every rank's value under ``ranks_*``."""
+    out: dict = {}
+    for key in per_rank[0]:
+        vals = [e[key] for e in per_rank]
+        out[f"{key}_ranks"] = vals
+        if key != "param_checksum":
+            out[key] = max(vals)
+    return out
+
+
 def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: ResultWriter | None,
             vers: dict, threads: int) -> dict | None:
-    workload = WORKLOADS[cfg.workload](model=cfg.model, compute_ms=cfg.compute_ms,
-                                       rank=comm.rank, seed=cfg.seed,
-                                       batch_size=cfg.batch_size, num_classes=cfg.num_classes)
+    workload = make_workload(cfg, comm.rank)
     strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native")
     samples = run_steps(comm, workload, strategy, StepTimer(), cfg.steps, cfg.warmup)
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
-    gathered = comm.gather_object((samples, wrong, checked))
+    extra = rank_extras(workload)
+    gathered = comm.gather_object((samples, wrong, checked, extra))
     if comm.rank != 0:
         return None
     wrong_total = sum(g[1] for g in gathered)
@@ -111,6 +133,7 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
                **summarize_steps(steps, cfg.batch_size * comm.size),
                "wrong": wrong_total,
                "elements_checked": sum(g[2] for g in gathered),
+               **summarize_extras([g[3] for g in gathered]),
                "validated": cfg.validate}
     writer.write(summary)
     return summary

@@ -74,10 +74,15 @@ class Config:
     algos: list[str] = field(default_factory=lambda: ["native", "ring"])
     backend: str = "auto"
     workload: str = "synthetic"
-    model: str = "resnet50"
-    batch_size: int = 32
+    model: str | None = None  # resnet50; resnet18 for the real workload on a CPU
+    batch_size: int | None = None  # 32; 64 for the real workload on a GPU
     num_classes: int = 1000
+    image_size: int | None = None  # real workload: 64 px on a CPU, 224 on a GPU
+    device: str = "auto"
+    lr: float = 0.01
     compute_ms: float = 100.0
+    compute_profile: str | None = None
+    compute_scale: float = 1.0
     steps: int = 20
     warmup: int = 3
     seed: int = 0
@@ -125,14 +130,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
                    help="synthetic = a real model's gradient shapes, compute replayed")
     g.add_argument("--model", choices=tuple(MODELS), default=d.model,
-                   help="model whose gradients are synchronised")
+                   help="model whose gradients are synchronised (default resnet50; resnet18 "
+                        "for --workload resnet on a CPU)")
     g.add_argument("--batch-size", type=positive_int, default=d.batch_size,
-                   help="samples per rank per step (throughput = ranks * batch / step)")
+                   help="samples per rank per step (throughput = ranks * batch / step); "
+                        "default 32, 64 for --workload resnet on a GPU")
+    g.add_argument("--image-size", type=positive_int, default=d.image_size,
+                   help="--workload resnet: input pixels per side (default 64 on a CPU, 224 "
+                        "on a GPU; at least 32)")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
+                   help="--workload resnet: where forward/backward run (auto = cuda if "
+                        "present)")
+    g.add_argument("--lr", type=nonneg_float, default=d.lr, help="--workload resnet: SGD rate")
     g.add_argument("--num-classes", type=positive_int, default=d.num_classes,
                    help="classifier width (sets the last layer's gradient size)")
     g.add_argument("--compute-ms", type=nonneg_float, default=d.compute_ms,
                    help="forward+backward time per step replayed by the synthetic workload "
                         "(1/3 forward, 2/3 backward)")
+    g.add_argument("--compute-profile", metavar="FILE", default=d.compute_profile,
+                   help="synthetic workload: replay this profile (python -m commbench.profile) "
+                        "instead of --compute-ms")
+    g.add_argument("--compute-scale", type=nonneg_float, default=d.compute_scale,
+                   help="multiply the profile's times (0.02 = a device 50x faster)")
 
     g = p.add_argument_group("run")
     g.add_argument("--steps", type=positive_int, default=d.steps,
@@ -174,6 +193,42 @@ def parse_config(argv: list[str] | None = None) -> Config:
     """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
+    resolve_defaults(cfg)
     out = Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl"
     check_writable(out, "--output")
     return cfg
+
+
+def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
+    """Fill the defaults that depend on the workload and the device, then check them."""
+    from commbench.workloads.resnet import MIN_IMAGE_SIZE
+
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    real = cfg.workload == "resnet"
+    if cfg.device == "auto":
+        cfg.device = "cuda" if cuda and real else "cpu"
+    if cfg.device == "cuda" and not cuda:
+        raise ConfigError("--device cuda: no CUDA device here")
+    gpu = real and cfg.device == "cuda"
+    if cfg.model is None:
+        cfg.model = "resnet18" if real and not gpu else "resnet50"
+    if cfg.batch_size is None:
+        cfg.batch_size = 64 if gpu else 32
+    if cfg.image_size is None:
+        cfg.image_size = 224 if gpu else 64
+    if real and cfg.image_size < MIN_IMAGE_SIZE:
+        raise ConfigError(f"--image-size: {cfg.image_size} px is too small for a ResNet "
+                          f"(at least {MIN_IMAGE_SIZE})")
+    if cfg.compute_profile:
+        if real:
+            raise ConfigError("--compute-profile: only the synthetic workload replays a "
+                              "profile; --workload resnet computes for real")
+        from commbench.profile import ProfileError, load
+
+        try:
+            load(cfg.compute_profile, cfg.model, cfg.num_classes)
+        except ProfileError as e:
+            raise ConfigError(str(e)) from None

@@ -135,6 +135,8 @@ def run_header(*, kind: str, run_id: str, strategy: str, algo: str | None, backe
         "workload": workload.name,
         "model": workload.model,
         "batch_size": workload.batch_size,
+        "image_size": getattr(workload, "image_size", None),
+        "device": str(getattr(workload, "device", "cpu")),
         "dtype": "float32",
         "grad_bytes": workload.nbytes,
         "grad_tensors": len(workload.grads),

@@ -18,7 +18,8 @@ from commbench.linkstats import link_efficiency, link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
 from commbench.timing import NullTimer, StepSample, StepTimer, now
 
-RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s")
+RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s", "forward_s",
+               "backward_s", "optimizer_s")
 
 
 def run_steps(comm: Communicator, workload, strategy: Strategy,
@@ -66,6 +67,9 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
         "critical_rank": crit,
         "step_s": c.step_s,
         "compute_s": c.compute_s,
+        "forward_s": c.forward_s,
+        "backward_s": c.backward_s,
+        "optimizer_s": c.optimizer_s,
         "comm_s": c.comm_s,
         "exposed_sync_s": c.exposed_sync_s,
         "sync_share": metrics.sync_share(c.exposed_sync_s, c.step_s),
@@ -81,9 +85,9 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
     }
 
 
-SUMMARY_FIELDS = ("step_s", "compute_s", "comm_s", "exposed_sync_s", "sync_share",
-                  "overlap", "busbw_gbps", "wait_s", "throughput", "link_bytes",
-                  "link_efficiency")
+SUMMARY_FIELDS = ("step_s", "compute_s", "forward_s", "backward_s", "optimizer_s", "comm_s",
+                  "exposed_sync_s", "sync_share", "overlap", "busbw_gbps", "wait_s", "throughput",
+                  "link_bytes", "link_efficiency")
 
 
 def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:

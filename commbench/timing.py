@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from commbench.metrics import exposed_sync, union_length
 
 now = time.perf_counter
+PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass
@@ -36,6 +37,9 @@ class StepSample:
     comm_calls: int
     comm_bytes: int
     link_bytes: int | None = None  # max(rx, tx) through this node's link (local rank 0 only)
+    forward_s: float = 0.0  # the parts of compute_s
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,6 +53,7 @@ class StepTimer:
     def __init__(self) -> None:
         self._intervals: list[tuple[float, float]] = []
         self._compute = 0.0
+        self._phases = dict.fromkeys(PHASES, 0.0)
         self._calls = 0
         self._bytes = 0
         self._t0 = 0.0
@@ -59,20 +64,23 @@ class StepTimer:
     def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
         self._intervals.clear()
         self._compute = 0.0
+        self._phases = dict.fromkeys(PHASES, 0.0)
         self._calls = self._bytes = 0
         self._step, self._warmup, self._wait = step, warmup, wait_s
         self._t0 = now()
 
     @contextlib.contextmanager
-    def compute(self) -> Iterator[None]:
+    def compute(self, phase: str) -> Iterator[None]:
         t = now()
         try:
             yield
         finally:
-            self._compute += now() - t
+            self.add_compute(now() - t, phase)
 
-    def add_compute(self, seconds: float) -> None:
+    def add_compute(self, seconds: float, phase: str) -> None:
+        """Add ``seconds`` of compute to ``phase`` (forward, backward or optimizer)."""
         self._compute += seconds
+        self._phases[phase] += seconds
 
     clock = staticmethod(now)
 
@@ -97,7 +105,9 @@ class StepTimer:
             step=self._step, warmup=self._warmup, wait_s=self._wait, step_s=step_s,
             compute_s=self._compute, comm_s=union_length(self._intervals),
             exposed_sync_s=exposed_sync(step_s, self._compute),
-            comm_calls=self._calls, comm_bytes=self._bytes)
+            comm_calls=self._calls, comm_bytes=self._bytes,
+            forward_s=self._phases["forward"], backward_s=self._phases["backward"],
+            optimizer_s=self._phases["optimizer"])
 
 
 _NULL_CTX = contextlib.nullcontext()
@@ -111,10 +121,10 @@ class NullTimer:
     def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
         pass
 
-    def compute(self) -> contextlib.AbstractContextManager[None]:
+    def compute(self, phase: str) -> contextlib.AbstractContextManager[None]:
         return _NULL_CTX
 
-    def add_compute(self, seconds: float) -> None:
+    def add_compute(self, seconds: float, phase: str) -> None:
         pass
 
     @staticmethod

@@ -57,21 +57,23 @@ def test_summary_excludes_warmup_and_reports_percentiles():
 def test_timer_phases_and_union_of_comm():
     t = StepTimer()
     t.begin_step(3, warmup=False, wait_s=0.001)
-    t.add_compute(0.010)
+    t.add_compute(0.004, "forward")
+    t.add_compute(0.006, "backward")
     t.comm(1.0, 1.2, nbytes=10)
     t.comm(1.1, 1.3, nbytes=20)  # overlaps the first: counted once
     time.sleep(0.02)
     s = t.end_step()
     assert s.step == 3 and s.comm_s == pytest.approx(0.3) and s.comm_calls == 2
-    assert s.comm_bytes == 30 and s.compute_s == 0.010
+    assert s.comm_bytes == 30 and s.compute_s == pytest.approx(0.010)
+    assert (s.forward_s, s.backward_s, s.optimizer_s) == (0.004, 0.006, 0.0)
     assert s.exposed_sync_s == pytest.approx(s.step_s - 0.010)
 
 
 def test_null_timer_has_the_same_interface():
     n = NullTimer()
     n.begin_step(0, False)
-    with n.compute(), n.comm_span(10):
+    with n.compute("forward"), n.comm_span(10):
         pass
-    n.add_compute(1.0)
+    n.add_compute(1.0, "backward")
     n.comm(0, 1)
     assert n.end_step() is None and n.clock() == 0.0

@@ -11,8 +11,30 @@ from __future__ import annotations
 
 from typing import Callable
 
+from commbench.workloads.resnet import ResNetWorkload
 from commbench.workloads.synthetic import SyntheticWorkload
 
-WORKLOADS: dict[str, Callable[..., object]] = {"synthetic": SyntheticWorkload}
+WORKLOADS: dict[str, Callable[..., object]] = {
+    "synthetic": SyntheticWorkload,  # real gradient shapes, compute replayed
+    "resnet": ResNetWorkload,        # real forward/backward passes
+}
 
-__all__ = ["WORKLOADS", "SyntheticWorkload"]
+
+
+def make_workload(cfg, rank: int):
+    """Build ``cfg.workload`` for ``rank`` with the knobs that workload takes."""
+    if cfg.workload == "resnet":
+        return ResNetWorkload(cfg.model, rank, seed=cfg.seed, batch_size=cfg.batch_size,
+                              num_classes=cfg.num_classes, image_size=cfg.image_size,
+                              lr=cfg.lr, device=cfg.device)
+    profile = None
+    if cfg.compute_profile:
+        from commbench.profile import load
+
+        profile = load(cfg.compute_profile, cfg.model, cfg.num_classes)
+    return SyntheticWorkload(cfg.model, cfg.compute_ms, rank, seed=cfg.seed,
+                             batch_size=cfg.batch_size, num_classes=cfg.num_classes,
+                             profile=profile, compute_scale=cfg.compute_scale)
+
+
+__all__ = ["WORKLOADS", "ResNetWorkload", "SyntheticWorkload", "make_workload"]

@@ -1,0 +1,141 @@
+"""Compute profiles: when each gradient of a real backward pass becomes ready.
+
+Record once from the real model, then let the synthetic workload replay it
+at a target device's speed::
+
+    python -m commbench.profile --model resnet50 --batch-size 32 --image-size 224 -o r50.json
+    mpirun -np 8 python -m commbench.allreduce --compute-profile r50.json --compute-scale 0.02
+
+The profile holds the forward time, the optimizer time and, for every
+parameter (by name, with its shape), the time from the start of backward
+until autograd had accumulated its gradient, as the median over ``--iters``
+iterations after ``--warmup``. A profile recorded on a GPU (``--device
+cuda``, device synchronised before every reading) has the same format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from commbench import __version__
+from commbench.models import parameter_shapes
+
+PROFILE_SCHEMA = 1
+
+
+class ProfileError(ValueError):
+    """An unreadable profile, or one that does not match the model it is used with."""
+
+
+def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000,
+           iters: int = 5, warmup: int = 2, device: str = "cpu", seed: int = 0) -> dict:
+    """Profile forward, backward (per-gradient ready times) and optimizer of ``model``."""
+    from commbench.timing import NullTimer, now
+    from commbench.workloads.resnet import ResNetWorkload
+
+    wl = ResNetWorkload(model, rank=0, seed=seed, batch_size=batch_size,
+                        num_classes=num_classes, image_size=image_size, device=device)
+    sync = wl._sync_device
+    forward, optimizer, ready = [], [], {i: [] for i in range(len(wl.params))}
+    order: list[int] = []
+    timer = NullTimer()
+    for it in range(warmup + iters):
+        t = now()
+        wl.forward(timer)
+        f = now() - t
+        t0 = now()
+
+        def on_ready(i: int, t0: float = t0, keep: bool = it >= warmup) -> None:
+            if wl.device.type == "cuda":
+                sync()  # the gradient is on the device: wait until it really is there
+            if keep:
+                ready[i].append(now() - t0)
+
+        wl.backward(timer, on_ready)
+        t = now()
+        wl.optimizer_step(timer)
+        o = now() - t
+        if it >= warmup:
+            forward.append(f)
+            optimizer.append(o)
+            order = wl.backward_order
+    names = wl.param_names
+    return {
+        "schema": PROFILE_SCHEMA,
+        "kind": "compute_profile",
+        "model": model,
+        "num_classes": num_classes,
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "device": str(wl.device) if wl.device.type != "cuda"
+        else torch.cuda.get_device_name(wl.device),
+        "torch_threads": torch.get_num_threads(),
+        "iters": iters,
+        "forward_s": statistics.median(forward),
+        "optimizer_s": statistics.median(optimizer),
+        "backward_s": max(statistics.median(v) for v in ready.values()),
+        "backward_order": [names[i] for i in order],
+        "grads": [{"name": names[i], "shape": list(wl.params[i].shape),
+                   "ready_s": statistics.median(ready[i])} for i in range(len(names))],
+        "versions": {"commbench": __version__, "torch": torch.__version__,
+                     "python": platform.python_version()},
+    }
+
+
+def load(path: str | Path, model: str, num_classes: int) -> dict:
+    """Read a profile and check it describes ``model`` (same parameters, same shapes)."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"--compute-profile: cannot read {path}: {e}") from None
+    if not isinstance(prof, dict) or prof.get("kind") != "compute_profile":
+        raise ProfileError(f"--compute-profile: {path} is not a compute profile")
+    if prof.get("schema") != PROFILE_SCHEMA:
+        raise ProfileError(f"--compute-profile: {path} has schema {prof.get('schema')}, "
+                           f"this commbench reads {PROFILE_SCHEMA}")
+    want = [(n, list(s)) for n, s in parameter_shapes(model, num_classes)]
+    have = [(g.get("name"), g.get("shape")) for g in prof.get("grads", [])]
+    if have != want:
+        raise ProfileError(f"--compute-profile: {path} was recorded for {prof.get('model')} "
+                           f"with {prof.get('num_classes')} classes, not {model} with "
+                           f"{num_classes}: its parameters differ")
+    names = [n for n, _ in want]
+    if sorted(prof.get("backward_order", [])) != sorted(names):
+        raise ProfileError(f"--compute-profile: {path} has a broken backward_order")
+    return prof
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m commbench.profile",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("-o", "--output", required=True, help="profile file (JSON)")
+    a = p.parse_args(argv)
+    try:
+        prof = record(a.model, a.batch_size, a.image_size, a.num_classes, a.iters, a.warmup,
+                      a.device)
+    except ValueError as e:
+        print(f"commbench.profile: error: {e}", file=sys.stderr)
+        return 2
+    Path(a.output).write_text(json.dumps(prof, indent=1))
+    print(f"{a.model} batch {a.batch_size} {a.image_size}px on {prof['device']}: forward "
+          f"{prof['forward_s'] * 1e3:.1f} ms, backward {prof['backward_s'] * 1e3:.1f} ms, "
+          f"optimizer {prof['optimizer_s'] * 1e3:.1f} ms -> {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

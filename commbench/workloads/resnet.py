@@ -1,0 +1,113 @@
+"""Real workload: forward and backward passes of a ResNet on each rank's own batch.
+
+Every rank builds the model from the same seed (identical weights), draws its
+own synthetic batch (``--batch-size`` images of ``--image-size`` pixels,
+``--num-classes`` labels), and each step runs forward, cross-entropy,
+backward and an SGD update. Gradients are announced to the strategy the
+moment autograd has accumulated them (``register_post_accumulate_grad_hook``),
+in the order backward really produces them. Time spent inside those hooks is
+the strategy's, not compute's, and is taken out of the backward phase.
+
+The gradient tensors are allocated once and reused (``zero_`` instead of
+``None``), so strategies can keep views of them across steps.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from commbench.models import build_model
+from commbench.timing import now
+
+MIN_IMAGE_SIZE = 32  # five stride-2 stages: 32 px leaves a 1x1 map for the last stage
+
+
+class ResNetWorkload:
+    name = "resnet"
+
+    def __init__(self, model: str, rank: int, seed: int = 0, batch_size: int = 32,
+                 num_classes: int = 1000, image_size: int = 64, lr: float = 0.01,
+                 device: str = "cpu") -> None:
+        if image_size < MIN_IMAGE_SIZE:
+            raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
+                             f"got {image_size}")
+        self.model = model
+        self.batch_size = batch_size
+        self.image_size = image_size
+        self.device = torch.device(device)
+        torch.manual_seed(seed)  # the same initial weights on every rank
+        self.net = build_model(model, num_classes, device=self.device)
+        self.params = list(self.net.parameters())
+        self.param_names = [n for n, _ in self.net.named_parameters()]
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.grads = [p.grad for p in self.params]
+        self.numel = sum(p.numel() for p in self.params)
+        self.nbytes = sum(p.numel() * p.element_size() for p in self.params)
+        self.opt = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+        self.inputs = torch.randn(batch_size, 3, image_size, image_size,
+                                  generator=gen).to(self.device)
+        self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(self.device)
+        self._order: list[int] = []
+        self._seen_order: list[int] | None = None
+        self._on_ready: Callable[[int], None] | None = None
+        self._progress: Callable[[], None] | None = None
+        self._hook_s = 0.0
+        self.loss: torch.Tensor | None = None
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(self._hook(i))
+
+    def _hook(self, i: int):
+        def hook(_param: torch.Tensor) -> None:
+            t = now()
+            self._order.append(i)
+            if self._on_ready is not None:
+                self._on_ready(i)
+            if self._progress is not None:
+                self._progress()
+            self._hook_s += now() - t
+        return hook
+
+    @property
+    def backward_order(self) -> list[int]:
+        """Order in which backward produced the gradients (reverse registration before the
+        first backward has run)."""
+        return self._seen_order or list(reversed(range(len(self.params))))
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def forward(self, timer, progress: Callable[[], None] | None = None) -> None:
+        with timer.compute("forward"):
+            for g in self.grads:
+                g.zero_()
+            out = self.net(self.inputs)
+            self.loss = F.cross_entropy(out, self.labels)
+            self._sync_device()
+
+    def backward(self, timer, on_ready: Callable[[int], None],
+                 progress: Callable[[], None] | None = None) -> None:
+        self._on_ready, self._progress = on_ready, progress
+        self._order, self._hook_s = [], 0.0
+        t = now()
+        self.loss.backward()
+        self._sync_device()
+        timer.add_compute(now() - t - self._hook_s, "backward")
+        self._on_ready = self._progress = None
+        if self._seen_order is None and len(self._order) == len(self.params):
+            self._seen_order = list(self._order)
+
+    def optimizer_step(self, timer) -> None:
+        with timer.compute("optimizer"):
+            self.opt.step()
+            self._sync_device()
+
+    def parameter_checksum(self) -> float:
+        """Sum of all parameters, to compare ranks after training."""
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self.params))

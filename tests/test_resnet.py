@@ -1,0 +1,111 @@
+"""Real ResNet workload, compute profiles and their replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from commbench.profile import ProfileError, load, record
+from commbench.timing import StepTimer, now
+from commbench.workloads import SyntheticWorkload
+from tests.conftest import PY, ROOT, launch, read_jsonl
+
+SMALL = ["--workload", "resnet", "--model", "resnet18", "--image-size", "32", "--batch-size",
+         "4", "--num-classes", "10", "--steps", "2", "--warmup", "1"]
+
+
+@pytest.fixture(scope="module")
+def profile_file(tmp_path_factory):
+    prof = record("resnet18", batch_size=4, image_size=32, num_classes=10, iters=3, warmup=1)
+    path = tmp_path_factory.mktemp("prof") / "r18.json"
+    path.write_text(json.dumps(prof))
+    return path
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_real_workload_trains_in_lock_step(tmp_path, launcher):
+    out = tmp_path / "r.jsonl"
+    res = launch(launcher, 2, [PY, "-m", "commbench.allreduce", *SMALL, "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    summaries = [r for r in read_jsonl(out) if r["kind"] == "summary"]
+    assert len(summaries) == 2
+    for s in summaries:
+        assert s["workload"] == "resnet" and s["image_size"] == 32 and s["wrong"] == 0
+        # synced gradients + the same SGD step: every rank holds the same parameters
+        a, b = s["param_checksum_ranks"]
+        assert a == b
+        assert s["forward_s"] > 0 and s["backward_s"] > 0 and s["optimizer_s"] > 0
+        assert s["compute_s"] == pytest.approx(s["forward_s"] + s["backward_s"]
+                                               + s["optimizer_s"], rel=0.05)
+        assert s["peak_rss_mb"] > 50 and len(s["peak_rss_mb_ranks"]) == 2
+        assert s["torch_threads"] >= 1
+
+
+def test_profile_records_every_gradient(profile_file):
+    prof = json.loads(profile_file.read_text())
+    assert len(prof["grads"]) == 62 and len(prof["backward_order"]) == 62
+    assert prof["backward_order"][0].startswith("fc.")  # backward starts at the last layer
+    ready = {g["name"]: g["ready_s"] for g in prof["grads"]}
+    assert ready["conv1.weight"] == pytest.approx(prof["backward_s"], rel=0.2)
+    assert all(0 < t <= prof["backward_s"] for t in ready.values())
+
+
+def test_replay_follows_the_profile(profile_file):
+    prof = load(profile_file, "resnet18", 10)
+    for scale in (1.0, 0.5):
+        wl = SyntheticWorkload("resnet18", 0, rank=0, num_classes=10, profile=prof,
+                               compute_scale=scale)
+        seen: list[tuple[int, float]] = []
+        timer = StepTimer()
+        timer.begin_step(0, False)
+        t0 = now()
+        wl.backward(timer, lambda i, seen=seen, t0=t0: seen.append((i, now() - t0)))
+        sample = timer.end_step()
+        assert [wl.param_names[i] for i, _ in seen] == prof["backward_order"]
+        assert sample.backward_s == pytest.approx(prof["backward_s"] * scale, rel=0.10)
+        ready = {g["name"]: g["ready_s"] * scale for g in prof["grads"]}
+        for i, t in seen:
+            assert t >= ready[wl.param_names[i]] - 1e-3  # never before its profiled time
+
+
+def test_replay_job_total_time(tmp_path, profile_file):
+    prof = json.loads(profile_file.read_text())
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 1, [PY, "-m", "commbench.allreduce", "--model", "resnet18",
+                               "--num-classes", "10", "--compute-profile", str(profile_file),
+                               "--steps", "3", "--warmup", "1", "--algo", "native",
+                               "--output", str(out)])
+    assert res.returncode == 0, res.stderr
+    s = read_jsonl(out)[-1]
+    total = prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"]
+    assert s["compute_s"] == pytest.approx(total, rel=0.10)
+
+
+def test_mismatched_and_broken_profiles(tmp_path, profile_file):
+    with pytest.raises(ProfileError, match="not resnet50"):
+        load(profile_file, "resnet50", 10)
+    with pytest.raises(ProfileError, match="not resnet18 with 1000"):
+        load(profile_file, "resnet18", 1000)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="cannot read"):
+        load(bad, "resnet18", 10)
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--workload", "resnet", "--image-size", "16"], "--image-size"),
+    (["--workload", "resnet", "--batch-size", "0"], "--batch-size"),
+    (["--workload", "resnet", "--model", "resnet9"], "--model"),
+    (["--compute-profile", "/nonexistent/p.json"], "--compute-profile"),
+    (["--model", "resnet50", "--compute-profile", "PROFILE"], "--compute-profile"),
+])
+def test_bad_input_exits_2(tmp_path, profile_file, args, flag):
+    args = [str(profile_file) if a == "PROFILE" else a for a in args]
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([PY, "-m", "commbench.allreduce", *args, "--output", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert flag in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()
