@@ -91,6 +91,9 @@ def rank_extras(workload) -> dict:
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(workload.device) / 2**20
     if hasattr(workload, "parameter_checksum"):
         out["param_checksum"] = workload.parameter_checksum()
+    accuracy = workload.evaluate() if hasattr(workload, "evaluate") else None
+    if accuracy is not None:
+        out["final_accuracy"] = accuracy
     return out
 
 
@@ -100,14 +103,16 @@ def summarize_extras(per_rank: list[dict]) -> dict:
     for key in per_rank[0]:
         vals = [e[key] for e in per_rank]
         out[f"{key}_ranks"] = vals
-        if key != "param_checksum":
+        if key == "final_accuracy":
+            out[key] = vals[0]  # parameters are the same everywhere; rank 0's figure
+        elif key != "param_checksum":
             out[key] = max(vals)
     return out
 
 
 def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: ResultWriter | None,
             vers: dict, threads: int) -> dict | None:
-    workload = make_workload(cfg, comm.rank)
+    workload = make_workload(cfg, comm.rank, comm.size)
     strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native")
     samples = run_steps(comm, workload, strategy, StepTimer(), cfg.steps, cfg.warmup)
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)

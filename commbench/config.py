@@ -79,6 +79,7 @@ class Config:
     num_classes: int = 1000
     image_size: int | None = None  # real workload: 64 px on a CPU, 224 on a GPU
     device: str = "auto"
+    dataset: str = "synthetic"
     lr: float = 0.01
     compute_ms: float = 100.0
     compute_profile: str | None = None
@@ -142,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--workload resnet: where forward/backward run (auto = cuda if "
                         "present)")
     g.add_argument("--lr", type=nonneg_float, default=d.lr, help="--workload resnet: SGD rate")
+    g.add_argument("--dataset", choices=("synthetic", "digits"), default=d.dataset,
+                   help="--workload resnet: synthetic inputs, or scikit-learn's digits (a real "
+                        "labelled set shipped in the package; sets 10 classes, reports "
+                        "held-out accuracy)")
     g.add_argument("--num-classes", type=positive_int, default=d.num_classes,
                    help="classifier width (sets the last layer's gradient size)")
     g.add_argument("--compute-ms", type=nonneg_float, default=d.compute_ms,
@@ -208,6 +213,10 @@ def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
 
         cuda = torch.cuda.is_available()
     real = cfg.workload == "resnet"
+    if cfg.dataset != "synthetic":
+        if not real:
+            raise ConfigError(f"--dataset {cfg.dataset}: needs --workload resnet")
+        cfg.num_classes = 10
     if cfg.device == "auto":
         cfg.device = "cuda" if cuda and real else "cpu"
     if cfg.device == "cuda" and not cuda:

@@ -109,3 +109,23 @@ def test_bad_input_exits_2(tmp_path, profile_file, args, flag):
     assert res.returncode == 2, res.stderr
     assert flag in res.stderr and "Traceback" not in res.stderr
     assert not out.exists()
+
+
+def test_digits_learns_and_reports_held_out_accuracy(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", "resnet",
+                               "--dataset", "digits", "--image-size", "32", "--batch-size", "32",
+                               "--lr", "0.05", "--steps", "30", "--warmup", "1", "--algo",
+                               "native", "--output", str(out)])
+    assert res.returncode == 0, res.stderr
+    s = read_jsonl(out)[-1]
+    assert s["config"]["num_classes"] == 10
+    a, b = s["final_accuracy_ranks"]
+    assert a == b == s["final_accuracy"]
+    assert s["final_accuracy"] > 0.2  # chance is 0.1; 30 synced SGD steps get past it
+
+
+def test_dataset_needs_the_real_workload(tmp_path):
+    res = subprocess.run([PY, "-m", "commbench.allreduce", "--dataset", "digits"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--dataset digits: needs --workload resnet" in res.stderr

@@ -21,12 +21,13 @@ WORKLOADS: dict[str, Callable[..., object]] = {
 
 
 
-def make_workload(cfg, rank: int):
+def make_workload(cfg, rank: int, world_size: int = 1):
     """Build ``cfg.workload`` for ``rank`` with the knobs that workload takes."""
     if cfg.workload == "resnet":
         return ResNetWorkload(cfg.model, rank, seed=cfg.seed, batch_size=cfg.batch_size,
                               num_classes=cfg.num_classes, image_size=cfg.image_size,
-                              lr=cfg.lr, device=cfg.device)
+                              lr=cfg.lr, device=cfg.device, dataset=cfg.dataset,
+                              world_size=world_size)
     profile = None
     if cfg.compute_profile:
         from commbench.profile import load

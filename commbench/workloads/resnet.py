@@ -3,9 +3,12 @@
 Every rank builds the model from the same seed (identical weights), draws its
 own synthetic batch (``--batch-size`` images of ``--image-size`` pixels,
 ``--num-classes`` labels), and each step runs forward, cross-entropy,
-backward and an SGD update. Gradients are announced to the strategy the
-moment autograd has accumulated them (``register_post_accumulate_grad_hook``),
-in the order backward really produces them. Time spent inside those hooks is
+backward and an SGD update. With ``--dataset digits`` the batches are real
+labelled images instead (``commbench.workloads.data``): each rank walks its
+own shard of the training split, and ``evaluate`` gives held-out accuracy.
+Gradients are announced to the strategy the moment autograd has accumulated
+them (``register_post_accumulate_grad_hook``), in the order backward really
+produces them. Time spent inside those hooks is
 the strategy's, not compute's, and is taken out of the backward phase.
 
 The gradient tensors are allocated once and reused (``zero_`` instead of
@@ -30,7 +33,7 @@ class ResNetWorkload:
 
     def __init__(self, model: str, rank: int, seed: int = 0, batch_size: int = 32,
                  num_classes: int = 1000, image_size: int = 64, lr: float = 0.01,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", dataset: str = "synthetic", world_size: int = 1) -> None:
         if image_size < MIN_IMAGE_SIZE:
             raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
                              f"got {image_size}")
@@ -48,10 +51,22 @@ class ResNetWorkload:
         self.numel = sum(p.numel() for p in self.params)
         self.nbytes = sum(p.numel() * p.element_size() for p in self.params)
         self.opt = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
-        self.inputs = torch.randn(batch_size, 3, image_size, image_size,
-                                  generator=gen).to(self.device)
-        self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(self.device)
+        self.dataset = dataset
+        self.test = None
+        if dataset == "synthetic":
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+            self.inputs = torch.randn(batch_size, 3, image_size, image_size,
+                                      generator=gen).to(self.device)
+            self.labels = torch.randint(0, num_classes, (batch_size,),
+                                        generator=gen).to(self.device)
+        else:
+            from commbench.workloads.data import digits
+
+            tx, ty, vx, vy = digits(image_size, seed)
+            self._train = (tx[rank::world_size], ty[rank::world_size])  # this rank's shard
+            self.test = (vx.to(self.device), vy.to(self.device))
+            self._cursor = 0
+            self._next_batch()
         self._order: list[int] = []
         self._seen_order: list[int] | None = None
         self._on_ready: Callable[[int], None] | None = None
@@ -82,7 +97,27 @@ class ResNetWorkload:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _next_batch(self) -> None:
+        x, y = self._train
+        idx = torch.arange(self._cursor, self._cursor + self.batch_size) % len(y)
+        self._cursor = int(idx[-1]) + 1
+        self.inputs, self.labels = x[idx].to(self.device), y[idx].to(self.device)
+
+    def evaluate(self) -> float | None:
+        """Accuracy on the held-out split (None without a labelled data set)."""
+        if self.test is None:
+            return None
+        self.net.eval()
+        with torch.no_grad():
+            x, y = self.test
+            correct = sum(int((self.net(x[i:i + 256]).argmax(1) == y[i:i + 256]).sum())
+                          for i in range(0, len(y), 256))
+        self.net.train()
+        return correct / len(y)
+
     def forward(self, timer, progress: Callable[[], None] | None = None) -> None:
+        if self.test is not None and self.loss is not None:
+            self._next_batch()  # outside the timed phase: data loading is not measured
         with timer.compute("forward"):
             for g in self.grads:
                 g.zero_()
