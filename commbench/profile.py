@@ -122,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0 = torch's default); match the ranks you replay for")
     p.add_argument("-o", "--output", required=True, help="profile file (JSON)")
     a = p.parse_args(argv)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     try:
         prof = record(a.model, a.batch_size, a.image_size, a.num_classes, a.iters, a.warmup,
                       a.device)
