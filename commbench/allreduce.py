@@ -16,15 +16,13 @@ any was wrong or a rank failed, 2 on bad input.
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 import uuid
 
 import torch
 
-from commbench.comm import detect_backend, launcher_rank, make_communicator
-from commbench.config import Config, ConfigError, parse_config
+from commbench.config import Config, parse_config
+from commbench.job import run_job, set_torch_threads
 from commbench.report import Column, format_table, rank0_print
 from commbench.results import ResultWriter, default_output, link_info, run_header, versions
 from commbench.runner import run_steps, step_record, summarize_steps
@@ -34,20 +32,6 @@ from commbench.validate import count_wrong
 from commbench.workloads import make_workload
 
 PROG = "commbench.allreduce"
-
-
-def cores_available() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def set_torch_threads(local_size: int) -> int:
-    """One thread per rank when ranks outnumber cores, else share the cores out."""
-    threads = max(1, cores_available() // max(1, local_size))
-    torch.set_num_threads(threads)
-    return threads
 
 
 def runs_of(cfg: Config) -> list[tuple[str, str | None]]:
@@ -144,53 +128,37 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
     return summary
 
 
+def check(comm, cfg: Config) -> None:
+    for strategy_name, algo in runs_of(cfg):
+        STRATEGIES[strategy_name].check(comm, algo or "native")
+
+
+def study(comm, cfg: Config) -> int:
+    """Every requested run, its records and the table; return the wrong elements."""
+    threads = set_torch_threads(comm.local_size)
+    vers = versions(comm.versions())
+    path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size)
+    writer = ResultWriter(path) if comm.rank == 0 else None
+    summaries = [run_one(comm, cfg, strategy_name, algo, writer, vers, threads)
+                 for strategy_name, algo in runs_of(cfg)]
+    wrong = comm.bcast_object(sum(s["wrong"] for s in summaries) if comm.rank == 0 else None)
+    if comm.rank == 0:
+        writer.close()
+        if not cfg.quiet:
+            first = summaries[0]
+            rank0_print(0, format_table(
+                TABLE, [table_row(s) for s in summaries],
+                title=f"commbench.allreduce  workload {first['workload']}  model "
+                      f"{first['model']}  compute {cfg.compute_ms:g} ms  steps "
+                      f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {threads}",
+                footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
+                        "medians over measured steps; busbw = algbw * 2(n-1)/n",
+                        f"results: {path}"]))
+    return wrong
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = parse_config(argv)
-    except ConfigError as e:
-        rank0_print(launcher_rank(), f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    backend = detect_backend() if cfg.backend == "auto" else cfg.backend
-    comm = make_communicator(backend)
-    runs = runs_of(cfg)
-    try:
-        for strategy_name, algo in runs:  # same verdict on every rank: no collective needed
-            STRATEGIES[strategy_name].check(comm, algo or "native")
-    except ValueError as e:
-        rank0_print(comm.rank, f"{PROG}: error: {e}", file=sys.stderr)
-        comm.close()
-        return 2
-    try:
-        threads = set_torch_threads(comm.local_size)
-        vers = versions(comm.versions())
-        path = cfg.output or default_output(cfg.output_dir, backend, comm.size)
-        writer = ResultWriter(path) if comm.rank == 0 else None
-        summaries = []
-        for strategy_name, algo in runs:
-            summaries.append(run_one(comm, cfg, strategy_name, algo, writer, vers, threads))
-        wrong = comm.bcast_object(sum(s["wrong"] for s in summaries) if comm.rank == 0 else None)
-        if comm.rank == 0:
-            writer.close()
-            if not cfg.quiet:
-                first = summaries[0]
-                rank0_print(0, format_table(
-                    TABLE, [table_row(s) for s in summaries],
-                    title=f"commbench.allreduce  workload {first['workload']}  model "
-                          f"{first['model']}  compute {cfg.compute_ms:g} ms  steps "
-                          f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {threads}",
-                    footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
-                            "medians over measured steps; busbw = algbw * 2(n-1)/n",
-                            f"results: {path}"]))
-        comm.close()
-    except Exception:
-        sys.stderr.write(f"{PROG}: rank {comm.rank} failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        comm.abort(1)
-        return 1
-    if wrong:
-        rank0_print(comm.rank, f"{PROG}: {wrong} wrong elements in validation", file=sys.stderr)
-        return 1
-    return 0
+    return run_job(PROG, argv, parse_config, check, study)
 
 
 if __name__ == "__main__":

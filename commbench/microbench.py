@@ -33,7 +33,6 @@ import argparse
 import math
 import sys
 import time
-import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,10 +41,10 @@ from typing import Any, Callable
 import torch
 
 from commbench import SCHEMA_VERSION
-from commbench.allreduce import set_torch_threads
-from commbench.comm import BACKENDS, detect_backend, launcher_rank, make_communicator
+from commbench.comm import BACKENDS
 from commbench.comm.base import Communicator
 from commbench.config import ConfigError, Parser, check_writable, csv_list, nonneg_int, positive_int
+from commbench.job import run_job, set_torch_threads
 from commbench.metrics import algbw, busbw
 from commbench.report import Column, format_footer, format_header, format_row, rank0_print
 from commbench.results import ResultWriter, default_output, link_info, versions
@@ -391,52 +390,38 @@ def run_sweep(comm: Communicator, cfg: MicroConfig, writer: ResultWriter | None,
     return records
 
 
+def check(comm: Communicator, cfg: MicroConfig) -> None:
+    for name in cfg.algos:
+        check_algo(comm, name)
+
+
+def bench(comm: Communicator, cfg: MicroConfig) -> int:
+    """The whole size x dtype x algo sweep, its table and records; return wrong elements."""
+    threads = set_torch_threads(comm.local_size)
+    vers = versions(comm.versions())
+    path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, "microbench")
+    columns = table_columns()
+    writer = head = None
+    if comm.rank == 0:
+        writer = ResultWriter(path)
+        head = record_head(comm, cfg, vers, threads)
+        if not cfg.quiet:
+            rank0_print(0, format_header(columns, title=(
+                f"{PROG}  backend {comm.name}  ranks {comm.size}  nodes {comm.topo.nodes}  "
+                f"minBytes {cfg.minbytes}  maxBytes {cfg.maxbytes}  step: "
+                f"{cfg.stepfactor}(factor)  warmup iters: {cfg.warmup_iters}  iters: "
+                f"{cfg.iters}  torch threads/rank {threads}")))
+    records = run_sweep(comm, cfg, writer, head, columns)
+    wrong = comm.bcast_object(sum(r["wrong"] for r in records) if comm.rank == 0 else None)
+    if comm.rank == 0:
+        writer.close()
+        if not cfg.quiet:
+            rank0_print(0, format_footer(footer_lines(comm, cfg, records, path)))
+    return wrong
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = parse_config(argv)
-    except ConfigError as e:
-        rank0_print(launcher_rank(), f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    backend = detect_backend() if cfg.backend == "auto" else cfg.backend
-    comm = make_communicator(backend)
-    try:
-        for name in cfg.algos:  # same verdict on every rank: no collective needed
-            check_algo(comm, name)
-    except ValueError as e:
-        rank0_print(comm.rank, f"{PROG}: error: {e}", file=sys.stderr)
-        comm.close()
-        return 2
-    try:
-        threads = set_torch_threads(comm.local_size)
-        vers = versions(comm.versions())
-        path = cfg.output or default_output(cfg.output_dir, backend, comm.size, "microbench")
-        columns = table_columns()
-        writer = head = None
-        if comm.rank == 0:
-            writer = ResultWriter(path)
-            head = record_head(comm, cfg, vers, threads)
-            if not cfg.quiet:
-                rank0_print(0, format_header(columns, title=(
-                    f"{PROG}  backend {comm.name}  ranks {comm.size}  nodes {comm.topo.nodes}  "
-                    f"minBytes {cfg.minbytes}  maxBytes {cfg.maxbytes}  step: "
-                    f"{cfg.stepfactor}(factor)  warmup iters: {cfg.warmup_iters}  iters: "
-                    f"{cfg.iters}  torch threads/rank {threads}")))
-        records = run_sweep(comm, cfg, writer, head, columns)
-        wrong = comm.bcast_object(sum(r["wrong"] for r in records) if comm.rank == 0 else None)
-        if comm.rank == 0:
-            writer.close()
-            if not cfg.quiet:
-                rank0_print(0, format_footer(footer_lines(comm, cfg, records, path)))
-        comm.close()
-    except Exception:
-        sys.stderr.write(f"{PROG}: rank {comm.rank} failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        comm.abort(1)
-        return 1
-    if wrong:
-        rank0_print(comm.rank, f"{PROG}: {wrong} wrong elements in validation", file=sys.stderr)
-        return 1
-    return 0
+    return run_job(PROG, argv, parse_config, check, bench)
 
 
 if __name__ == "__main__":
