@@ -19,6 +19,15 @@ class ConfigError(Exception):
     """A user error in the command line; the message names the flag."""
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                     argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after every flag; the epilog's example lines kept as written."""
+
+
+def help_formatter(prog: str) -> argparse.HelpFormatter:
+    return _HelpFormatter(prog, width=96)
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump, exit 2 by the caller
         raise ConfigError(message)
@@ -98,7 +107,6 @@ class Config:
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so --help lists exactly what the registries hold.
-    from commbench.comm import BACKENDS
     from commbench.models import MODELS
     from commbench.strategies import ALGOS, STRATEGIES
     from commbench.workloads import WORKLOADS
@@ -109,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time every training step under a gradient-sync strategy and report "
                     "how much of it is spent waiting for gradients. Run it under "
                     "horovodrun or mpirun.",
-        formatter_class=lambda prog: argparse.ArgumentDefaultsHelpFormatter(prog, width=96),
+        formatter_class=help_formatter,
         epilog="examples:\n"
                "  horovodrun -np 8 -H localhost:8 python -m commbench.allreduce\n"
                "  mpirun -np 4 python -m commbench.allreduce --algo ring --model resnet18\n"
@@ -123,9 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                    type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
                    help="all-reduce algorithms for strategies that take one: native = the "
                         "backend's own, ring = the project's reduce-scatter + all-gather")
-    g.add_argument("--backend", choices=("auto", *BACKENDS), default=d.backend,
-                   help="communication backend; auto = horovod under horovodrun, mpi under "
-                        "mpirun")
+    add_backend_flag(g)
 
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
@@ -167,12 +173,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-validate", dest="validate", action="store_false",
                    help="skip the correctness pass (known values, closed-form sum)")
 
+    add_output_group(p, "allreduce")
+    return p
+
+
+def add_backend_flag(group: argparse._ArgumentGroup) -> None:
+    """``--backend``, shared by every tool that runs under a launcher."""
+    from commbench.comm import BACKENDS
+
+    group.add_argument("--backend", choices=("auto", *BACKENDS), default="auto",
+                       help="communication backend; auto = horovod under horovodrun, mpi "
+                            "under mpirun")
+
+
+def add_output_group(p: argparse.ArgumentParser, tool: str) -> None:
+    """``--output`` and ``--quiet``, shared by every tool that writes records."""
     g = p.add_argument_group("output")
     g.add_argument("--output", metavar="FILE", default=None,
-                   help="JSON Lines results file (default: results/allreduce-<time>-<backend>"
+                   help=f"JSON Lines results file (default: results/{tool}-<time>-<backend>"
                         "-np<N>.jsonl)")
     g.add_argument("--quiet", action="store_true", help="no table on rank 0")
-    return p
 
 
 def check_writable(path: Path, flag: str) -> None:

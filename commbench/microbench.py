@@ -41,9 +41,18 @@ from typing import Any, Callable
 import torch
 
 from commbench import SCHEMA_VERSION
-from commbench.comm import BACKENDS
 from commbench.comm.base import Communicator
-from commbench.config import ConfigError, Parser, check_writable, csv_list, nonneg_int, positive_int
+from commbench.config import (
+    ConfigError,
+    Parser,
+    add_backend_flag,
+    add_output_group,
+    check_writable,
+    csv_list,
+    help_formatter,
+    nonneg_int,
+    positive_int,
+)
 from commbench.job import run_job, set_torch_threads
 from commbench.metrics import algbw, busbw
 from commbench.report import Column, format_footer, format_header, format_row, rank0_print
@@ -127,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=f"python -m {PROG}",
         description="Time the all-reduce per message size and report algbw, busbw and "
                     "#wrong as nccl-tests does. Run it under horovodrun or mpirun.",
-        formatter_class=lambda prog: argparse.ArgumentDefaultsHelpFormatter(prog, width=96),
+        formatter_class=help_formatter,
         epilog="sizes take K, M, G suffixes (binary: 1K = 1024 bytes).\nexamples:\n"
                "  mpirun -np 4 python -m commbench.microbench -b 8 -e 128M -f 2\n"
                "  horovodrun -np 4 -H localhost:4 python -m commbench.microbench -d all")
@@ -148,9 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                    type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
                    help=f"all-reduce algorithms: {', '.join(ALGOS)} (native = the backend's "
                         "own, ring = the project's reduce-scatter + all-gather)")
-    g.add_argument("--backend", choices=("auto", *BACKENDS), default=d.backend,
-                   help="communication backend; auto = horovod under horovodrun, mpi under "
-                        "mpirun")
+    add_backend_flag(g)
 
     g = p.add_argument_group("performance")
     g.add_argument("-n", "--iters", type=positive_int, default=d.iters,
@@ -158,11 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-w", "--warmup_iters", type=nonneg_int, default=d.warmup_iters,
                    help="untimed all-reduces before them")
 
-    g = p.add_argument_group("output")
-    g.add_argument("--output", metavar="FILE", default=None,
-                   help="JSON Lines results file (default: results/microbench-<time>-<backend>"
-                        "-np<N>.jsonl)")
-    g.add_argument("--quiet", action="store_true", help="no table on rank 0")
+    add_output_group(p, "microbench")
     return p
 
 
