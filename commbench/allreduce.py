@@ -38,7 +38,7 @@ def runs_of(cfg: Config) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
     for s in cfg.strategies:
         if STRATEGIES[s].uses_algo:
-            out += [(s, a) for a in cfg.algos]
+            out += [(s, a) for a in STRATEGIES[s].algos_for(cfg.algos)]
         else:
             out.append((s, None))
     return out
@@ -97,7 +97,8 @@ def summarize_extras(per_rank: list[dict]) -> dict:
 def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: ResultWriter | None,
             vers: dict, threads: int) -> dict | None:
     workload = make_workload(cfg, comm.rank, comm.size)
-    strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native")
+    strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native",
+                             bucket_mb=cfg.bucket_mb, backward_order=workload.backward_order)
     samples = run_steps(comm, workload, strategy, StepTimer(), cfg.steps, cfg.warmup)
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
     extra = rank_extras(workload)

@@ -81,6 +81,7 @@ def nonneg_float(text: str) -> float:
 class Config:
     strategies: list[str] = field(default_factory=lambda: ["flat"])
     algos: list[str] = field(default_factory=lambda: ["native", "ring"])
+    bucket_mb: float = 25.0  # DDP's bucket_cap_mb default
     backend: str = "auto"
     workload: str = "synthetic"
     model: str | None = None  # resnet50; resnet18 for the real workload on a CPU
@@ -131,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
                    help="all-reduce algorithms for strategies that take one: native = the "
                         "backend's own, ring = the project's reduce-scatter + all-gather")
+    g.add_argument("--bucket-mb", metavar="MB", type=nonneg_float, default=d.bucket_mb,
+                   help="--strategy bucketed: bucket cap in MB (2**20 bytes, as DDP's "
+                        "bucket_cap_mb); 0 = one all-reduce per tensor")
     add_backend_flag(g)
 
     g = p.add_argument_group("workload")

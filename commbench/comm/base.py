@@ -9,6 +9,7 @@ the strategies need. Tensors are CPU torch tensors reduced in place.
 from __future__ import annotations
 
 import abc
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -72,8 +73,48 @@ def topology_from_hostnames(rank: int, hostnames: list[str] | tuple[str, ...]) -
                     cross_size=len(cross), hostnames=hostnames)
 
 
+# Test-only: "a,a,a,b" makes ranks 0-2 report host "a" and rank 3 host "b", so
+# two-level schemes can be tested on uneven layouts on one machine. Only the
+# project's topology sees it; the MPI library still sees the real host.
+FAKE_NODES_ENV = "COMMBENCH_TEST_NODE_OF_RANK"
+
+
 def hostname() -> str:
+    fake = os.environ.get(FAKE_NODES_ENV)
+    if fake:
+        from commbench.comm import launcher_rank
+
+        return fake.split(",")[launcher_rank()]
     return socket.gethostname()
+
+
+class Group(abc.ABC):
+    """Some of the job's ranks, for two-level schemes: an MPI sub-communicator or a
+    Horovod process set. ``rank`` and ``size`` are within the group."""
+
+    rank: int
+    size: int
+
+    @abc.abstractmethod
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over the group, in place."""
+
+    @abc.abstractmethod
+    def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Sum ``tensor`` over the group; return this rank's contiguous part of the sum
+        (``counts[i]`` elements for group rank ``i``, in rank order)."""
+
+    @abc.abstractmethod
+    def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
+        """Concatenate every rank's ``part`` (``counts`` elements each) into ``out``."""
+
+    @abc.abstractmethod
+    def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
+        """Sum ``tensor`` onto group rank ``root`` (in place there)."""
+
+    @abc.abstractmethod
+    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        """Copy group rank ``root``'s ``tensor`` to every rank of the group."""
 
 
 class Communicator(abc.ABC):
@@ -142,6 +183,14 @@ class Communicator(abc.ABC):
 
         Messages between one pair of ranks with one tag match in the order
         they were posted (MPI's non-overtaking rule); the ring relies on it.
+        """
+
+    @abc.abstractmethod
+    def subgroup(self, ranks: list[int]) -> Group | None:
+        """The group of ``ranks`` (in that order); None on ranks outside it.
+
+        Collective over the whole job: every rank calls it with the same list,
+        in the same order of calls.
         """
 
     @abc.abstractmethod

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from commbench.comm.base import Communicator, Handle, Topology, hostname
+from commbench.comm.base import Communicator, Group, Handle, Topology, hostname
 
 
 def launched_by_mpi() -> bool:
@@ -65,6 +65,43 @@ class _HorovodHandle(Handle):
             self._done = True
 
 
+class _HorovodGroup(Group):
+    """A Horovod process set. Horovod orders a set's ranks by global rank, so the
+    group's rank order is the sorted member list; Horovod has no reduce, so
+    ``reduce`` all-reduces inside the set (more traffic than a reduce, same result
+    on the root)."""
+
+    def __init__(self, parent: HorovodCommunicator, process_set: Any,
+                 members: tuple[int, ...]) -> None:
+        if list(members) != sorted(members):
+            raise ValueError("Horovod process sets need their ranks in ascending order")
+        self.parent, self.ps, self.members = parent, process_set, members
+        self.rank, self.size = members.index(parent.rank), len(members)
+        self.hvd = parent.hvd
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        self.parent.allreduce(tensor, process_set=self.ps)
+
+    def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        # every rank sends rank i its part; then each sums what it received
+        got = self.hvd.alltoall(tensor.view(-1), splits=torch.tensor(counts, dtype=torch.int32),
+                                name=self.parent.op_name("alltoall", self.ps),
+                                process_set=self.ps)
+        got = got[0] if isinstance(got, tuple) else got
+        return got.view(self.size, counts[self.rank]).sum(0)
+
+    def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
+        out.view(-1).copy_(self.hvd.allgather(part, name=self.parent.op_name("allgather", self.ps),
+                                              process_set=self.ps))
+
+    def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
+        self.allreduce(tensor)
+
+    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        self.hvd.broadcast_(tensor, root_rank=self.members[root],
+                            name=self.parent.op_name("broadcast", self.ps), process_set=self.ps)
+
+
 class HorovodCommunicator(Communicator):
     name = "horovod"
 
@@ -79,7 +116,7 @@ class HorovodCommunicator(Communicator):
         import horovod.torch as hvd
 
         self.hvd = hvd
-        hvd.init()
+        hvd.init(process_sets="dynamic")  # two-level schemes add process sets later
         if self._mpi is not None and not hvd.mpi_enabled():
             self._mpi = None  # Gloo controller under mpirun: do not mix in MPI traffic
         hosts = tuple(hvd.allgather_object(hostname()))
@@ -87,6 +124,21 @@ class HorovodCommunicator(Communicator):
                              local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
                              cross_size=hvd.cross_size(), hostnames=hosts)
         self._wire: dict[torch.dtype, torch.dtype] = {}
+        self._sets: dict[tuple[int, ...], Any] = {}
+        self._seq: dict[tuple[str, int], int] = {}
+
+    def op_name(self, kind: str, process_set: Any = None) -> str:
+        """A name for the next ``kind`` op on ``process_set``.
+
+        Horovod matches tensors across ranks by name, and its automatic names
+        count every op a process submits; once ranks take part in different
+        process sets those counters differ and the job deadlocks. A counter per
+        set and kind is the same on every member.
+        """
+        ps_id = 0 if process_set is None else process_set.process_set_id
+        n = self._seq.get((kind, ps_id), 0)
+        self._seq[(kind, ps_id)] = n + 1
+        return f"commbench.{kind}.ps{ps_id}.{n}"
 
     @property
     def supports_p2p(self) -> bool:
@@ -101,21 +153,35 @@ class HorovodCommunicator(Communicator):
             self._wire[dtype] = dtype if horovod_reduces(dtype) else torch.float32
         return self._wire[dtype]
 
-    def allreduce(self, tensor: torch.Tensor) -> None:
+    def allreduce(self, tensor: torch.Tensor, process_set: Any = None) -> None:
+        ps = self.hvd.global_process_set if process_set is None else process_set
+        name = self.op_name("allreduce", ps)
         wire = self.allreduce_dtype(tensor.dtype)
         if wire == tensor.dtype:
-            self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+            self.hvd.allreduce_(tensor, op=self.hvd.Sum, name=name, process_set=ps)
             return
         wide = tensor.to(wire)
-        self.hvd.allreduce_(wide, op=self.hvd.Sum)
+        self.hvd.allreduce_(wide, op=self.hvd.Sum, name=name, process_set=ps)
         tensor.copy_(wide)
+
+    def subgroup(self, ranks: list[int]) -> Group | None:
+        key = tuple(ranks)
+        if key not in self._sets:  # Horovod refuses a second set with the same ranks
+            if sorted(key) == list(range(self.size)):
+                self._sets[key] = self.hvd.global_process_set
+            else:
+                self._sets[key] = self.hvd.add_process_set(sorted(key))
+        return _HorovodGroup(self, self._sets[key], key) if self.rank in key else None
 
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
         wire = self.allreduce_dtype(tensor.dtype)
+        name = self.op_name("allreduce", self.hvd.global_process_set)
         if wire == tensor.dtype:
-            return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(tensor, op=self.hvd.Sum))
+            return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(tensor, op=self.hvd.Sum,
+                                                                      name=name))
         wide = tensor.to(wire)
-        return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(wide, op=self.hvd.Sum),
+        return _HorovodHandle(self.hvd, self.hvd.allreduce_async_(wide, op=self.hvd.Sum,
+                                                                  name=name),
                               narrow=(wide, tensor))
 
     def _p2p(self) -> Any:

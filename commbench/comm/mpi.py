@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from commbench.comm.base import Communicator, Handle, hostname, topology_from_hostnames
+from commbench.comm.base import Communicator, Group, Handle, hostname, topology_from_hostnames
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
 #: 2-byte floats numpy cannot reduce: sent as uint16 bits, summed by a user-defined op
@@ -92,7 +92,7 @@ def p2p_irecv(mpi_comm: Any, t: torch.Tensor, source: int, tag: int) -> Handle:
     return _MpiHandle(mpi_comm.Irecv(buf, source, tag), buf)
 
 
-class MpiCommunicator(Communicator):
+class MpiCommunicator(Communicator, Group):
     name = "mpi"
 
     def __init__(self, comm: Any = None) -> None:
@@ -127,6 +127,33 @@ class MpiCommunicator(Communicator):
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
                  tag: int = 0) -> None:
         self.comm.Sendrecv(as_buffer(send), dest, tag, as_buffer(recv), source, tag)
+
+    def subgroup(self, ranks: list[int]) -> MpiCommunicator | None:
+        me = self.comm.Get_rank()
+        color = 0 if me in ranks else self._MPI.UNDEFINED
+        sub = self.comm.Split(color, ranks.index(me) if me in ranks else 0)
+        return MpiCommunicator(sub) if me in ranks else None
+
+    def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        part = torch.empty(counts[self.comm.Get_rank()], dtype=tensor.dtype)
+        send, op = self._reduce_args(tensor)
+        recv, _ = self._reduce_args(part)
+        self.comm.Reduce_scatter(send, recv, counts, op=op)
+        return part
+
+    def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        self.comm.Allgatherv(as_buffer(part), [as_buffer(out), (counts, displs)])
+
+    def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
+        buf, op = self._reduce_args(tensor)
+        if self.comm.Get_rank() == root:
+            self.comm.Reduce(self._MPI.IN_PLACE, buf, op=op, root=root)
+        else:
+            self.comm.Reduce(buf, None, op=op, root=root)
+
+    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        self.comm.Bcast(as_buffer(tensor), root=root)
 
     def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
         return p2p_isend(self.comm, tensor, dest, tag)

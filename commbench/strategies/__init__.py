@@ -6,26 +6,36 @@ A new strategy is one module with a ``Strategy`` subclass plus one line in
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from commbench.comm.base import Communicator
 from commbench.strategies.algos import ALGOS, get_algo
 from commbench.strategies.base import Strategy
+from commbench.strategies.bucketed import BucketedStrategy
 from commbench.strategies.flat import FlatStrategy
+from commbench.strategies.hierarchical import HierarchicalStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "flat": FlatStrategy,
+    "bucketed": BucketedStrategy,
+    "hierarchical": HierarchicalStrategy,
 }
 
 
 def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
-                  algo: str = "native") -> Strategy:
+                  algo: str = "native", **knobs: Any) -> Strategy:
+    """Build strategy ``name``; each of ``knobs`` (``bucket_mb``, ``backward_order``, ...)
+    goes to the strategies whose constructor takes it."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     cls = STRATEGIES[name]
-    return cls(comm, grads, algo=algo) if cls.uses_algo else cls(comm, grads)
+    takes = inspect.signature(cls).parameters
+    kwargs = {k: v for k, v in knobs.items() if k in takes}
+    return cls(comm, grads, algo=algo, **kwargs) if cls.uses_algo else cls(comm, grads, **kwargs)
 
 
 __all__ = ["ALGOS", "STRATEGIES", "Strategy", "get_algo", "make_strategy"]

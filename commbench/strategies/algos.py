@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from commbench.comm.base import Communicator
+from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce
 from commbench.comm.ring import ring_allreduce
 
 
@@ -22,14 +23,20 @@ def _native(comm: Communicator, tensor: torch.Tensor) -> None:
 ALGOS: dict[str, Callable[[Communicator, torch.Tensor], None]] = {
     "native": _native,   # the backend's own (Open MPI's tuned / Horovod's) all-reduce
     "ring": ring_allreduce,  # reduce-scatter + all-gather on sendrecv, 2(p-1) steps
+    "hier": hierarchical_allreduce,  # node reduce-scatter, cross-node shards, node all-gather
+    "hier-leader": leader_allreduce,  # reduce to node leader, leaders all-reduce, broadcast
 }
+
+
+#: algorithms built on point-to-point messages (the others use collectives of groups)
+P2P_ALGOS = frozenset({"ring"})
 
 
 def check_algo(comm: Communicator, name: str) -> None:
     """Raise ValueError, naming the cause, if algorithm ``name`` cannot run on ``comm``."""
     if name not in ALGOS:
         raise ValueError(f"unknown algo {name!r}; choose from {', '.join(ALGOS)}")
-    if name != "native" and not comm.supports_p2p:  # the project's own algorithms use sendrecv
+    if name in P2P_ALGOS and not comm.supports_p2p:
         raise ValueError(f"--algo {name} needs point-to-point messages, which the "
                          f"{comm.name} backend does not offer here (Horovod on Gloo); "
                          "use --algo native or launch with horovodrun --mpi")
@@ -38,10 +45,11 @@ def check_algo(comm: Communicator, name: str) -> None:
 def wire_dtype(comm: Communicator, name: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype algorithm ``name`` transfers for a tensor of ``dtype`` on ``comm``.
 
-    The project's own algorithms send the tensor's bytes as they are; ``native``
-    is whatever the backend does (Horovod 0.28.1 widens bfloat16 to float32).
+    The ring sends the tensor's bytes as they are; ``native`` and the
+    hierarchical algorithms' all-reduces are whatever the backend does (Horovod
+    0.28.1 widens bfloat16 to float32).
     """
-    return comm.allreduce_dtype(dtype) if name == "native" else dtype
+    return dtype if name in P2P_ALGOS else comm.allreduce_dtype(dtype)
 
 
 # Test-only fault hook: on the rank named here, every all-reduce's first

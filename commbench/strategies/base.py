@@ -24,6 +24,16 @@ class Strategy(abc.ABC):
     name: str = "?"
     #: whether --algo applies (the strategy runs one of ALGOS on a buffer)
     uses_algo: bool = False
+    #: the ALGOS it accepts (None: any), and the one it runs when --algo names none of them
+    algos: tuple[str, ...] | None = None
+    default_algo: str = "native"
+
+    @classmethod
+    def algos_for(cls, requested: list[str]) -> list[str]:
+        """Which of the requested --algo values this strategy runs (one run each)."""
+        if cls.algos is None:
+            return list(requested)
+        return [a for a in requested if a in cls.algos] or [cls.default_algo]
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor]) -> None:
         self.comm = comm

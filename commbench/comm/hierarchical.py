@@ -1,0 +1,126 @@
+"""Two-level (hierarchical) all-reduce from the node topology.
+
+Ranks are grouped by host (``Topology.hostnames``). Let ``L`` be the largest
+number of ranks on a node and split the flat tensor into ``L`` shards (sizes
+differ by at most one element). On a node with ``l`` ranks, local rank ``i``
+owns shards ``i*L//l .. (i+1)*L//l - 1``: one shard each when ``l == L``, all
+of them on a node with one rank, so uneven nodes (3 + 1) work.
+
+Default variant (``hier``), the scheme Horovod uses with NCCL:
+
+1. Reduce-scatter inside the node: each rank gets the node's sum of the
+   shards it owns.
+2. For every shard, all-reduce it across nodes among the ranks that own it,
+   all local ranks working at once, each on its own shards. Each node link
+   carries ``2(n-1)/n`` of the tensor in total, as a flat ring does, but in
+   ``l`` parallel streams of ``1/l`` of the data.
+3. All-gather inside the node.
+
+Leader variant (``hier-leader``): reduce to local rank 0, all-reduce among
+the nodes' rank-0s, broadcast inside the node. One stream per node carries
+the whole tensor across.
+
+On one node, both variants reduce to their intra-node part.
+(Sergeev & Del Balso 2018, "Horovod", https://arxiv.org/abs/1802.05799;
+Thakur, Rabenseifner & Gropp 2005 for the cost model.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from commbench.comm.base import Communicator, Group
+from commbench.comm.ring import chunk_bounds
+
+
+def owned_shards(i: int, n_local: int, L: int) -> range:
+    """Shards local rank ``i`` of a node with ``n_local`` ranks owns, of ``L`` in all."""
+    return range(i * L // n_local, (i + 1) * L // n_local)
+
+
+@dataclass
+class Plan:
+    L: int                               # shards (= largest node's rank count)
+    local: Group                         # my node's ranks
+    local_index: int
+    local_size: int
+    my_shards: list[int]
+    cross: dict[int, Group | None]       # shard -> owners of it across nodes (mine only)
+    leaders: Group | None                # every node's local rank 0 (for the leader variant)
+
+
+_PLANS: dict[int, Plan] = {}
+
+
+def plan_for(comm: Communicator) -> Plan:
+    """The groups of ``comm``'s topology, made once (collectively) and kept."""
+    key = id(comm)
+    if key in _PLANS:
+        return _PLANS[key]
+    hosts = comm.topo.hostnames
+    order = list(dict.fromkeys(hosts))
+    nodes = [[r for r, h in enumerate(hosts) if h == host] for host in order]
+    L = max(len(n) for n in nodes)
+    local = mine = None
+    for members in nodes:  # every rank takes part in every split, in the same order
+        g = comm.subgroup(members)
+        if g is not None:
+            local, mine = g, members
+    cross: dict[int, Group | None] = {}
+    made: dict[tuple[int, ...], Group | None] = {}
+    i = mine.index(comm.rank)
+    shards = list(owned_shards(i, len(mine), L))
+    for j in range(L):
+        owners = tuple(sorted(
+            n[next(k for k in range(len(n)) if j in owned_shards(k, len(n), L))]
+            for n in nodes))
+        if owners not in made:
+            made[owners] = comm.subgroup(list(owners))
+        if j in shards:
+            cross[j] = made[owners]
+    leaders_key = tuple(sorted(n[0] for n in nodes))
+    leaders = made[leaders_key] if leaders_key in made else comm.subgroup(list(leaders_key))
+    plan = Plan(L=L, local=local, local_index=i, local_size=len(mine), my_shards=shards,
+                cross=cross, leaders=leaders)
+    _PLANS[key] = plan
+    return plan
+
+
+def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """Reduce-scatter in the node, all-reduce shards across nodes, all-gather in the node."""
+    if comm.size == 1:
+        return
+    p = plan_for(comm)
+    flat = tensor.view(-1)
+    shard = chunk_bounds(flat.numel(), p.L)
+    # each local rank's contiguous region: the shards it owns
+    regions = []
+    for k in range(p.local_size):
+        owned = owned_shards(k, p.local_size, p.L)
+        regions.append((shard[owned.start][0], shard[owned.stop - 1][1]))
+    counts = [b - a for a, b in regions]
+    start = regions[p.local_index][0]
+    part = p.local.reduce_scatter_v(flat, counts) if p.local_size > 1 else flat
+    for j in p.my_shards:
+        g = p.cross[j]
+        if g is not None and g.size > 1:
+            a, b = shard[j]
+            g.allreduce(part[a - start:b - start] if p.local_size > 1 else flat[a:b])
+    if p.local_size > 1:
+        p.local.allgather_v(part, counts, flat)
+
+
+def leader_allreduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """Reduce to the node's first rank, all-reduce among those, broadcast in the node."""
+    if comm.size == 1:
+        return
+    p = plan_for(comm)
+    flat = tensor.view(-1)
+    if p.local_size > 1:
+        p.local.reduce(flat, root=0)
+    if p.leaders is not None and p.leaders.size > 1:
+        p.leaders.allreduce(flat)
+    if p.local_size > 1:
+        p.local.bcast(flat, root=0)

@@ -1,0 +1,118 @@
+"""Run under mpirun/horovodrun: bucketed gives the same mean gradients as flat native.
+
+Gradients have ResNet-18's shapes (those under 600k elements, to keep the
+job short on oversubscribed cores) plus a few odd small ones. Rank ``r``
+holds ``a + r * b`` for random ``a`` and ``b`` drawn alike on every rank, so
+the values are inexact in float32 yet their mean, ``a + b * (n-1)/2``, is
+known in float64. Over three steps on one strategy object per bucket cap,
+gradients are announced in backward order, then in an order shuffled
+differently on every rank (the collectives must still be issued in the same
+order everywhere), then with some never announced (``finish`` takes them as
+they are); ``progress`` runs between announcements as a workload drives it.
+Every result must match flat within float tolerance and the exact mean, and
+the timer must have seen one collective per bucket. Exits 1 on a mismatch.
+
+    mpirun -np 3 python tests/mpi/bucketed_vs_flat.py mpi
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from commbench.comm import make_communicator
+from commbench.models import parameter_shapes
+from commbench.strategies import make_strategy
+from commbench.strategies.bucketed import MB
+from commbench.timing import StepTimer
+
+BUCKET_MB = [0, 0.01, 1, 4, 1000]
+HOW = ("backward order", "shuffled per rank", "some unannounced")
+RTOL, ATOL = 1e-5, 1e-5  # float32 sums of O(1) values over <= a few dozen ranks
+
+
+def shapes() -> list[tuple[int, ...]]:
+    odd = [(1,), (3,), (7, 13), (1009,)]  # one element, primes: no even splits anywhere
+    return odd + [tuple(s) for _, s in parameter_shapes("resnet18", 1000)
+                  if math.prod(s) < 600_000]
+
+
+def values(rank: int, size: int, step: int, shp: list[tuple[int, ...]]):
+    """This rank's gradients and the exact mean over all ranks (float64)."""
+    gen = torch.Generator().manual_seed(step)
+    a = [torch.randn(s, generator=gen) for s in shp]
+    b = [torch.randn(s, generator=gen) for s in shp]
+    mine = [x + rank * y for x, y in zip(a, b)]
+    exact = [x.double() + y.double() * (size - 1) / 2 for x, y in zip(a, b)]
+    return mine, exact
+
+
+def main() -> int:
+    comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
+    n, r = comm.size, comm.rank
+    shp = shapes()
+    order = list(reversed(range(len(shp))))
+    bad: list[str] = []
+    grads = [torch.empty(s) for s in shp]
+    flat = make_strategy("flat", comm, grads, algo="native")
+    steps = []  # (this rank's values, exact mean, flat's result) per step
+    for step in range(len(HOW)):
+        mine, exact = values(r, n, step, shp)
+        for g, v in zip(grads, mine):
+            g.copy_(v)
+        flat.begin_step(StepTimer())
+        flat.finish()
+        steps.append((mine, exact, [g.clone() for g in grads]))
+    for mb in BUCKET_MB:
+        bucketed = make_strategy("bucketed", comm, grads, bucket_mb=mb, backward_order=order)
+        knobs = bucketed.knobs()
+        if sum(knobs["bucket_bytes"]) != bucketed.nbytes:
+            bad.append(f"bucket_mb={mb}: buckets hold {sum(knobs['bucket_bytes'])} bytes, "
+                       f"gradients {bucketed.nbytes}")
+        if any(len(b.indices) > 1 and b.nbytes > mb * MB for b in bucketed.buckets):
+            bad.append(f"bucket_mb={mb}: a bucket of several tensors exceeds the cap")
+        for step, (how, (mine, exact, want)) in enumerate(zip(HOW, steps)):
+            for g, v in zip(grads, mine):
+                g.copy_(v)
+            announce = list(order)
+            if how == "shuffled per rank":
+                gen = torch.Generator().manual_seed(7 + 31 * r)
+                announce = [order[k] for k in torch.randperm(len(order), generator=gen)]
+            elif how == "some unannounced":
+                announce = order[: len(order) // 2] + order[len(order) // 2 + 3:]
+            timer = StepTimer()
+            timer.begin_step(step, False)
+            bucketed.begin_step(timer)
+            for i in announce:
+                bucketed.on_ready(i)
+                bucketed.progress()
+            bucketed.finish()
+            sample = timer.end_step()
+            for i, (g, w, e) in enumerate(zip(grads, want, exact)):
+                if not torch.allclose(g, w, rtol=RTOL, atol=ATOL):
+                    bad.append(f"bucket_mb={mb} {how}: tensor {i} differs from flat by "
+                               f"{float((g - w).abs().max()):.3g}")
+                if not torch.allclose(g.double(), e, rtol=RTOL, atol=ATOL):
+                    bad.append(f"bucket_mb={mb} {how}: tensor {i} off the exact mean by "
+                               f"{float((g.double() - e).abs().max()):.3g}")
+            if sample.comm_calls != knobs["buckets"] or sample.comm_bytes != bucketed.nbytes:
+                bad.append(f"bucket_mb={mb} {how}: timer saw {sample.comm_calls} collectives "
+                           f"of {sample.comm_bytes} bytes, expected {knobs['buckets']} of "
+                           f"{bucketed.nbytes}")
+            if not sample.comm_s > 0:
+                bad.append(f"bucket_mb={mb} {how}: no comm time recorded")
+        del bucketed
+    bad_all = comm.allgather_object(bad)
+    comm.close()
+    if r == 0:
+        errors = [f"rank {i}: {m}" for i, b in enumerate(bad_all) for m in b]
+        print("\n".join(errors[:40]) if errors else
+              f"OK bucketed == flat on {n} ranks, bucket_mb {BUCKET_MB}")
+        return 1 if errors else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

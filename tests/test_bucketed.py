@@ -1,0 +1,241 @@
+"""The bucketed strategy: bucket layout, issue order, equality with flat, measured overlap."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from commbench.strategies import make_strategy
+from commbench.strategies.bucketed import MB, BucketedStrategy, assign_buckets
+from commbench.timing import StepTimer
+from tests.conftest import PY, ROOT, launch, read_jsonl
+
+# --- bucket layout (no MPI) -------------------------------------------------
+
+
+def test_buckets_follow_the_order_and_stay_within_the_cap():
+    nbytes = [10, 20, 30, 40, 50]
+    order = [4, 3, 2, 1, 0]
+    assert assign_buckets(nbytes, order, 100) == [[4, 3], [2, 1, 0]]
+    assert assign_buckets(nbytes, order, 90) == [[4, 3], [2, 1, 0]]
+    assert assign_buckets(nbytes, order, 89) == [[4], [3, 2], [1, 0]]
+    assert assign_buckets(nbytes, [0, 2, 4, 1, 3], 45) == [[0, 2], [4], [1], [3]]
+
+
+def test_a_tensor_over_the_cap_gets_its_own_bucket_and_zero_means_per_tensor():
+    assert assign_buckets([5, 500, 5, 5], [0, 1, 2, 3], 100) == [[0], [1], [2, 3]]
+    assert assign_buckets([5, 5, 5], [2, 1, 0], 0) == [[2], [1], [0]]
+    assert assign_buckets([5, 5, 5], [2, 1, 0], 1e12) == [[2, 1, 0]]
+
+
+def test_buckets_do_not_mix_dtypes():
+    dt = [torch.float32, torch.float16, torch.float16]
+    assert assign_buckets([4, 2, 2], [0, 1, 2], 100, dt) == [[0], [1, 2]]
+
+
+def test_order_must_name_every_gradient_once():
+    with pytest.raises(ValueError, match="every gradient exactly once"):
+        assign_buckets([1, 2, 3], [0, 1, 1], 10)
+
+
+# --- issue order and timing, with a stand-in communicator ---------------------
+
+
+class _Handle:
+    def __init__(self, tests_needed: int) -> None:
+        self.left = tests_needed
+        self.waited = False
+
+    def test(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+    def wait(self) -> None:
+        self.waited = True
+        self.left = -1
+
+
+class _Comm:
+    """Records iallreduce calls; each completes after ``tests_needed`` tests."""
+
+    size = 1
+    rank = 0
+
+    def __init__(self, tests_needed: int = 2) -> None:
+        self.issued: list[int] = []  # numel of each buffer, in issue order
+        self.tests_needed = tests_needed
+
+    def iallreduce(self, tensor: torch.Tensor) -> _Handle:
+        self.issued.append(tensor.numel())
+        return _Handle(self.tests_needed)
+
+
+def _strategy(comm, numels, mb, order=None):
+    grads = [torch.full((n,), float(i)) for i, n in enumerate(numels)]
+    return BucketedStrategy(comm, grads, bucket_mb=mb, backward_order=order), grads
+
+
+def test_a_bucket_starts_when_its_last_gradient_is_ready_and_never_before_earlier_ones():
+    comm = _Comm()
+    # 4-byte floats: 0.5 MiB buckets hold 2**17 elements; backward order 3, 2, 1, 0
+    q = 2**17 // 4
+    s, grads = _strategy(comm, [q, q, 2 * q, 2 * q], 0.5)
+    assert [b.indices for b in s.buckets] == [[3, 2], [1, 0]]
+    s.begin_step(StepTimer())
+    s.on_ready(3)
+    assert comm.issued == []
+    s.on_ready(1)
+    s.on_ready(0)  # bucket 1 is full, but bucket 0 has not started: it must wait
+    assert comm.issued == []
+    s.on_ready(2)  # both go, in bucket order
+    assert comm.issued == [4 * q, 2 * q]
+    s.finish()
+    for i, g in enumerate(grads):
+        assert torch.equal(g, torch.full_like(g, float(i)))  # the mean over one rank
+
+
+def test_progress_records_the_real_in_flight_interval():
+    comm = _Comm(tests_needed=3)
+    s, _ = _strategy(comm, [10, 10, 10], 0)
+    timer = StepTimer()
+    timer.begin_step(0, False)
+    s.begin_step(timer)
+    for i in [2, 1, 0]:
+        s.on_ready(i)
+    for _ in range(5):
+        s.progress()
+    handles = [b.handle for b in s.buckets]
+    s.finish()
+    sample = timer.end_step()
+    assert sample.comm_calls == 3 and sample.comm_bytes == 120
+    assert not any(h.waited for h in handles)  # seen complete by progress, no wait needed
+    assert s.knobs() == {"bucket_mb": 0.0, "buckets": 3, "bucket_bytes": [40, 40, 40],
+                         "collective": "iallreduce"}
+
+
+def test_finish_waits_for_what_progress_did_not_see_complete_and_takes_unannounced_grads():
+    comm = _Comm(tests_needed=10**6)
+    s, grads = _strategy(comm, [10, 10, 10], 0)
+    s.begin_step(StepTimer())
+    s.on_ready(2)
+    s.finish()  # gradients 1 and 0 were never announced
+    assert comm.issued == [10, 10, 10]
+    assert all(b.handle.waited for b in s.buckets)
+    assert torch.equal(grads[0], torch.zeros(10))
+
+
+def test_a_gradient_announced_twice_is_an_error():
+    s, _ = _strategy(_Comm(), [10, 10], 0)
+    s.begin_step(StepTimer())
+    s.on_ready(1)
+    with pytest.raises(RuntimeError, match="announced twice"):
+        s.on_ready(1)
+
+
+@pytest.mark.parametrize("mb", [-1, float("nan"), float("inf")])
+def test_bad_bucket_size_is_refused(mb):
+    with pytest.raises(ValueError, match="--bucket-mb"):
+        _strategy(_Comm(), [10], mb)
+
+
+def test_make_strategy_passes_bucket_knobs_only_to_strategies_that_take_them():
+    grads = [torch.zeros(MB // 4) for _ in range(3)]
+    s = make_strategy("bucketed", _Comm(), grads, bucket_mb=1, backward_order=[0, 1, 2])
+    assert [b.indices for b in s.buckets] == [[0], [1], [2]]
+    assert make_strategy("flat", _Comm(), grads, bucket_mb=1).name == "flat"
+
+
+# --- real jobs ------------------------------------------------------------------
+
+SMALL = ["--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "20"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])
+def test_bucketed_equals_flat_mpi(np_):
+    res = launch("mpirun", np_, [PY, str(ROOT / "tests/mpi/bucketed_vs_flat.py"), "mpi"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"OK bucketed == flat on {np_} ranks" in res.stdout
+
+
+@pytest.mark.horovod
+def test_bucketed_equals_flat_horovod():
+    res = launch("horovodrun", 2, [PY, str(ROOT / "tests/mpi/bucketed_vs_flat.py"), "horovod"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "OK bucketed == flat on 2 ranks" in res.stdout
+
+
+def _job(launcher, np_, tmp_path, extra):
+    out = tmp_path / "r.jsonl"
+    res = launch(launcher, np_, [PY, "-m", "commbench.allreduce", *extra, "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    return {r["strategy"]: r for r in read_jsonl(out) if r["kind"] == "summary"}, \
+        [r for r in read_jsonl(out) if r["kind"] == "step"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,mb,buckets", [(1, 0, 62), (2, 25, 2), (3, 1000, 1), (4, 0, 62),
+                                            (6, 5, 10)])
+def test_job_validates_every_bucket_size(tmp_path, np_, mb, buckets):
+    summ, steps = _job("mpirun", np_, tmp_path, [*SMALL, "--strategy", "bucketed",
+                                                 "--bucket-mb", str(mb)])
+    s = summ["bucketed"]
+    assert s["wrong"] == 0  # the closed-form mean, as flat must give it
+    assert s["elements_checked"] == 11_689_512 * np_
+    assert s["algo"] is None and s["config"]["bucket_mb"] == mb
+    assert s["knobs"]["bucket_mb"] == mb and s["knobs"]["buckets"] == buckets
+    assert sum(s["knobs"]["bucket_bytes"]) == s["grad_bytes"] == 11_689_512 * 4
+    for r in steps:
+        if r["strategy"] == "bucketed":
+            assert r["comm_calls"] == buckets and r["comm_bytes"] == s["grad_bytes"]
+
+
+@pytest.mark.horovod
+def test_job_under_horovodrun(tmp_path):
+    summ, _ = _job("horovodrun", 2, tmp_path, [*SMALL, "--strategy", "flat,bucketed",
+                                               "--algo", "native", "--bucket-mb", "5"])
+    s = summ["bucketed"]
+    assert s["backend"] == "horovod" and s["wrong"] == 0 and s["knobs"]["buckets"] == 10
+    assert s["comm_s"] > 0
+
+
+@pytest.mark.mpi
+def test_real_workload_trains_like_flat(tmp_path):
+    summ, _ = _job("mpirun", 2, tmp_path, [
+        "--workload", "resnet", "--model", "resnet18", "--image-size", "32", "--batch-size",
+        "4", "--num-classes", "10", "--steps", "2", "--warmup", "1", "--strategy",
+        "flat,bucketed", "--algo", "native", "--bucket-mb", "1"])
+    flat, bucketed = summ["flat"], summ["bucketed"]
+    assert bucketed["wrong"] == 0 and bucketed["knobs"]["buckets"] > 5
+    a, b = bucketed["param_checksum_ranks"]
+    assert a == b  # every rank stepped with the same mean gradient
+    # the same seed, data and steps as flat: the same parameters, to float tolerance
+    assert a == pytest.approx(flat["param_checksum_ranks"][0], rel=1e-6)
+
+
+@pytest.mark.mpi
+def test_overlap_is_measured_and_hides_sync(tmp_path):
+    summ, steps = _job("mpirun", 2, tmp_path, [
+        "--model", "resnet18", "--steps", "5", "--warmup", "1", "--compute-ms", "200",
+        "--strategy", "flat,bucketed", "--algo", "native", "--bucket-mb", "5"])
+    flat, bucketed = summ["flat"], summ["bucketed"]
+    for r in steps:
+        if r["strategy"] == "bucketed" and not r["warmup"]:
+            assert r["comm_s"] > 0
+            assert r["step_s"] == pytest.approx(r["compute_s"] + r["exposed_sync_s"])
+    assert 0 < bucketed["overlap"] < 1
+    assert bucketed["exposed_sync_s"] < flat["exposed_sync_s"]
+
+
+@pytest.mark.parametrize("value", ["-1", "-0.5", "abc", "inf", "nan"])
+def test_bad_bucket_mb_exits_2(tmp_path, value):
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([PY, "-m", "commbench.allreduce", "--strategy", "bucketed",
+                          "--bucket-mb", value, "--output", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--bucket-mb" in lines[0] and "Traceback" not in res.stderr
+    assert not out.exists()
