@@ -43,9 +43,8 @@ class FlatStrategy(Strategy):
         torch.cat([g.view(-1) for g in self.grads], out=self.buffer)
         with self.timer.comm_span(self.nbytes):
             self._allreduce(self.comm, self.buffer)
-        self.buffer.div_(self.comm.size)
-        for g, v in zip(self.grads, self._views):
-            g.copy_(v)
+        for g, v in zip(self.grads, self._views):  # divide and copy back in one pass
+            torch.div(v, self.comm.size, out=g)
 
     def knobs(self) -> dict:
         return {"algo": self.algo, "fused_bytes": self.nbytes}
