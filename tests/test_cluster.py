@@ -180,3 +180,12 @@ def test_cli_up_status_down():
     assert r.returncode == 0 and "netns" in r.stdout
     print(f"4-node cluster up+down: {time.perf_counter() - t:.2f} s")
     assert "down" in cli("status").stdout
+
+
+def test_not_root_is_refused_before_anything_is_made(monkeypatch):
+    import launch.cluster as lc
+
+    monkeypatch.setattr(lc.os, "geteuid", lambda: 1000)
+    with pytest.raises(ClusterError, match="needs root"):
+        lc.up(ClusterSpec(nodes=2, slots=1, name=NAME))
+    assert leftovers() == []
