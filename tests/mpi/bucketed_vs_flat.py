@@ -21,6 +21,7 @@ import math
 import sys
 
 import torch
+from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.comm import make_communicator
 from commbench.models import parameter_shapes
@@ -104,14 +105,7 @@ def main() -> int:
             if not sample.comm_s > 0:
                 bad.append(f"bucket_mb={mb} {how}: no comm time recorded")
         del bucketed
-    bad_all = comm.allgather_object(bad)
-    comm.close()
-    if r == 0:
-        errors = [f"rank {i}: {m}" for i, b in enumerate(bad_all) for m in b]
-        print("\n".join(errors[:40]) if errors else
-              f"OK bucketed == flat on {n} ranks, bucket_mb {BUCKET_MB}")
-        return 1 if errors else 0
-    return 0
+    return verdict(comm, bad, f"OK bucketed == flat on {n} ranks, bucket_mb {BUCKET_MB}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.comm import make_communicator
 
@@ -35,13 +36,7 @@ def main() -> int:
             for how, t in (("allreduce", blocking), ("iallreduce", nonblocking)):
                 if t.dtype != dtype or not torch.equal(t, expected):
                     bad.append(f"{how} wrong for {dtype} numel={numel}")
-    bad_all = comm.allgather_object(bad)
-    comm.close()
-    if r == 0:
-        errors = [f"rank {i}: {m}" for i, b in enumerate(bad_all) for m in b]
-        print("\n".join(errors) if errors else f"OK all dtypes on {n} ranks")
-        return 1 if errors else 0
-    return 0
+    return verdict(comm, bad, f"OK all dtypes on {n} ranks")
 
 
 if __name__ == "__main__":

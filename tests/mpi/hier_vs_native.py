@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.comm import make_communicator
 from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce
@@ -31,15 +32,8 @@ def main() -> int:
                 if not torch.equal(t, expected):
                     bad.append(f"{name} {dtype} numel={numel}: "
                                f"{int((t != expected).sum())} wrong")
-    bad_all = comm.allgather_object(bad)
     layout = comm.topo.local_sizes
-    comm.close()
-    if r == 0:
-        errors = [f"rank {i}: {m}" for i, b in enumerate(bad_all) for m in b]
-        print("\n".join(errors) if errors else
-              f"OK hierarchical == native on {n} ranks, nodes {list(layout)}")
-        return 1 if errors else 0
-    return 0
+    return verdict(comm, bad, f"OK hierarchical == native on {n} ranks, nodes {list(layout)}")
 
 
 if __name__ == "__main__":

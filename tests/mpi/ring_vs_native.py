@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.comm import make_communicator
 from commbench.comm.ring import ring_allreduce
@@ -37,13 +38,7 @@ def main() -> int:
             bad.append(f"ring wrong at numel={numel}: {int((ring != expected).sum())} elements")
         if numel <= 65537 and not torch.equal(tiny, expected):
             bad.append(f"ring with 12-byte segments wrong at numel={numel}")
-    bad_all = comm.allgather_object(bad)
-    comm.close()
-    if r == 0:
-        errors = [f"rank {i}: {m}" for i, b in enumerate(bad_all) for m in b]
-        print("\n".join(errors) if errors else f"OK ring == native on {n} ranks, sizes {SIZES}")
-        return 1 if errors else 0
-    return 0
+    return verdict(comm, bad, f"OK ring == native on {n} ranks, sizes {SIZES}")
 
 
 if __name__ == "__main__":
