@@ -82,24 +82,34 @@ class _HorovodGroup(Group):
     def allreduce(self, tensor: torch.Tensor) -> None:
         self.parent.allreduce(tensor, process_set=self.ps)
 
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` in a dtype Horovod can move (bfloat16 widened, as allreduce does)."""
+        wire = self.parent.allreduce_dtype(t.dtype)
+        return t if wire == t.dtype else t.to(wire)
+
     def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         # every rank sends rank i its part; then each sums what it received
-        got = self.hvd.alltoall(tensor.view(-1), splits=torch.tensor(counts, dtype=torch.int32),
+        got = self.hvd.alltoall(self._wire(tensor.view(-1)),
+                                splits=torch.tensor(counts, dtype=torch.int32),
                                 name=self.parent.op_name("alltoall", self.ps),
                                 process_set=self.ps)
         got = got[0] if isinstance(got, tuple) else got
-        return got.view(self.size, counts[self.rank]).sum(0)
+        return got.view(self.size, counts[self.rank]).sum(0).to(tensor.dtype)
 
     def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
-        out.view(-1).copy_(self.hvd.allgather(part, name=self.parent.op_name("allgather", self.ps),
+        out.view(-1).copy_(self.hvd.allgather(self._wire(part),
+                                              name=self.parent.op_name("allgather", self.ps),
                                               process_set=self.ps))
 
     def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
         self.allreduce(tensor)
 
     def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
-        self.hvd.broadcast_(tensor, root_rank=self.members[root],
+        wire = self._wire(tensor)
+        self.hvd.broadcast_(wire, root_rank=self.members[root],
                             name=self.parent.op_name("broadcast", self.ps), process_set=self.ps)
+        if wire is not tensor:
+            tensor.copy_(wire)
 
 
 class HorovodCommunicator(Communicator):

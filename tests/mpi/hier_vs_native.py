@@ -22,7 +22,7 @@ def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
     n, r = comm.size, comm.rank
     bad = []
-    for dtype in (torch.float32, torch.float16):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for numel in SIZES:
             base = (torch.arange(numel) % 3 + 1).to(dtype)
             expected = base * (n * (n + 1) // 2)
