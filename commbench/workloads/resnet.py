@@ -75,6 +75,24 @@ class ResNetWorkload:
         self.loss: torch.Tensor | None = None
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
+        self._learn_backward_order()
+
+    def _learn_backward_order(self) -> None:
+        """One untimed backward pass, so ``backward_order`` is the real one from the start.
+
+        Strategies build their buckets from it before the first step; reverse
+        registration order differs from autograd's real order (ResNet-50: 122
+        of 161 positions). Eval mode leaves BatchNorm's running statistics alone;
+        the gradients are zeroed again and no optimizer step is taken.
+        """
+        self.net.eval()
+        loss = F.cross_entropy(self.net(self.inputs), self.labels)
+        self._order = []
+        loss.backward()
+        self._seen_order = list(self._order)
+        for g in self.grads:
+            g.zero_()
+        self.net.train()
 
     def _hook(self, i: int):
         def hook(_param: torch.Tensor) -> None:
