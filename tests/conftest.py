@@ -43,5 +43,13 @@ def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIME
     return res
 
 
+def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
+              env: dict[str, str] | None = None) -> None:
+    """Run the check script ``tests/mpi/<script>`` and require its OK line (see verdict.py)."""
+    res = launch(launcher, np, [PY, str(ROOT / "tests" / "mpi" / script), backend], env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ok_line in res.stdout, res.stdout
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -10,7 +10,7 @@ import torch
 from commbench.strategies import make_strategy
 from commbench.strategies.bucketed import MB, BucketedStrategy, assign_buckets
 from commbench.timing import StepTimer
-from tests.conftest import PY, ROOT, launch, read_jsonl
+from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
 
 # --- bucket layout (no MPI) -------------------------------------------------
 
@@ -155,16 +155,12 @@ SMALL = ["--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms",
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])
 def test_bucketed_equals_flat_mpi(np_):
-    res = launch("mpirun", np_, [PY, str(ROOT / "tests/mpi/bucketed_vs_flat.py"), "mpi"])
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"OK bucketed == flat on {np_} ranks" in res.stdout
+    run_check("mpirun", np_, "bucketed_vs_flat.py", "mpi", f"OK bucketed == flat on {np_} ranks")
 
 
 @pytest.mark.horovod
 def test_bucketed_equals_flat_horovod():
-    res = launch("horovodrun", 2, [PY, str(ROOT / "tests/mpi/bucketed_vs_flat.py"), "horovod"])
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "OK bucketed == flat on 2 ranks" in res.stdout
+    run_check("horovodrun", 2, "bucketed_vs_flat.py", "horovod", "OK bucketed == flat on 2 ranks")
 
 
 def _job(launcher, np_, tmp_path, extra):

@@ -8,9 +8,9 @@ import pytest
 
 from commbench.comm.base import FAKE_NODES_ENV
 from commbench.comm.hierarchical import owned_shards
-from tests.conftest import PY, ROOT, launch, read_jsonl
+from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
 
-SCRIPT = str(ROOT / "tests/mpi/hier_vs_native.py")
+SCRIPT = "hier_vs_native.py"
 
 
 @pytest.mark.parametrize("n_local,L", [(1, 1), (1, 3), (3, 3), (2, 3), (2, 5), (4, 4)])
@@ -26,9 +26,7 @@ def test_every_shard_has_exactly_one_owner(n_local, L):
 ])
 def test_equals_native_mpi(np_, layout):
     env = {FAKE_NODES_ENV: layout} if layout else {}
-    res = launch("mpirun", np_, [PY, SCRIPT, "mpi"], env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"OK hierarchical == native on {np_} ranks" in res.stdout
+    run_check("mpirun", np_, SCRIPT, "mpi", f"OK hierarchical == native on {np_} ranks", env)
 
 
 @pytest.mark.horovod
@@ -37,9 +35,8 @@ def test_equals_native_mpi(np_, layout):
     ("horovodrun-gloo", 4, "a,a,b,b"),
 ])
 def test_equals_native_horovod_process_sets(launcher, np_, layout):
-    res = launch(launcher, np_, [PY, SCRIPT, "horovod"], env={FAKE_NODES_ENV: layout})
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"OK hierarchical == native on {np_} ranks" in res.stdout
+    run_check(launcher, np_, SCRIPT, "horovod", f"OK hierarchical == native on {np_} ranks",
+              {FAKE_NODES_ENV: layout})
 
 
 @pytest.mark.mpi

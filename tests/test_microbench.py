@@ -20,7 +20,7 @@ from commbench.microbench import (
     validation_pattern,
 )
 from commbench.strategies.algos import ALGOS
-from tests.conftest import PY, ROOT, launch, read_jsonl
+from tests.conftest import PY, launch, read_jsonl, run_check
 
 MB = [PY, "-m", "commbench.microbench"]
 # one element (4 B float32, 2 B float16 x 2) up to 3.3 MB; counts are powers of 7 (x2 for
@@ -213,6 +213,4 @@ def test_bad_input_exits_2_on_every_rank(tmp_path, argv, flag):
     pytest.param("horovodrun", 2, "horovod", marks=pytest.mark.horovod),
 ])
 def test_backend_allreduce_on_every_dtype(launcher, np_, backend):
-    res = launch(launcher, np_, [PY, str(ROOT / "tests/mpi/half_dtypes.py"), backend])
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"OK all dtypes on {np_} ranks" in res.stdout
+    run_check(launcher, np_, "half_dtypes.py", backend, f"OK all dtypes on {np_} ranks")

@@ -1,7 +1,7 @@
 import pytest
 
 from commbench.comm.ring import chunk_bounds
-from tests.conftest import PY, ROOT, launch
+from tests.conftest import run_check
 
 
 @pytest.mark.parametrize("n,p", [(1, 1), (1, 4), (7, 3), (10, 5), (1_000_003, 6), (3, 8)])
@@ -18,14 +18,11 @@ def test_chunk_bounds_cover_exactly_and_balance(n, p):
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
 def test_ring_equals_native_mpi(np_):
-    res = launch("mpirun", np_, [PY, str(ROOT / "tests/mpi/ring_vs_native.py"), "mpi"])
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"OK ring == native on {np_} ranks" in res.stdout
+    run_check("mpirun", np_, "ring_vs_native.py", "mpi", f"OK ring == native on {np_} ranks")
 
 
 @pytest.mark.horovod
 @pytest.mark.parametrize("np_", [3])
 def test_ring_equals_native_horovod(np_):
-    res = launch("horovodrun", np_, [PY, str(ROOT / "tests/mpi/ring_vs_native.py"), "horovod"])
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"OK ring == native on {np_} ranks" in res.stdout
+    run_check("horovodrun", np_, "ring_vs_native.py", "horovod",
+              f"OK ring == native on {np_} ranks")
