@@ -5,25 +5,36 @@
 2. Start the backend the launcher implies (or ``--backend``).
 3. Check the requested combination on every rank (same verdict everywhere,
    so no collective is needed); an impossible one exits 2.
+   Before that, every rank's configuration is compared (a hash of every flag
+   that must match, gathered): ranks that disagree end every rank with exit
+   status 2 and a message naming the differing ranks and flags.
 4. Run the tool's body, which returns the number of wrong elements its
-   validation found. An exception on any rank aborts the whole job (MPI
+   validation found, under the per-step watchdog (``commbench.watchdog``,
+   ``--step-timeout``). An exception on any rank aborts the whole job (MPI
    abort or, under Gloo, the process exit horovodrun watches) with the rank
    and the error printed, exit status 1; wrong elements give exit status 1.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from commbench import __version__, faults, watchdog
 from commbench.comm import Communicator, detect_backend, launcher_rank, make_communicator
 from commbench.config import ConfigError
 from commbench.report import rank0_print
+
+#: flags only rank 0 acts on (where it writes, whether it prints): ranks may differ in them
+RANK0_ONLY_FIELDS = frozenset({"output", "output_dir", "quiet"})
 
 
 def cores_available() -> int:
@@ -40,24 +51,121 @@ def set_torch_threads(local_size: int) -> int:
     return threads
 
 
+def config_fingerprint(cfg: Any) -> dict:
+    """Everything in ``cfg`` that every rank must share, plus the code version and the
+    contents of an input file named by path (one path may hold different files on
+    different hosts)."""
+    d = {k: v for k, v in cfg.as_dict().items() if k not in RANK0_ONLY_FIELDS}
+    d["commbench_version"] = __version__
+    if d.get("compute_profile"):
+        try:
+            with open(d["compute_profile"], "rb") as f:
+                d["compute_profile_sha256"] = hashlib.sha256(f.read()).hexdigest()
+        except OSError as e:
+            d["compute_profile_sha256"] = f"unreadable: {e.strerror}"
+    return d
+
+
+def fingerprint_hash(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def describe_disagreement(fps: list[dict]) -> str:
+    """Which ranks differ from the majority configuration, and in which flags."""
+    groups: dict[str, list[int]] = {}
+    for r, fp in enumerate(fps):
+        groups.setdefault(fingerprint_hash(fp), []).append(r)
+    # the reference: the largest group; on a tie, the one rank 0 is in
+    ref = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
+    ref_fp = fps[ref[0]]
+    parts = []
+    for ranks in groups.values():
+        if ranks is ref:
+            continue
+        fp = fps[ranks[0]]
+        keys = sorted(set(fp) | set(ref_fp), key=lambda k: (k not in fp, k))
+        diff = [f"{k}={fp.get(k)!r} (rank {ref[0]}: {ref_fp.get(k)!r})"
+                for k in keys if fp.get(k) != ref_fp.get(k)]
+        who = _ranks_text(ranks)
+        parts.append(f"{who} differ{'s' if len(ranks) == 1 else ''} from {_ranks_text(ref)} "
+                     f"in {', '.join(diff)}")
+    return "; ".join(parts)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    return f"ranks {shown}"
+
+
+def check_agreement(comm: Communicator, cfg: Any) -> None:
+    """Raise ConfigError on every rank unless all ranks run the same configuration.
+
+    One small hash per rank is gathered; only when they differ are the full
+    fingerprints gathered to name the ranks and flags.
+    """
+    fp = config_fingerprint(cfg)
+    hashes = comm.allgather_object(fingerprint_hash(fp))
+    if len(set(hashes)) == 1:
+        return
+    fps = comm.allgather_object(fp)  # every rank saw the same hashes: all come here
+    raise ConfigError("the ranks were started with different configurations: "
+                      f"{describe_disagreement(fps)}; give every rank the same flags")
+
+
+#: how long a rank other than 0 waits, after finding the command line bad, for rank 0
+#: to say so and the launcher to end the job, before it says so itself
+BAD_INPUT_GRACE_S = 10.0
+
+
+def report_bad_input(prog: str, message: str) -> None:
+    """One line on stderr for bad flags found before any library starts (no barrier yet).
+
+    Rank 0 prints at once. The other ranks (the same flags give them the same
+    error) wait first: the launcher ends the job when the first rank exits, so
+    a rank that exits at once could have it killed before rank 0 has printed.
+    A rank still alive after ``BAD_INPUT_GRACE_S`` found an error rank 0 did
+    not (flags given to it alone) and prints it, with its rank.
+    """
+    rank = launcher_rank()
+    if rank == 0:
+        rank0_print(0, f"{prog}: error: {message}", file=sys.stderr)
+        return
+    time.sleep(BAD_INPUT_GRACE_S)
+    sys.stderr.write(f"{prog}: error on rank {rank}: {message}\n")
+    sys.stderr.flush()
+
+
 def run_job(prog: str, argv: list[str] | None, parse: Callable[[list[str] | None], Any],
             check: Callable[[Communicator, Any], None],
             body: Callable[[Communicator, Any], int]) -> int:
     """Steps 1-4 above; return the exit status."""
+    extra = faults.extra_args(launcher_rank())
+    if extra:  # test-only: a different command line on one rank
+        argv = [*(sys.argv[1:] if argv is None else argv), *extra]
     try:
         cfg = parse(argv)
     except ConfigError as e:
-        rank0_print(launcher_rank(), f"{prog}: error: {e}", file=sys.stderr)
+        report_bad_input(prog, str(e))
         return 2
+    step_timeout = getattr(cfg, "step_timeout", None)
+    watchdog.horovod_stall_env(step_timeout)  # read by hvd.init, so before the backend
     comm = make_communicator(detect_backend() if cfg.backend == "auto" else cfg.backend)
     try:
+        check_agreement(comm, cfg)
         check(comm, cfg)
-    except ValueError as e:
+    except (ValueError, ConfigError) as e:  # the same verdict on every rank
         rank0_print(comm.rank, f"{prog}: error: {e}", file=sys.stderr)
+        comm.barrier()  # no rank exits (and has the launcher end the job) before it is said
         comm.close()
         return 2
     try:
+        wd = watchdog.Watchdog(prog, comm, step_timeout)
+        watchdog.install(wd)
         wrong = body(comm, cfg)
+        wd.stop()
+        watchdog.install(watchdog.NullWatchdog())
         comm.close()
     except Exception:
         sys.stderr.write(f"{prog}: rank {comm.rank} failed:\n{traceback.format_exc()}")

@@ -40,13 +40,14 @@ from typing import Any, Callable
 
 import torch
 
-from commbench import SCHEMA_VERSION
+from commbench import SCHEMA_VERSION, watchdog
 from commbench.comm.base import Communicator
 from commbench.config import (
     ConfigError,
     Parser,
     add_backend_flag,
     add_output_group,
+    add_step_timeout_flag,
     check_writable,
     csv_list,
     help_formatter,
@@ -117,6 +118,7 @@ class MicroConfig:
     dtypes: list[str] = field(default_factory=lambda: ["float32"])
     iters: int = 20  # nccl-tests' defaults
     warmup_iters: int = 5
+    step_timeout: float | None = None  # seconds per row; None = auto, 0 = off (watchdog)
     algos: list[str] = field(default_factory=lambda: list(ALGOS))
     backend: str = "auto"
     output: str | None = None
@@ -164,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed all-reduces per size and algorithm")
     g.add_argument("-w", "--warmup_iters", type=nonneg_int, default=d.warmup_iters,
                    help="untimed all-reduces before them")
+    add_step_timeout_flag(g, what="row (size, type, algorithm)")
 
     add_output_group(p, "microbench")
     return p
@@ -374,14 +377,17 @@ def run_sweep(comm: Communicator, cfg: MicroConfig, writer: ResultWriter | None,
               head: dict | None, columns: list[Column]) -> list[dict]:
     """Measure every (dtype, size, algo); rank 0 writes and prints rows as they come."""
     algos = {name: get_algo(name) for name in cfg.algos}  # get_algo: the test fault hook too
+    wd = watchdog.current()  # a deadline per row
     records: list[dict] = []
     for dtype in cfg.dtypes:
         for size in cfg.sizes():
             buf = torch.empty(size // DTYPES[dtype].itemsize, dtype=DTYPES[dtype])
             for name, allreduce in algos.items():
+                wd.begin_step(f"{size} B {dtype} {name}")
                 seconds = time_per_call(comm, allreduce, buf, cfg.iters, cfg.warmup_iters)
                 wrong = validate(comm, allreduce, buf)
                 per_rank = comm.gather_object((seconds, wrong))
+                wd.end_step()
                 if comm.rank != 0:
                     continue
                 rec = make_record(comm, cfg, head, size, dtype, name, per_rank)

@@ -1,9 +1,13 @@
 """Result records: what every run writes, and how.
 
 Rank 0 writes JSON Lines: one ``step`` record per step of every run (raw
-per-rank samples kept) and one ``summary`` record per run. Each line is
-complete JSON, written, flushed and fsynced as it is produced, so a reader
-never sees half a record. NaN/inf become ``null`` (JSON has neither).
+per-rank samples kept), written as soon as the step ends, and one ``summary``
+record per run. Each line is complete JSON, written in one call, flushed and
+fsynced as it is produced, so a job killed at any moment leaves every
+finished record readable and at most one partial last line, which
+``read_records`` skips with a warning. Whole files (summaries, markers) go
+through ``write_atomic``: temporary name, fsync, rename. NaN/inf become
+``null`` (JSON has neither).
 
 Every record carries what is needed to reproduce it (DESIGN.md §6): schema
 version, versions, backend, strategy and knobs, ranks, nodes, ranks per node,
@@ -18,6 +22,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -111,9 +116,57 @@ class ResultWriter:
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """Read a JSON Lines results file (every line must be complete JSON)."""
+    """Read a JSON Lines results file.
+
+    A last line without its newline that is not complete JSON is what a
+    writer killed mid-line leaves (or one still writing): it is skipped with a
+    warning. Any other bad line is an error (ValueError naming file and line).
+    """
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.read().split("\n")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError as e:
+            if i == len(lines):  # the unterminated last line
+                warnings.warn(f"{path}:{i}: skipping a truncated last line (a writer was "
+                              "killed or is still writing)", stacklevel=2)
+                continue
+            raise ValueError(f"{path}:{i}: not a JSON record: {e}") from None
+    return out
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write a whole file so a reader sees the old or the new contents, never a part.
+
+    The text goes to a temporary name in the same directory, is flushed and
+    fsynced, then renamed over ``path`` (atomic on POSIX); the directory is
+    fsynced so the rename itself survives a crash.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def run_header(*, kind: str, run_id: str, strategy: str, algo: str | None, backend: str,

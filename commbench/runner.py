@@ -3,16 +3,18 @@
 Per step, on every rank: a barrier whose duration is recorded as ``wait_s``
 (a slow rank's lateness, kept apart from transfer time), then the timed step:
 forward, backward (gradients announced to the strategy as they are ready),
-the strategy's finish, the optimizer. Samples stay on their rank until the
-run ends, then are gathered to rank 0, so no collective of the bookkeeping
-runs inside or between timed steps.
+the strategy's finish, the optimizer. After the timed step ``on_step`` gets
+the sample (``allreduce`` gathers it to rank 0, which writes the step's record
+at once: a job killed later keeps every finished step); no collective of the
+bookkeeping runs inside a timed step. A rank late from that bookkeeping shows
+up in the next step's ``wait_s``, never in its ``step_s``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from commbench import metrics
+from commbench import faults, metrics, watchdog
 from commbench.comm.base import Communicator
 from commbench.linkstats import link_efficiency, link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
@@ -22,13 +24,30 @@ RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s", "for
                "backward_s", "optimizer_s")
 
 
+def _local_only(_i: int) -> None:
+    """``on_ready`` of a micro-batch that only accumulates."""
+
+
 def run_steps(comm: Communicator, workload, strategy: Strategy,
               timer: StepTimer | NullTimer, steps: int, warmup: int,
-              first_step: int = 0) -> list[StepSample]:
-    """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer)."""
+              first_step: int = 0, accum_steps: int = 1,
+              on_step: Callable[[StepSample], None] | None = None) -> list[StepSample]:
+    """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer).
+
+    ``on_step`` gets each sample as its step ends, outside the timed region
+    (``allreduce`` gathers it and rank 0 writes the step's record at once, so
+    a job killed later keeps every finished step). The process's watchdog
+    (``commbench.watchdog``) is armed from the pre-step barrier to then.
+
+    With ``accum_steps`` k a step is k micro-batches (Horovod's
+    ``backward_passes_per_step``): gradients accumulate locally and only the
+    last micro-batch's backward announces them, so sync runs once per step.
+    """
     samples = []
     iface = link_iface() if comm.local_rank == 0 and timer.enabled else None
+    wd = watchdog.current()
     for k in range(first_step, first_step + warmup + steps):
+        wd.begin_step(k)
         t = now()
         comm.barrier()
         wait_s = now() - t
@@ -36,8 +55,13 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
             rx0, tx0 = read_iface_bytes(iface)
         timer.begin_step(k, k - first_step < warmup, wait_s)
         strategy.begin_step(timer)
-        workload.forward(timer, strategy.progress)
-        workload.backward(timer, strategy.on_ready, strategy.progress)
+        faults.at_step(comm.rank, k)  # test-only fault injection; nothing unless set
+        for m in range(accum_steps):
+            last = m == accum_steps - 1
+            with strategy.micro_batch(last):
+                workload.forward(timer, strategy.progress, accumulate=m > 0)
+                workload.backward(timer, strategy.on_ready if last else _local_only,
+                                  strategy.progress, accumulate=m > 0)
         strategy.finish()
         workload.optimizer_step(timer)
         sample = timer.end_step()
@@ -46,6 +70,9 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
                 rx1, tx1 = read_iface_bytes(iface)
                 sample.link_bytes = max(rx1 - rx0, tx1 - tx0)
             samples.append(sample)
+            if on_step is not None:
+                on_step(sample)
+        wd.end_step()
     return samples
 
 

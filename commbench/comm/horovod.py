@@ -16,6 +16,7 @@ Horovod that gains bfloat16 is used directly (the check asks its library).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -226,7 +227,14 @@ class HorovodCommunicator(Communicator):
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
         return self.hvd.broadcast_object(obj, root_rank=root, name="commbench.bcast_object")
 
+    @property
+    def mpi_world(self) -> Any:
+        """mpi4py's MPI_COMM_WORLD when Horovod runs on MPI, else None (Gloo)."""
+        return self._mpi.COMM_WORLD if self._mpi is not None else None
+
     def abort(self, code: int = 1) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
         if self._mpi is not None:
             self._mpi.COMM_WORLD.Abort(code)
         os._exit(code)  # horovodrun (Gloo) ends the other workers when one exits

@@ -15,6 +15,7 @@ the predefined ``MPI.SUM`` on a numpy view.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -173,7 +174,14 @@ class MpiCommunicator(Communicator, Group):
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
         return self.comm.bcast(obj, root=root)
 
+    @property
+    def mpi_world(self) -> Any:
+        """The mpi4py communicator of the whole job (the watchdog's side channel dups it)."""
+        return self.comm
+
     def abort(self, code: int = 1) -> None:
+        sys.stdout.flush()  # what this rank said before dying reaches the launcher
+        sys.stderr.flush()
         self.comm.Abort(code)
 
     def close(self) -> None:
