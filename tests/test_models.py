@@ -47,4 +47,4 @@ def test_names_follow_torchvision():
 def test_unknown_model():
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet7")
-    assert set(MODELS) == set(EXPECTED)
+    assert set(EXPECTED) <= set(MODELS)  # plus small models for CPU studies

@@ -145,6 +145,16 @@ MODELS: dict[str, Callable[..., ResNet]] = {
 }
 
 
+def _register_small() -> None:
+    """Models that are not ResNets, registered beside them (one line each)."""
+    from commbench.models.small import smallcnn
+
+    MODELS["smallcnn"] = smallcnn  # digits convergence studies on CPU
+
+
+_register_small()
+
+
 def build_model(name: str, num_classes: int = 1000, device: str | torch.device = "cpu") -> ResNet:
     """Build model ``name`` on ``device`` (``"meta"`` allocates no weights)."""
     if name not in MODELS:

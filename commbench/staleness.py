@@ -1,0 +1,352 @@
+"""Convergence study of stale updates: time-to-accuracy, final accuracy, throughput vs s.
+
+Trains a real model on a real labelled data set that ships in a package
+(scikit-learn's digits, ``commbench.workloads.data``; default model the small
+CNN of ``commbench.models.small``) once per configuration, in one job:
+
+* ``async`` with each staleness s of ``--staleness`` (default 0,1,2,4,8) and
+  each of ``--mitigations``: ``none``; ``lr`` (learning rate x 1/s, Zhang et
+  al. 2016); ``warmup`` (the first ``--staleness-warmup`` steps synchronous).
+  s = 0 with ``none`` is synchronous training: the reference.
+* ``ps`` (rank 0 serves, the others work), without and with ``lr`` (per
+  gradient, 1/its staleness), unless ``--no-ps``. Each worker runs
+  ``ceil(steps * N / (N - 1))`` steps, so ps sees as many samples as the
+  async runs (N ranks x steps batches).
+
+Every rank evaluates held-out accuracy every ``--eval-every`` steps (all at
+once, so none waits for another's evaluation; outside the timed steps).
+Wall time is the sum over steps of the slowest rank's step plus its wait in
+the step's opening barrier (ps: the server's clock, evaluation excluded).
+
+Records (JSON Lines, rank 0): ``train_step`` per step (async) or per update
+(ps) with the training loss (mean over ranks; ps: the pushing worker's),
+cumulative wall time and, where evaluated, held-out accuracy; one
+``staleness_summary`` per configuration with time-to-accuracy (wall time
+until held-out accuracy first reaches ``--target-accuracy``, null if never),
+final accuracy, throughput and throughput relative to synchronous.
+
+Launch::
+
+    mpirun -np 4 python -m commbench.staleness
+    mpirun -np 4 python -m commbench.staleness --staleness 0,2,8 --mitigations none,lr \\
+        --steps 300 --target-accuracy 0.9
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+
+from commbench import metrics
+from commbench.config import (
+    Config,
+    ConfigError,
+    Parser,
+    add_backend_flag,
+    add_output_group,
+    check_writable,
+    csv_list,
+    help_formatter,
+    nonneg_int,
+    positive_int,
+)
+from commbench.job import run_job, set_torch_threads
+from commbench.report import Column, format_table, rank0_print
+from commbench.results import ResultWriter, default_output, run_header, versions
+from commbench.runner import run_steps
+from commbench.timing import StepTimer
+
+PROG = "commbench.staleness"
+MITIGATIONS = ("none", "lr", "warmup")
+
+
+@dataclass
+class StudyConfig:
+    staleness: list[int]
+    mitigations: list[str]
+    ps: bool
+    staleness_warmup: int
+    steps: int
+    eval_every: int
+    target_accuracy: float
+    lr: float
+    batch_size: int
+    model: str
+    image_size: int
+    seed: int
+    backend: str
+    output: str | None
+    output_dir: str
+    quiet: bool
+
+    def workload_config(self, **over) -> Config:
+        """The ``commbench.allreduce`` configuration the workload and ps are built from."""
+        cfg = Config(workload="resnet", model=self.model, batch_size=self.batch_size,
+                     num_classes=10, image_size=self.image_size, device="cpu",
+                     dataset="digits", lr=self.lr, steps=self.steps, warmup=0,
+                     seed=self.seed, strategies=["async"], algos=["native"])
+        for k, v in over.items():
+            setattr(cfg, k, v)
+        return cfg
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _int_list(text: str) -> list[int]:
+    out = []
+    for x in csv_list(None, "--staleness")(text):
+        try:
+            v = int(x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected integers, got {x!r}") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"staleness must be >= 0, got {v}")
+        out.append(v)
+    return out
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from commbench.models import MODELS
+
+    p = Parser(prog=f"python -m {PROG}", formatter_class=help_formatter,
+               description="Train on scikit-learn's digits under bounded staleness s and a "
+                           "parameter server; report time-to-accuracy, final accuracy and "
+                           "throughput relative to synchronous training. Run it under mpirun.",
+               epilog="examples:\n  mpirun -np 4 python -m commbench.staleness\n"
+                      "  mpirun -np 4 python -m commbench.staleness --staleness 0,4 "
+                      "--mitigations none,lr --no-ps")
+    g = p.add_argument_group("study")
+    g.add_argument("--staleness", type=_int_list, default=[0, 1, 2, 4, 8], metavar="S[,S]",
+                   help="staleness values of the async runs")
+    g.add_argument("--mitigations", type=csv_list(MITIGATIONS, "--mitigations"),
+                   default=list(MITIGATIONS), metavar="NAME[,NAME]",
+                   help="none; lr = learning rate x 1/s; warmup = the first "
+                        "--staleness-warmup steps synchronous")
+    g.add_argument("--no-ps", dest="ps", action="store_false",
+                   help="skip the parameter-server runs (they need >= 2 ranks)")
+    g.add_argument("--staleness-warmup", type=nonneg_int, default=20, metavar="N",
+                   help="synchronous steps before staleness starts (mitigation warmup)")
+    g.add_argument("--steps", type=positive_int, default=200, help="steps per run")
+    g.add_argument("--eval-every", type=positive_int, default=10,
+                   help="evaluate held-out accuracy every this many steps (ps: updates x "
+                        "ranks / workers)")
+    g.add_argument("--target-accuracy", type=_fraction, default=0.9,
+                   help="held-out accuracy that time-to-accuracy is measured to")
+    g = p.add_argument_group("training")
+    g.add_argument("--model", choices=tuple(MODELS), default="smallcnn",
+                   help="model trained (smallcnn: 25.6k parameters, fast on CPU)")
+    g.add_argument("--lr", type=_positive_float, default=0.02,
+                   help="SGD rate (momentum 0.9); 0.05 diverges even synchronously on 4 ranks")
+    g.add_argument("--batch-size", type=positive_int, default=32, help="images per rank per step")
+    g.add_argument("--image-size", type=positive_int, default=32,
+                   help="digits are resized to this (at least 32)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="weights and data split")
+    add_backend_flag(g)
+    add_output_group(p, "staleness")
+    return p
+
+
+def parse_study(argv: list[str] | None = None) -> StudyConfig:
+    from pathlib import Path
+
+    from commbench.workloads.resnet import MIN_IMAGE_SIZE
+
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    d = vars(ns)
+    cfg = StudyConfig(**{k: d[k] for k in StudyConfig.__dataclass_fields__ if k in d},
+                      output_dir="results")
+    if max(cfg.staleness) > cfg.steps:
+        raise ConfigError(f"--staleness {max(cfg.staleness)}: larger than --steps {cfg.steps}")
+    if cfg.staleness_warmup >= cfg.steps and "warmup" in cfg.mitigations:
+        raise ConfigError(f"--staleness-warmup {cfg.staleness_warmup}: must be below --steps "
+                          f"{cfg.steps}, or no step runs stale")
+    if cfg.image_size < MIN_IMAGE_SIZE:
+        raise ConfigError(f"--image-size: {cfg.image_size} px is too small (at least "
+                          f"{MIN_IMAGE_SIZE})")
+    if cfg.ps and cfg.backend == "horovod":
+        raise ConfigError("--backend horovod: the ps runs need the mpi backend; pass --no-ps")
+    check_writable(Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl",
+                   "--output")
+    return cfg
+
+
+def runs_of(cfg: StudyConfig) -> list[tuple[str, int | None, str]]:
+    """(strategy, staleness, mitigation) of every run, synchronous first."""
+    runs = [("async", 0, "none")]
+    for s in cfg.staleness:
+        for m in cfg.mitigations:
+            if s == 0 and m != "none":
+                continue  # nothing to mitigate: the same run as synchronous
+            if (s, m) != (0, "none"):
+                runs.append(("async", s, m))
+    if cfg.ps:
+        runs += [("ps", None, "none")] + ([("ps", None, "lr")] if "lr" in cfg.mitigations
+                                           else [])
+    return runs
+
+
+def time_to_accuracy(curve: list[dict], target: float) -> float | None:
+    """Wall time of the first evaluation at or above ``target`` (None if none is)."""
+    for p in curve:
+        if p.get("accuracy") is not None and p["accuracy"] >= target:
+            return p["wall_s"]
+    return None
+
+
+def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
+    from commbench.strategies import make_strategy
+    from commbench.workloads import make_workload
+
+    wcfg = cfg.workload_config()
+    workload = make_workload(wcfg, comm.rank, comm.size)
+    strategy = make_strategy("async", comm, workload.grads, staleness=s,
+                             staleness_lr=mitigation == "lr",
+                             staleness_warmup=cfg.staleness_warmup if mitigation == "warmup"
+                             else 0)
+    rows = []
+    for k in range(cfg.steps):
+        sample = run_steps(comm, workload, strategy, StepTimer(), 1, 0, first_step=k)[0]
+        acc = None
+        if (k + 1) % cfg.eval_every == 0 or k == cfg.steps - 1:
+            acc = workload.evaluate()
+        rows.append((sample.step_s + sample.wait_s, float(workload.loss.detach()), acc))
+    log = strategy.end_run()
+    gathered = comm.gather_object(rows)
+    if comm.rank != 0:
+        return None
+    curve, wall = [], 0.0
+    for k in range(cfg.steps):
+        wall += max(g[k][0] for g in gathered)
+        curve.append({"step": k, "samples": (k + 1) * cfg.batch_size * comm.size,
+                      "wall_s": wall, "loss": sum(g[k][1] for g in gathered) / len(gathered),
+                      "accuracy": gathered[0][k][2], "staleness": log[k]["staleness"],
+                      "lr_scale": log[k]["lr_scale"]})
+    return workload, strategy.knobs(), curve, wall, cfg.steps * cfg.batch_size * comm.size, {}
+
+
+def _run_ps(comm, cfg: StudyConfig, mitigation: str):
+    from commbench.strategies.ps import run_ps, summarize_updates
+    from commbench.workloads import make_workload
+
+    workers = comm.size - 1
+    steps = math.ceil(cfg.steps * comm.size / workers)
+    wcfg = cfg.workload_config(steps=steps, strategies=["ps"])
+    workload = make_workload(wcfg, max(comm.rank - 1, 0), workers)
+    every = max(1, round(cfg.eval_every * comm.size))  # the same samples between evaluations
+    res = run_ps(comm, wcfg, workload, staleness_lr=mitigation == "lr", eval_every=every,
+                 evaluate=workload.evaluate)
+    if comm.rank != 0:
+        return None
+    acc_at = {e["update"]: e["accuracy"] for e in res.evals}
+    final = workload.evaluate()
+    curve = [{"update": u["update"], "worker": u["worker"],
+              "samples": u["update"] * cfg.batch_size,
+              "wall_s": u["t_s"], "loss": u["loss"], "accuracy": acc_at.get(u["update"]),
+              "staleness": u["staleness"], "lr_scale": u["lr_scale"]} for u in res.updates]
+    if curve and curve[-1]["accuracy"] is None:
+        curve[-1]["accuracy"] = final
+    extra = summarize_updates(res.updates, cfg.batch_size)
+    extra["server_busy_share"] = res.busy_s / res.wall_s if res.wall_s else None
+    knobs = {"servers": 1, "workers": workers, "worker_steps": steps,
+             "staleness_lr": mitigation == "lr", "lr_per_update": cfg.lr / workers}
+    return workload, knobs, curve, res.wall_s, len(res.updates) * cfg.batch_size, extra
+
+
+TABLE = [Column("strategy", "", 9), Column("s", "", 4), Column("mitigation", "", 10),
+         Column("final", "acc", 7, ".3f"), Column("best", "acc", 7, ".3f"),
+         Column("to target", "s", 9, ".2f"), Column("wall", "s", 8, ".2f"),
+         Column("thru", "img/s", 8, ".0f"), Column("vs sync", "x", 7, ".2f"),
+         Column("stale", "mean", 6, ".2f")]
+
+
+def study(comm, cfg: StudyConfig) -> int:
+    threads = set_torch_threads(comm.local_size)
+    vers = versions(comm.versions())
+    path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, tool="staleness")
+    writer = ResultWriter(path) if comm.rank == 0 else None
+    rows, sync_thru = [], None
+    for strategy, s, mitigation in runs_of(cfg):
+        out = (_run_async(comm, cfg, s, mitigation) if strategy == "async"
+               else _run_ps(comm, cfg, mitigation))
+        if comm.rank != 0:
+            continue
+        workload, knobs, curve, wall, samples, extra = out
+        import uuid
+
+        head = run_header(kind="train_step", run_id=uuid.uuid4().hex[:12], strategy=strategy,
+                          algo=None, backend=comm.name, topo=comm.topo, workload=workload,
+                          knobs=knobs, config=cfg.as_dict(), vers=vers, torch_threads=threads)
+        for p in curve:
+            writer.write({**head, "staleness_config": s, "mitigation": mitigation, **p})
+        accs = [p["accuracy"] for p in curve if p["accuracy"] is not None]
+        stale = [p["staleness"] for p in curve if p["staleness"] is not None]
+        thru = samples / wall if wall > 0 else None
+        if strategy == "async" and s == 0 and mitigation == "none":
+            sync_thru = thru
+        summary = {**head, "kind": "staleness_summary", "staleness_config": s,
+                   "mitigation": mitigation, "target_accuracy": cfg.target_accuracy,
+                   "time_to_accuracy_s": time_to_accuracy(curve, cfg.target_accuracy),
+                   "final_accuracy": accs[-1] if accs else None,
+                   "best_accuracy": max(accs) if accs else None,
+                   "final_loss": curve[-1]["loss"] if curve else None,
+                   "wall_s": wall, "samples": samples, "throughput": thru,
+                   "throughput_vs_sync": thru / sync_thru if thru and sync_thru else None,
+                   "staleness_mean": sum(stale) / len(stale) if stale else None,
+                   "staleness_stats": metrics.summarize(stale), **extra}
+        writer.write(summary)
+        rows.append([strategy, "-" if s is None else s, mitigation, summary["final_accuracy"],
+                     summary["best_accuracy"], summary["time_to_accuracy_s"], wall, thru,
+                     summary["throughput_vs_sync"], summary["staleness_mean"]])
+    if comm.rank == 0:
+        writer.close()
+        if not cfg.quiet:
+            rank0_print(0, format_table(
+                TABLE, rows,
+                title=f"{PROG}  model {cfg.model}  digits  ranks {comm.size}  steps {cfg.steps}"
+                      f"  batch {cfg.batch_size}/rank  lr {cfg.lr:g}  target "
+                      f"{cfg.target_accuracy:g}",
+                footer=["to target: wall time until held-out accuracy first >= target "
+                        "(n/a: never); vs sync: throughput / async s=0",
+                        f"ps: rank 0 serves, {comm.size - 1} workers; results: {path}"]))
+    return 0
+
+
+def check(comm, cfg: StudyConfig) -> None:
+    if cfg.ps:
+        from commbench.strategies.ps import PSStrategy
+
+        try:
+            PSStrategy.check(comm, "native")
+        except ValueError as e:
+            raise ValueError(f"{e} (or pass --no-ps)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(PROG, argv, parse_study, check, study)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
