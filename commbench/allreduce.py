@@ -27,7 +27,8 @@ from commbench.report import Column, format_table, rank0_print
 from commbench.results import ResultWriter, default_output, link_info, run_header, versions
 from commbench.runner import run_steps, step_record, summarize_steps
 from commbench.strategies import STRATEGIES, make_strategy
-from commbench.timing import StepTimer
+from commbench.strategies.stale import merge_step_log, summarize_step_log
+from commbench.timing import StepTimer, TracingStepTimer
 from commbench.validate import count_wrong
 from commbench.workloads import make_workload
 
@@ -96,37 +97,79 @@ def summarize_extras(per_rank: list[dict]) -> dict:
 
 def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: ResultWriter | None,
             vers: dict, threads: int) -> dict | None:
+    if strategy_name == "ps":  # servers run no workload: a run path of its own
+        from commbench.strategies.ps import run_one_ps
+
+        return run_one_ps(comm, cfg, writer, vers, threads)
     workload = make_workload(cfg, comm.rank, comm.size)
     strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native",
-                             bucket_mb=cfg.bucket_mb, backward_order=workload.backward_order)
-    samples = run_steps(comm, workload, strategy, StepTimer(), cfg.steps, cfg.warmup)
+                             bucket_mb=cfg.bucket_mb, backward_order=workload.backward_order,
+                             compression=cfg.compression, accum_steps=cfg.accum_steps,
+                             progress=cfg.progress,
+                             workload=workload, staleness=cfg.staleness,
+                             staleness_lr=cfg.staleness_lr,
+                             staleness_warmup=cfg.staleness_warmup)
+    timer = TracingStepTimer() if cfg.timeline else StepTimer()
+    run_id = uuid.uuid4().hex[:12]
+    link = link_info()  # interface bytes are compared with the link's rate in the same unit
+    wire_gbps = link["link_wire_gbps"] or link["link_gbps"]
+    steps: list[dict] = []
+
+    def header_args() -> dict:
+        return dict(run_id=run_id, strategy=strategy_name, algo=algo, backend=comm.name,
+                    topo=comm.topo, workload=workload, knobs=strategy.knobs(),
+                    config=cfg.as_dict(), vers=vers, torch_threads=threads)
+
+    def record_step(sample) -> None:
+        """Gather this step's samples; rank 0 writes its record now, so a job killed
+        later keeps every finished step (the run's validation is in the summary)."""
+        log = strategy.step_log[-1] if hasattr(strategy, "step_log") else None
+        per_rank = comm.gather_object((sample, log))
+        if comm.rank != 0:
+            return
+        rec = step_record([p[0] for p in per_rank], comm.size, wire_gbps)
+        if log is not None:
+            merge_step_log(rec, [[p[1]] for p in per_rank], 0)
+        steps.append(rec)
+        writer.write({**run_header(kind="step", **header_args()), **rec})
+
+    samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
+                        accum_steps=cfg.accum_steps, on_step=record_step)
+    # async: per-step schedule (staleness applied, wait); completes what is in flight
+    step_log = strategy.end_run() if hasattr(strategy, "end_run") else None
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
     extra = rank_extras(workload)
-    gathered = comm.gather_object((samples, wrong, checked, extra))
+    gathered = comm.gather_object((samples, wrong, checked, extra,
+                                   getattr(timer, "steps", None), step_log))
     if comm.rank != 0:
         return None
     wrong_total = sum(g[1] for g in gathered)
-    run_id = uuid.uuid4().hex[:12]
-    head = dict(run_id=run_id, strategy=strategy_name, algo=algo, backend=comm.name,
-                topo=comm.topo, workload=workload, knobs=strategy.knobs(),
-                config=cfg.as_dict(), vers=vers, torch_threads=threads)
-    per_rank_samples = [g[0] for g in gathered]
-    link = link_info()  # interface bytes are compared with the link's rate in the same unit
-    wire_gbps = link["link_wire_gbps"] or link["link_gbps"]
-    steps = []
-    for k in range(len(per_rank_samples[0])):
-        rec = step_record([rank_samples[k] for rank_samples in per_rank_samples], comm.size,
-                          wire_gbps)
-        steps.append(rec)
-        writer.write({**run_header(kind="step", **head), **rec, "wrong": wrong_total})
+    head = header_args()
     summary = {**run_header(kind="summary", **head),
-               **summarize_steps(steps, cfg.batch_size * comm.size),
+               **summarize_steps(steps, cfg.batch_size * cfg.accum_steps * comm.size),
                "wrong": wrong_total,
                "elements_checked": sum(g[2] for g in gathered),
                **summarize_extras([g[3] for g in gathered]),
                "validated": cfg.validate}
+    if step_log is not None:
+        summary.update(summarize_step_log(steps))
     writer.write(summary)
+    if cfg.timeline:  # every rank's intervals, seconds from that rank's first step start
+        writer.write({**run_header(kind="trace", **head), "ranks": [g[4] for g in gathered]})
     return summary
+
+
+def compute_label(cfg: Config) -> str:
+    """What computes in each step, for the table's title."""
+    if cfg.workload == "resnet":
+        what = f"batch {cfg.batch_size} x {cfg.image_size} px on {cfg.device}"
+    elif cfg.compute_profile:
+        what = f"compute {cfg.compute_profile} x {cfg.compute_scale:g}"
+    else:
+        what = f"compute {cfg.compute_ms:g} ms"
+    extra = [f"accum {cfg.accum_steps}"] * (cfg.accum_steps > 1) + \
+        [f"{cfg.compression} compression"] * (cfg.compression != "none")
+    return "  ".join([what, *extra])
 
 
 def check(comm, cfg: Config) -> None:
@@ -150,7 +193,7 @@ def study(comm, cfg: Config) -> int:
             rank0_print(0, format_table(
                 TABLE, [table_row(s) for s in summaries],
                 title=f"commbench.allreduce  workload {first['workload']}  model "
-                      f"{first['model']}  compute {cfg.compute_ms:g} ms  steps "
+                      f"{first['model']}  {compute_label(cfg)}  steps "
                       f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {threads}",
                 footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
                         "medians over measured steps; busbw = algbw * 2(n-1)/n",

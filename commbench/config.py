@@ -82,6 +82,12 @@ class Config:
     strategies: list[str] = field(default_factory=lambda: ["flat"])
     algos: list[str] = field(default_factory=lambda: ["native", "ring"])
     bucket_mb: float = 25.0  # DDP's bucket_cap_mb default
+    accum_steps: int = 1
+    progress: str = "thread"
+    compression: str = "none"
+    staleness: int = 0  # --strategy async: apply step t's all-reduce at step t+s
+    staleness_lr: bool = False
+    staleness_warmup: int = 0
     backend: str = "auto"
     workload: str = "synthetic"
     model: str | None = None  # resnet50; resnet18 for the real workload on a CPU
@@ -98,9 +104,11 @@ class Config:
     warmup: int = 3
     seed: int = 0
     validate: bool = True
+    step_timeout: float | None = None  # seconds; None = auto (commbench.watchdog), 0 = off
     output: str | None = None
     output_dir: str = "results"
     quiet: bool = False
+    timeline: bool = False  # keep every phase interval per rank: kind "trace" records
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -133,8 +141,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="all-reduce algorithms for strategies that take one: native = the "
                         "backend's own, ring = the project's reduce-scatter + all-gather")
     g.add_argument("--bucket-mb", metavar="MB", type=nonneg_float, default=d.bucket_mb,
-                   help="--strategy bucketed: bucket cap in MB (2**20 bytes, as DDP's "
+                   help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
                         "bucket_cap_mb); 0 = one all-reduce per tensor")
+    g.add_argument("--progress", choices=("poll", "thread"), default=d.progress,
+                   help="--strategy bucketed: how buckets' all-reduces advance during backward: "
+                        "poll = MPI non-blocking all-reduce tested from the compute loop, "
+                        "thread = blocking all-reduces on a comm thread (Horovod's design)")
+    g.add_argument("--accum-steps", metavar="K", type=positive_int, default=d.accum_steps,
+                   help="gradient accumulation: K micro-batches per step, synchronised once "
+                        "(Horovod's backward_passes_per_step)")
+    g.add_argument("--compression", choices=("none", "fp16", "bf16"), default=d.compression,
+                   help="cast gradients to this dtype for the all-reduce and back after "
+                        "(hvd.Compression.fp16)")
+    g.add_argument("--staleness", metavar="S", type=nonneg_int, default=d.staleness,
+                   help="--strategy async: step t's all-reduce runs while later steps compute "
+                        "and is applied at step t+S; 0 = synchronous")
+    g.add_argument("--staleness-lr", action="store_true",
+                   help="--strategy async and ps: scale the learning rate by 1/staleness "
+                        "(Zhang et al. 2016)")
+    g.add_argument("--staleness-warmup", metavar="N", type=nonneg_int,
+                   default=d.staleness_warmup,
+                   help="--strategy async: run the first N steps synchronously, then "
+                        "staleness S")
     add_backend_flag(g)
 
     g = p.add_argument_group("workload")
@@ -176,8 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=nonneg_int, default=d.seed, help="seed for gradient values")
     g.add_argument("--no-validate", dest="validate", action="store_false",
                    help="skip the correctness pass (known values, closed-form sum)")
+    add_step_timeout_flag(g)
 
-    add_output_group(p, "allreduce")
+    g = add_output_group(p, "allreduce")
+    g.add_argument("--timeline", action="store_true",
+                   help="also record every rank's phase and collective intervals per step "
+                        "(kind \"trace\" records; python -m analysis.timeline makes a "
+                        "Chrome trace of them)")
     return p
 
 
@@ -190,13 +223,30 @@ def add_backend_flag(group: argparse._ArgumentGroup) -> None:
                             "under mpirun")
 
 
-def add_output_group(p: argparse.ArgumentParser, tool: str) -> None:
+def add_step_timeout_flag(group: argparse._ArgumentGroup, what: str = "step") -> None:
+    """``--step-timeout``, shared by every tool with a step loop (``commbench.watchdog``)."""
+    group.add_argument("--step-timeout", metavar="SECONDS", type=nonneg_float, default=None,
+                       help=f"end the job, naming the stalled rank(s), when one {what} runs "
+                            "longer than this on any rank; 0 = never; default: 300 s or 5x the "
+                            f"slowest {what} so far, whichever is larger")
+
+
+def check_step_timeout(timeout: float | None, compute_s: float) -> None:
+    """Refuse a deadline shorter than the compute a step replays by design."""
+    if timeout and timeout <= compute_s:
+        raise ConfigError(f"--step-timeout {timeout:g} s is not above the {compute_s:g} s of "
+                          "compute every step replays (--compute-ms x --accum-steps); raise it "
+                          "or use 0 for no deadline")
+
+
+def add_output_group(p: argparse.ArgumentParser, tool: str) -> argparse._ArgumentGroup:
     """``--output`` and ``--quiet``, shared by every tool that writes records."""
     g = p.add_argument_group("output")
     g.add_argument("--output", metavar="FILE", default=None,
                    help=f"JSON Lines results file (default: results/{tool}-<time>-<backend>"
                         "-np<N>.jsonl)")
     g.add_argument("--quiet", action="store_true", help="no table on rank 0")
+    return g
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -223,9 +273,25 @@ def parse_config(argv: list[str] | None = None) -> Config:
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
     resolve_defaults(cfg)
+    if cfg.workload == "synthetic" and not cfg.compute_profile:
+        check_step_timeout(cfg.step_timeout, cfg.compute_ms * cfg.accum_steps / 1e3)
     out = Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl"
     check_writable(out, "--output")
     return cfg
+
+
+def check_staleness(cfg: Config) -> None:
+    """The async and ps flags: checks that need no communicator (ranks are checked later)."""
+    if "async" in cfg.strategies and cfg.staleness > cfg.steps:
+        raise ConfigError(f"--staleness {cfg.staleness}: larger than --steps {cfg.steps}; a run "
+                          "of N steps applies N - S updates, so S must be <= N")
+    if "ps" in cfg.strategies:
+        if cfg.backend == "horovod":
+            raise ConfigError("--strategy ps: needs the mpi backend (server loops on mpi4py "
+                              "point-to-point), not --backend horovod; launch with mpirun")
+        if cfg.accum_steps > 1:
+            raise ConfigError("--accum-steps: not supported with --strategy ps (every worker "
+                              "step pushes one gradient)")
 
 
 def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
@@ -237,6 +303,16 @@ def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
 
         cuda = torch.cuda.is_available()
     real = cfg.workload == "resnet"
+    from commbench.strategies import STRATEGIES
+
+    peers = [s for s in cfg.strategies if STRATEGIES[s].needs_model]
+    if peers and not real:
+        raise ConfigError(f"--strategy {peers[0]}: wraps a real model, so it needs "
+                          "--workload resnet; the synthetic workload has no model to hook")
+    if "horovod" in cfg.strategies and cfg.compression == "bf16":
+        raise ConfigError("--compression bf16: Horovod has no bfloat16 compressor (its "
+                          "Compression offers none and fp16); use fp16 with --strategy horovod")
+    check_staleness(cfg)
     if cfg.dataset != "synthetic":
         if not real:
             raise ConfigError(f"--dataset {cfg.dataset}: needs --workload resnet")

@@ -10,7 +10,10 @@ The profile holds the forward time, the optimizer time and, for every
 parameter (by name, with its shape), the time from the start of backward
 until autograd had accumulated its gradient, as the median over ``--iters``
 iterations after ``--warmup``. A profile recorded on a GPU (``--device
-cuda``, device synchronised before every reading) has the same format.
+cuda``) has the same format: there each gradient's ready time comes from a
+CUDA event recorded on the stream when its hook runs (the time the device
+finished accumulating it, without stalling the pipeline), and the profile
+also holds the peak device memory of a step (``peak_cuda_mb``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from commbench import __version__
 from commbench.models import parameter_shapes
+from commbench.results import write_atomic
 
 PROFILE_SCHEMA = 1
 
@@ -42,23 +46,34 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
 
     wl = ResNetWorkload(model, rank=0, seed=seed, batch_size=batch_size,
                         num_classes=num_classes, image_size=image_size, device=device)
-    sync = wl._sync_device
+    cuda = wl.device.type == "cuda"
     forward, optimizer, ready = [], [], {i: [] for i in range(len(wl.params))}
     order: list[int] = []
     timer = NullTimer()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(wl.device)
     for it in range(warmup + iters):
         t = now()
         wl.forward(timer)
         f = now() - t
         t0 = now()
+        keep = it >= warmup
+        events: dict[int, torch.cuda.Event] = {}
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
 
-        def on_ready(i: int, t0: float = t0, keep: bool = it >= warmup) -> None:
-            if wl.device.type == "cuda":
-                sync()  # the gradient is on the device: wait until it really is there
-            if keep:
+        def on_ready(i: int, t0: float = t0, keep: bool = keep, events=events) -> None:
+            if cuda:  # marks the stream: done once the device has accumulated gradient i
+                events[i] = torch.cuda.Event(enable_timing=True)
+                events[i].record()
+            elif keep:
                 ready[i].append(now() - t0)
 
-        wl.backward(timer, on_ready)
+        wl.backward(timer, on_ready)  # ends with a device synchronisation
+        if cuda and keep:
+            for i, ev in events.items():
+                ready[i].append(start.elapsed_time(ev) / 1e3)
         t = now()
         wl.optimizer_step(timer)
         o = now() - t
@@ -82,6 +97,7 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
         "optimizer_s": statistics.median(optimizer),
         "backward_s": max(statistics.median(v) for v in ready.values()),
         "backward_order": [names[i] for i in order],
+        **({"peak_cuda_mb": torch.cuda.max_memory_allocated(wl.device) / 2**20} if cuda else {}),
         "grads": [{"name": names[i], "shape": list(wl.params[i].shape),
                    "ready_s": statistics.median(ready[i])} for i in range(len(names))],
         "versions": {"commbench": __version__, "torch": torch.__version__,
@@ -134,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"commbench.profile: error: {e}", file=sys.stderr)
         return 2
-    Path(a.output).write_text(json.dumps(prof, indent=1))
+    write_atomic(a.output, json.dumps(prof, indent=1))
     print(f"{a.model} batch {a.batch_size} {a.image_size}px on {prof['device']}: forward "
           f"{prof['forward_s'] * 1e3:.1f} ms, backward {prof['backward_s'] * 1e3:.1f} ms, "
-          f"optimizer {prof['optimizer_s'] * 1e3:.1f} ms -> {a.output}")
+          f"optimizer {prof['optimizer_s'] * 1e3:.1f} ms"
+          + (f", peak {prof['peak_cuda_mb']:.0f} MiB" if "peak_cuda_mb" in prof else "")
+          + f" -> {a.output}")
     return 0
 
 

@@ -74,7 +74,8 @@ class _Comm:
 
 def _strategy(comm, numels, mb, order=None):
     grads = [torch.full((n,), float(i)) for i, n in enumerate(numels)]
-    return BucketedStrategy(comm, grads, bucket_mb=mb, backward_order=order), grads
+    return BucketedStrategy(comm, grads, bucket_mb=mb, backward_order=order,
+                            progress="poll"), grads
 
 
 def test_a_bucket_starts_when_its_last_gradient_is_ready_and_never_before_earlier_ones():
@@ -112,7 +113,8 @@ def test_progress_records_the_real_in_flight_interval():
     assert sample.comm_calls == 3 and sample.comm_bytes == 120
     assert not any(h.waited for h in handles)  # seen complete by progress, no wait needed
     assert s.knobs() == {"bucket_mb": 0.0, "buckets": 3, "bucket_bytes": [40, 40, 40],
-                         "collective": "iallreduce"}
+                         "collective": "iallreduce", "progress": "poll",
+                         "compression": "none", "cast_dtype": "float32"}
 
 
 def test_finish_waits_for_what_progress_did_not_see_complete_and_takes_unannounced_grads():

@@ -129,3 +129,12 @@ def test_dataset_needs_the_real_workload(tmp_path):
     res = subprocess.run([PY, "-m", "commbench.allreduce", "--dataset", "digits"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--dataset digits: needs --workload resnet" in res.stderr
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "profiles").glob("*.json")),
+                         ids=lambda p: p.name)
+def test_shipped_gpu_profiles_load_for_their_model(path):
+    prof = json.loads(path.read_text())
+    assert load(path, prof["model"], prof["num_classes"]) == prof
+    assert prof["device"] != "cpu" and prof["peak_cuda_mb"] > 0
+    assert 0 < prof["forward_s"] < prof["backward_s"]

@@ -18,11 +18,18 @@ from commbench.strategies.base import Strategy
 from commbench.strategies.bucketed import BucketedStrategy
 from commbench.strategies.flat import FlatStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
+from commbench.strategies.peers import DDPStrategy, HorovodStrategy
+from commbench.strategies.ps import PSStrategy
+from commbench.strategies.stale import AsyncStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "flat": FlatStrategy,
     "bucketed": BucketedStrategy,
     "hierarchical": HierarchicalStrategy,
+    "horovod": HorovodStrategy,  # hvd.DistributedOptimizer (real workload only)
+    "ddp": DDPStrategy,  # torch DistributedDataParallel on Gloo (real workload only)
+    "async": AsyncStrategy,  # bounded staleness s (module stale: async is a keyword)
+    "ps": PSStrategy,  # parameter server on rank 0 (mpi backend; own run path)
 }
 
 

@@ -11,6 +11,7 @@ ranks. Strategies time their collectives on the timer they were given.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +19,27 @@ import torch
 from commbench.comm.base import Communicator
 from commbench.strategies.algos import check_algo
 from commbench.timing import NullTimer, StepTimer
+
+#: ``--compression``: the dtype gradients travel in (None: their own), cast before the
+#: all-reduce and back after, as ``hvd.Compression.fp16`` does.
+COMPRESSIONS: dict[str, torch.dtype | None] = {
+    "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def unpack_mean(summed: torch.Tensor, grad: torch.Tensor, ranks: int) -> None:
+    """``grad = summed / ranks``, in one pass where both live on one device.
+
+    Buffers stay in host memory (MPI here is not CUDA-aware), so on a GPU the
+    mean is copied to the device, then divided there.
+    """
+    if summed.device == grad.device:
+        torch.div(summed, ranks, out=grad)
+    else:
+        grad.copy_(summed).div_(ranks)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class Strategy(abc.ABC):
@@ -35,10 +57,17 @@ class Strategy(abc.ABC):
             return list(requested)
         return [a for a in requested if a in cls.algos] or [cls.default_algo]
 
-    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor]) -> None:
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
+                 compression: str = "none") -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {compression!r}; choose from "
+                             f"{', '.join(COMPRESSIONS)}")
         self.comm = comm
         self.grads = list(grads)
-        self.nbytes = sum(g.numel() * g.element_size() for g in self.grads)
+        self.compression = compression
+        #: the dtype gradients are cast to before the all-reduce (their own without compression)
+        self.wire = COMPRESSIONS[compression] or self.grads[0].dtype
+        self.nbytes = sum(g.numel() * self.wire.itemsize for g in self.grads)
         self.timer: StepTimer | NullTimer = NullTimer()
 
     @classmethod
@@ -60,10 +89,29 @@ class Strategy(abc.ABC):
     #: called while compute runs; None when the strategy has nothing to drive
     progress = None
 
+    #: the strategy needs the real model (``workload=`` in its constructor)
+    needs_model: bool = False
+
+    def micro_batch(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        """Context for one micro-batch's forward and backward under ``--accum-steps``.
+
+        Only the last micro-batch of a step announces its gradients (``on_ready``);
+        the others accumulate locally. Peers that hook the model themselves (DDP)
+        suppress their own sync here.
+        """
+        return contextlib.nullcontext()
+
     @abc.abstractmethod
     def finish(self) -> None:
         """Complete the step's synchronisation; gradients then hold the mean."""
 
     def knobs(self) -> dict:
         """The strategy's settings, for result records."""
-        return {}
+        return {"compression": self.compression, "cast_dtype": dtype_name(self.wire)}
+
+    def validation_pass(self, backward_order: Sequence[int]) -> None:
+        """Reduce the values now in ``grads`` the way a step does (``validate.count_wrong``)."""
+        self.begin_step(NullTimer())
+        for i in backward_order:
+            self.on_ready(i)
+        self.finish()

@@ -16,6 +16,11 @@
 4. While compute runs, ``progress`` tests the handles in flight: Open MPI
    advances a non-blocking collective only inside MPI calls (DESIGN.md §8).
    Horovod progresses on its own thread; the test only observes.
+   ``progress="thread"`` (``--progress thread``) instead hands each full bucket
+   to one comm thread that runs blocking all-reduces in order (Horovod's
+   design): transfers advance whatever the main thread does, and each runs
+   the backend's tuned blocking algorithm rather than Open MPI's
+   non-blocking one (libnbc), which is much slower across nodes.
 5. A bucket that ``progress`` sees complete is divided by the rank count
    into its gradients at once, while backward still runs (DDP divides in its
    hook too; with ``gradient_as_bucket_view`` it needs no copy at all).
@@ -39,6 +44,12 @@ Args:
     backward_order: indices of ``grads`` in the order backward produces them
         (default: reverse parameter order, as DDP assumes). Must be the same
         on every rank.
+    compression: ``none``, ``fp16`` or ``bf16`` (buckets hold that dtype).
+    progress: ``thread`` (default: a comm thread runs blocking all-reduces in
+        bucket order) or ``poll`` (MPI non-blocking all-reduce, tested from
+        ``progress``). Measured on 2 emulated nodes x 4 ranks, 1 Gbit/s,
+        ResNet-50, 25 MB buckets: exposed sync 1.68 s with the thread, 4.67 s
+        polling Open MPI's iallreduce (flat native: 2.21 s).
 
 Example::
 
@@ -48,13 +59,15 @@ Example::
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Sequence
 
 import torch
 
 from commbench.comm.base import Communicator, Handle
-from commbench.strategies.base import Strategy
-from commbench.timing import NullTimer, StepTimer
+from commbench.strategies.base import COMPRESSIONS, Strategy, unpack_mean
+from commbench.timing import NullTimer, StepTimer, now
 
 MB = 2**20  # DDP's bucket_cap_mb unit
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
@@ -86,22 +99,116 @@ def assign_buckets(nbytes: Sequence[int], order: Sequence[int], cap_bytes: float
 
 
 class _Bucket:
-    __slots__ = ("indices", "buffer", "views", "nbytes", "pending", "handle", "start")
+    """One bucket: its gradients' indices and the flat buffer MPI reduces.
 
-    def __init__(self, indices: list[int], grads: Sequence[torch.Tensor]) -> None:
+    On a GPU the gradients are packed into a device buffer (``dev``) and the
+    full bucket is staged into a pinned host ``buffer`` by an asynchronous copy;
+    ``staged`` is the CUDA event that says the copy is done (MPI here is not
+    CUDA-aware). On a CPU ``buffer`` is packed directly.
+    """
+
+    __slots__ = ("indices", "buffer", "dev", "views", "nbytes", "pending", "handle", "start",
+                 "staged")
+
+    def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
+                 dtype: torch.dtype | None = None) -> None:
         self.indices = indices
-        self.buffer = torch.empty(sum(grads[i].numel() for i in indices),
-                                  dtype=grads[indices[0]].dtype)
+        numel = sum(grads[i].numel() for i in indices)
+        dtype = dtype or grads[indices[0]].dtype
+        device = grads[indices[0]].device
+        gpu = device.type == "cuda"
+        self.buffer = torch.empty(numel, dtype=dtype, pin_memory=gpu)
+        self.dev = torch.empty(numel, dtype=dtype, device=device) if gpu else None
+        packed = self.dev if gpu else self.buffer
         self.views: dict[int, torch.Tensor] = {}
         offset = 0
         for i in indices:
             n = grads[i].numel()
-            self.views[i] = self.buffer[offset:offset + n].view_as(grads[i])
+            self.views[i] = packed[offset:offset + n].view_as(grads[i])
             offset += n
         self.nbytes = self.buffer.numel() * self.buffer.element_size()
         self.pending: set[int] = set()
         self.handle: Handle | None = None
         self.start = 0.0
+        self.staged = None  # torch.cuda.Event once the device-to-host copy is queued
+
+    def stage(self) -> None:
+        """Queue the copy of the packed device buffer to the host (GPU only)."""
+        if self.dev is not None and self.staged is None:
+            self.buffer.copy_(self.dev, non_blocking=True)
+            self.staged = torch.cuda.Event()
+            self.staged.record()
+
+    def on_host(self, block: bool) -> bool:
+        """Whether the host buffer holds the bucket (waiting for it if ``block``)."""
+        if self.dev is None:
+            return True
+        self.stage()
+        if block:
+            self.staged.synchronize()
+            return True
+        return self.staged.query()
+
+
+class _ThreadHandle:
+    """A bucket's all-reduce run by the comm thread: ``test``/``wait`` as for MPI's handles."""
+
+    __slots__ = ("done", "end", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.end = 0.0  # when the thread finished it (this rank's clock)
+        self.error: BaseException | None = None
+
+    def test(self) -> bool:
+        if self.done.is_set() and self.error is not None:
+            raise self.error
+        return self.done.is_set()
+
+    def wait(self) -> None:
+        self.done.wait()
+        self.test()
+
+
+class _CommThread:
+    """One background thread running blocking all-reduces in the order they were queued.
+
+    Horovod's design: the collectives progress on their own thread whatever the
+    main thread does, instead of advancing only when it polls. The main thread
+    makes no MPI call while buckets are queued (it only reads the handles), so
+    calls stay serialised between the two threads.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="commbench-comm", daemon=True)
+        self.thread.start()
+
+    def submit(self, buffer: torch.Tensor) -> _ThreadHandle:
+        handle = _ThreadHandle()
+        self.queue.put((buffer, handle))
+        return handle
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            buffer, handle = item
+            try:
+                self.comm.allreduce(buffer)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the main thread
+                handle.error = e
+            handle.end = now()
+            handle.done.set()
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=5)
+
+
+PROGRESS = ("poll", "thread")
 
 
 class BucketedStrategy(Strategy):
@@ -109,16 +216,24 @@ class BucketedStrategy(Strategy):
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
                  bucket_mb: float = DEFAULT_BUCKET_MB,
-                 backward_order: Sequence[int] | None = None) -> None:
-        super().__init__(comm, grads)
+                 backward_order: Sequence[int] | None = None,
+                 compression: str = "none", progress: str = "thread") -> None:
+        super().__init__(comm, grads, compression)
         if not bucket_mb >= 0 or bucket_mb == float("inf"):
             raise ValueError(f"--bucket-mb must be a finite number >= 0, got {bucket_mb}")
+        if progress not in PROGRESS:
+            raise ValueError(f"--progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
+        self.progress_mode = progress
+        self._thread = _CommThread(comm) if progress == "thread" else None
         self.bucket_mb = float(bucket_mb)
         order = list(backward_order) if backward_order is not None else \
             list(reversed(range(len(self.grads))))
+        # Caps count the gradients' own bytes, as DDP's do: its fp16 hook compresses each
+        # bucket after bucketing, so a 25 MB bucket of float32 sends 12.5 MB.
+        cast = COMPRESSIONS[compression]
         groups = assign_buckets([g.numel() * g.element_size() for g in self.grads], order,
                                 self.bucket_mb * MB, [g.dtype for g in self.grads])
-        self.buckets = [_Bucket(idx, self.grads) for idx in groups]
+        self.buckets = [_Bucket(idx, self.grads, cast) for idx in groups]
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.indices}
         self._next = 0  # first bucket not yet started; buckets start strictly in order
         self._in_flight: list[_Bucket] = []
@@ -141,14 +256,19 @@ class BucketedStrategy(Strategy):
         bucket.views[i].copy_(self.grads[i])
         bucket.pending.discard(i)
         if not bucket.pending:
+            bucket.stage()
             self._start_ready_buckets()
 
-    def _start_ready_buckets(self) -> None:
-        """Start every bucket that is full and has no unstarted bucket before it."""
+    def _start_ready_buckets(self, block: bool = False) -> None:
+        """Start every bucket that is full (and on the host) with no unstarted bucket before it."""
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
             b = self.buckets[self._next]
+            if not b.on_host(block):
+                return  # its copy from the GPU is still running; progress() comes back
+            b.staged = None
             b.start = self.timer.clock()
-            b.handle = self.comm.iallreduce(b.buffer)
+            b.handle = self._thread.submit(b.buffer) if self._thread else \
+                self.comm.iallreduce(b.buffer)
             self._in_flight.append(b)
             self._next += 1
 
@@ -157,15 +277,20 @@ class BucketedStrategy(Strategy):
         done, still = [], []
         for b in self._in_flight:
             if b.handle.test():
-                self.timer.comm(b.start, self.timer.clock(), b.nbytes)
+                self.timer.comm(b.start, self._end_of(b), b.nbytes)
                 done.append(b)
             else:
                 still.append(b)
         self._in_flight = still
         return done
 
+    def _end_of(self, b: _Bucket) -> float:
+        """When bucket ``b`` completed: the comm thread's own reading, else now (first seen)."""
+        return b.handle.end if self._thread else self.timer.clock()
+
     def _progress(self) -> None:
         """Drive the buckets in flight; unpack those that completed."""
+        self._start_ready_buckets()
         if self._in_flight:
             for b in self._poll():
                 self._unpack(b)
@@ -175,8 +300,10 @@ class BucketedStrategy(Strategy):
 
         Division and copy in one pass.
         """
+        if b.dev is not None:
+            b.dev.copy_(b.buffer, non_blocking=True)  # stream-ordered before the division
         for i, v in b.views.items():
-            torch.div(v, self.comm.size, out=self.grads[i])
+            unpack_mean(v, self.grads[i], self.comm.size)
 
     def finish(self) -> None:
         # Gradients never announced (a workload that skips on_ready) are taken as they are.
@@ -184,7 +311,7 @@ class BucketedStrategy(Strategy):
             for i in list(b.pending):
                 b.views[i].copy_(self.grads[i])
             b.pending.clear()
-        self._start_ready_buckets()
+        self._start_ready_buckets(block=True)
         # Complete everything before unpacking: host work here would stall the
         # transfers still in flight, which advance only inside MPI calls.
         done: list[_Bucket] = []
@@ -193,12 +320,18 @@ class BucketedStrategy(Strategy):
             if self._in_flight:
                 b = self._in_flight.pop(0)
                 b.handle.wait()
-                self.timer.comm(b.start, self.timer.clock(), b.nbytes)
+                self.timer.comm(b.start, self._end_of(b), b.nbytes)
                 done.append(b)
         for b in done:
             self._unpack(b)
 
     def knobs(self) -> dict:
-        return {"bucket_mb": self.bucket_mb, "buckets": len(self.buckets),
+        return {**super().knobs(), "bucket_mb": self.bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
-                "collective": "iallreduce"}
+                "collective": "allreduce on a comm thread" if self._thread else "iallreduce",
+                "progress": self.progress_mode}
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None

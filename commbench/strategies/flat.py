@@ -7,6 +7,10 @@
    messages (``commbench.comm.ring``).
 3. Divide by the rank count and copy the mean back into the gradients.
 
+With ``--compression fp16|bf16`` the buffer has that dtype: gradients are
+cast as they are packed and cast back as the mean is unpacked, so the wire
+carries half the bytes (``hvd.Compression.fp16``'s scheme).
+
 Nothing overlaps backward; this is the baseline every other strategy is
 compared with.
 """
@@ -18,8 +22,8 @@ from collections.abc import Sequence
 import torch
 
 from commbench.comm.base import Communicator
-from commbench.strategies.algos import get_algo
-from commbench.strategies.base import Strategy
+from commbench.strategies.algos import get_algo, wire_dtype
+from commbench.strategies.base import Strategy, dtype_name, unpack_mean
 
 
 class FlatStrategy(Strategy):
@@ -27,24 +31,42 @@ class FlatStrategy(Strategy):
     uses_algo = True
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 algo: str = "native") -> None:
-        super().__init__(comm, grads)
+                 algo: str = "native", compression: str = "none") -> None:
+        super().__init__(comm, grads, compression)
         self.check(comm, algo)
         self.algo = algo
         self._allreduce = get_algo(algo)
-        self.buffer = torch.empty(sum(g.numel() for g in self.grads), dtype=self.grads[0].dtype)
+        numel = sum(g.numel() for g in self.grads)
+        device = self.grads[0].device
+        # On a GPU the gradients are fused on the device, then staged through a pinned
+        # host buffer in one copy each way (MPI here is not CUDA-aware).
+        self.staged = device.type == "cuda"
+        self.buffer = torch.empty(numel, dtype=self.wire, pin_memory=self.staged)
+        self.fused = torch.empty(numel, dtype=self.wire, device=device) \
+            if self.staged else self.buffer
+        self._cast = self.wire != self.grads[0].dtype
         self._views = []
         offset = 0
         for g in self.grads:
-            self._views.append(self.buffer[offset:offset + g.numel()].view_as(g))
+            self._views.append(self.fused[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
 
     def finish(self) -> None:
-        torch.cat([g.view(-1) for g in self.grads], out=self.buffer)
+        if self._cast:
+            for g, v in zip(self.grads, self._views):
+                v.copy_(g)
+        else:
+            torch.cat([g.view(-1) for g in self.grads], out=self.fused)
+        if self.staged:
+            self.buffer.copy_(self.fused)  # waits for the device, as the collective must
         with self.timer.comm_span(self.nbytes):
             self._allreduce(self.comm, self.buffer)
+        if self.staged:
+            self.fused.copy_(self.buffer, non_blocking=True)  # ordered before the division
         for g, v in zip(self.grads, self._views):  # divide and copy back in one pass
-            torch.div(v, self.comm.size, out=g)
+            unpack_mean(v, g, self.comm.size)
 
     def knobs(self) -> dict:
-        return {"algo": self.algo, "fused_bytes": self.nbytes}
+        return {**super().knobs(), "algo": self.algo, "fused_bytes": self.nbytes,
+                "wire_dtype": dtype_name(wire_dtype(self.comm, self.algo, self.wire)),
+                "staging": "pinned host buffer" if self.staged else None}

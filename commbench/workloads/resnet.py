@@ -72,6 +72,10 @@ class ResNetWorkload:
         self._on_ready: Callable[[int], None] | None = None
         self._progress: Callable[[], None] | None = None
         self._hook_s = 0.0
+        self._last_ready = 0.0
+        #: set by a peer (DDP) that waits for its all-reduces inside ``loss.backward()``:
+        #: backward compute then ends at the last gradient's hook, the rest is sync
+        self.sync_in_backward = False
         self.loss: torch.Tensor | None = None
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
@@ -102,7 +106,8 @@ class ResNetWorkload:
                 self._on_ready(i)
             if self._progress is not None:
                 self._progress()
-            self._hook_s += now() - t
+            self._last_ready = now()
+            self._hook_s += self._last_ready - t
         return hook
 
     @property
@@ -133,24 +138,28 @@ class ResNetWorkload:
         self.net.train()
         return correct / len(y)
 
-    def forward(self, timer, progress: Callable[[], None] | None = None) -> None:
+    def forward(self, timer, progress: Callable[[], None] | None = None,
+                accumulate: bool = False) -> None:
+        """Forward pass; ``accumulate`` keeps the gradients of earlier micro-batches."""
         if self.test is not None and self.loss is not None:
             self._next_batch()  # outside the timed phase: data loading is not measured
         with timer.compute("forward"):
-            for g in self.grads:
-                g.zero_()
+            if not accumulate:
+                for g in self.grads:
+                    g.zero_()
             out = self.net(self.inputs)
             self.loss = F.cross_entropy(out, self.labels)
             self._sync_device()
 
     def backward(self, timer, on_ready: Callable[[int], None],
-                 progress: Callable[[], None] | None = None) -> None:
+                 progress: Callable[[], None] | None = None, accumulate: bool = False) -> None:
         self._on_ready, self._progress = on_ready, progress
         self._order, self._hook_s = [], 0.0
         t = now()
         self.loss.backward()
         self._sync_device()
-        timer.add_compute(now() - t - self._hook_s, "backward")
+        end = self._last_ready if self.sync_in_backward else now()
+        timer.add_compute(end - t - self._hook_s, "backward")
         self._on_ready = self._progress = None
         if self._seen_order is None and len(self._order) == len(self.params):
             self._seen_order = list(self._order)

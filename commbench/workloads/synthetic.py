@@ -92,20 +92,26 @@ class SyntheticWorkload:
     def backward_order(self) -> list[int]:
         return list(self._order)
 
-    def forward(self, timer, progress: Callable[[], None] | None = None) -> None:
+    def forward(self, timer, progress: Callable[[], None] | None = None,
+                accumulate: bool = False) -> None:
         t0 = now()
         _wait_until(t0 + self.forward_s, progress)
         timer.add_compute(now() - t0, "forward")
 
     def backward(self, timer, on_ready: Callable[[int], None],
-                 progress: Callable[[], None] | None = None) -> None:
+                 progress: Callable[[], None] | None = None,
+                 accumulate: bool = False) -> None:
+        """Replay backward; ``accumulate`` adds to the gradients instead of setting them."""
         t0 = now()
         host_busy = 0.0
         deadline = t0
         for i in self._order:
             deadline = max(deadline, t0 + self._ready_s[i])
             t = now()
-            self.grads[i].fill_(self._values[i])
+            if accumulate:
+                self.grads[i].add_(self._values[i])
+            else:
+                self.grads[i].fill_(self._values[i])
             host_busy += now() - t
             _wait_until(deadline, progress)
             on_ready(i)

@@ -10,7 +10,8 @@ differently on every rank (the collectives must still be issued in the same
 order everywhere), then with some never announced (``finish`` takes them as
 they are); ``progress`` runs between announcements as a workload drives it.
 Every result must match flat within float tolerance and the exact mean, and
-the timer must have seen one collective per bucket. Exits 1 on a mismatch.
+the timer must have seen one collective per bucket. Two caps run again with
+the comm thread (``progress="thread"``). Exits 1 on a mismatch.
 
     mpirun -np 3 python tests/mpi/bucketed_vs_flat.py mpi
 """
@@ -66,8 +67,9 @@ def main() -> int:
         flat.begin_step(StepTimer())
         flat.finish()
         steps.append((mine, exact, [g.clone() for g in grads]))
-    for mb in BUCKET_MB:
-        bucketed = make_strategy("bucketed", comm, grads, bucket_mb=mb, backward_order=order)
+    for mb, progress in [(mb, "poll") for mb in BUCKET_MB] + [(0, "thread"), (4, "thread")]:
+        bucketed = make_strategy("bucketed", comm, grads, bucket_mb=mb, backward_order=order,
+                                 progress=progress)
         knobs = bucketed.knobs()
         if sum(knobs["bucket_bytes"]) != bucketed.nbytes:
             bad.append(f"bucket_mb={mb}: buckets hold {sum(knobs['bucket_bytes'])} bytes, "
@@ -104,6 +106,7 @@ def main() -> int:
                            f"{bucketed.nbytes}")
             if not sample.comm_s > 0:
                 bad.append(f"bucket_mb={mb} {how}: no comm time recorded")
+        bucketed.close()
         del bucketed
     return verdict(comm, bad, f"OK bucketed == flat on {n} ranks, bucket_mb {BUCKET_MB}")
 

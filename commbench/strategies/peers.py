@@ -1,0 +1,201 @@
+"""Peers in the same harness: Horovod's and PyTorch DDP's own gradient sync.
+
+They run on the real workload only (``--workload resnet``): both hook a real
+model, so on the synthetic workload the job refuses them with exit status 2.
+The step timer is the same as for the project's strategies, so their exposed
+sync compares directly.
+
+``horovod`` wraps the workload's SGD in ``hvd.DistributedOptimizer``
+(``op=Average``, ``backward_passes_per_step = --accum-steps``,
+``hvd.Compression.fp16`` for ``--compression fp16``). Horovod's own hooks
+start each gradient's all-reduce during backward; its background thread
+fuses them (``HOROVOD_FUSION_THRESHOLD``, default 64 MB) every cycle
+(``HOROVOD_CYCLE_TIME``, default 1 ms after 0.20): set them as Horovod users
+do, e.g. ``horovodrun --fusion-threshold-mb 32 --cycle-time-ms 5``; records
+carry the values in force. ``finish`` is ``optimizer.synchronize()``; the
+optimizer step then runs under ``skip_synchronize``. Its comm interval is
+from the step's first ready gradient to the end of ``synchronize`` (Horovod
+does not expose when each fused all-reduce really ran, so this is an upper
+bound on its comm time; exposed sync is exact). Needs the horovod backend.
+
+``ddp`` wraps the model in ``DistributedDataParallel`` on a Gloo process
+group made for it (``bucket_cap_mb = --bucket-mb``, ``broadcast_buffers``
+off, as the project's strategies do not sync BatchNorm buffers either). DDP
+waits for its buckets inside ``loss.backward()``, so the workload counts
+backward compute up to the last gradient's hook and the rest of backward
+shows as exposed sync. A comm hook (the default all-reduce hook's
+arithmetic: divide, then all-reduce; with ``--compression`` cast first, as
+``fp16_compress_hook`` does) records each bucket's interval. ``--accum-steps``
+uses ``no_sync()`` for all but the last micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import socket
+from collections.abc import Sequence
+
+import torch
+
+from commbench.comm.base import Communicator
+from commbench.strategies.base import COMPRESSIONS, Strategy
+from commbench.strategies.bucketed import DEFAULT_BUCKET_MB
+from commbench.timing import now
+
+HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": str(64 * 2**20), "HOROVOD_CYCLE_TIME": "1"}
+
+
+class _PreSynchronized:
+    """The optimizer the workload steps once ``finish`` has synchronised."""
+
+    def __init__(self, opt) -> None:
+        self.opt = opt
+
+    def step(self) -> None:
+        with self.opt.skip_synchronize():
+            self.opt.step()
+
+
+class HorovodStrategy(Strategy):
+    name = "horovod"
+    needs_model = True
+
+    @classmethod
+    def check(cls, comm: Communicator, algo: str) -> None:
+        if comm.name != "horovod":
+            raise ValueError("--strategy horovod runs hvd.DistributedOptimizer: it needs the "
+                             "horovod backend (launch with horovodrun, or --backend horovod "
+                             "under mpirun)")
+
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor], workload,
+                 compression: str = "none", accum_steps: int = 1) -> None:
+        super().__init__(comm, grads, compression)
+        self.check(comm, "native")
+        import horovod.torch as hvd
+
+        codecs = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+        if compression not in codecs:
+            raise ValueError(f"--strategy horovod: Horovod has no {compression} compression")
+        self.opt = hvd.DistributedOptimizer(
+            workload.opt, named_parameters=list(workload.net.named_parameters()),
+            compression=codecs[compression], backward_passes_per_step=accum_steps,
+            op=hvd.Average)
+        workload.opt = _PreSynchronized(self.opt)
+        self.accum_steps = accum_steps
+        self._first: float | None = None
+
+    def begin_step(self, timer) -> None:
+        super().begin_step(timer)
+        self._first = None
+
+    def on_ready(self, i: int) -> None:
+        if self._first is None:
+            self._first = self.timer.clock()
+
+    def finish(self) -> None:
+        t = self.timer.clock()
+        self.opt.synchronize()
+        self.timer.comm(self._first if self._first is not None else t, self.timer.clock(),
+                        self.nbytes)
+
+    def validation_pass(self, backward_order: Sequence[int]) -> None:
+        # With no handles pending, synchronize() all-reduces every gradient the way
+        # the optimizer's hooks do (same names, compression and averaging).
+        self.opt.synchronize()
+
+    def knobs(self) -> dict:
+        env = {k.lower(): os.environ.get(k, v) for k, v in HOROVOD_DEFAULTS.items()}
+        return {**super().knobs(), "backward_passes_per_step": self.accum_steps, **env}
+
+
+def _gloo_group(comm: Communicator):
+    """The default torch.distributed group on Gloo, rendezvous at rank 0 (made once)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.group.WORLD
+    where = None
+    if comm.rank == 0:
+        single_host = len(set(comm.topo.hostnames)) == 1
+        addr = "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:
+            s.bind((addr, 0))
+            where = (addr, s.getsockname()[1])
+    addr, port = comm.bcast_object(where)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.rank,
+                            world_size=comm.size)
+    return dist.group.WORLD
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+    needs_model = True
+
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor], workload,
+                 bucket_mb: float = DEFAULT_BUCKET_MB, compression: str = "none") -> None:
+        super().__init__(comm, grads, compression)
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._dist = dist
+        self.group = _gloo_group(comm)
+        self.bucket_mb = float(bucket_mb)
+        # No buffer sync in forward (named forward_sync_buffers from torch 2.13 on).
+        takes = inspect.signature(DistributedDataParallel).parameters
+        no_sync = {"forward_sync_buffers" if "forward_sync_buffers" in takes
+                   else "broadcast_buffers": False}
+        self.ddp = DistributedDataParallel(workload.net, bucket_cap_mb=self.bucket_mb,
+                                           process_group=self.group, **no_sync)
+        self._cast = COMPRESSIONS[compression]
+        self.ddp.register_comm_hook(None, self._hook)
+        workload.net = self.ddp
+        workload.sync_in_backward = True
+        self._buckets = self._step_buckets = 0
+
+    def begin_step(self, timer) -> None:
+        super().begin_step(timer)
+        self._buckets = 0
+
+    def _reduce(self, buf: torch.Tensor) -> torch.futures.Future:
+        """Mean of ``buf`` over ranks, in place, as a future (DDP's default hook's arithmetic)."""
+        start = now()
+        send = buf.to(self._cast) if self._cast is not None else buf
+        send.div_(self.comm.size)
+        fut = self._dist.all_reduce(send, group=self.group, async_op=True).get_future()
+        nbytes = send.numel() * send.element_size()
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            self.timer.comm(start, now(), nbytes)
+            out = f.value()[0]
+            if out is not buf:
+                buf.copy_(out)
+            return buf
+
+        return fut.then(done)
+
+    def _hook(self, _state, bucket):  # DDP rejects a return annotation that is a string
+        self._buckets += 1
+        return self._reduce(bucket.buffer())
+
+    def micro_batch(self, last: bool):
+        return contextlib.nullcontext() if last else self.ddp.no_sync()
+
+    def finish(self) -> None:
+        """DDP has already synchronised inside backward."""
+        self._step_buckets = self._buckets
+
+    def validation_pass(self, backward_order: Sequence[int]) -> None:
+        # DDP's reducer runs only inside backward; the same hook arithmetic on the
+        # same Gloo group reduces the known values, over one flat buffer.
+        flat = torch.cat([g.reshape(-1) for g in self.grads])
+        self._reduce(flat).wait()
+        offset = 0
+        for g in self.grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def knobs(self) -> dict:
+        return {**super().knobs(), "bucket_cap_mb": self.bucket_mb, "broadcast_buffers": False,
+                "buckets_per_step": self._step_buckets}
