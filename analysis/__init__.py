@@ -1,0 +1,1 @@
+"""Reads commbench result files only: plots, CSV export, cost model, timeline, report."""

@@ -139,3 +139,41 @@ class NullTimer:
 
     def end_step(self) -> None:
         return None
+
+
+class TracingStepTimer(StepTimer):
+    """StepTimer that also keeps every interval of every step, for ``--timeline``.
+
+    Per step it keeps the pre-step barrier wait, each compute phase and each
+    collective's (start, end, bytes), in seconds from this rank's own origin
+    (its first step's start): clocks of two ranks are never compared here.
+    A compute phase reported as a duration ends when it is reported. The
+    default loop uses StepTimer, which keeps none of this.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[dict] = []
+        self._origin: float | None = None
+
+    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
+        super().begin_step(step, warmup, wait_s)
+        if self._origin is None:
+            self._origin = self._t0
+        t0 = self._t0 - self._origin
+        self.steps.append({"step": step, "warmup": warmup, "wait": [t0 - wait_s, t0],
+                           "start": t0, "end": None, "phases": [], "comm": []})
+
+    def add_compute(self, seconds: float, phase: str) -> None:
+        super().add_compute(seconds, phase)
+        end = now() - self._origin
+        self.steps[-1]["phases"].append([phase, end - seconds, end])
+
+    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
+        super().comm(start, end, nbytes, calls)
+        self.steps[-1]["comm"].append([start - self._origin, end - self._origin, nbytes])
+
+    def end_step(self) -> StepSample:
+        sample = super().end_step()
+        self.steps[-1]["end"] = self.steps[-1]["start"] + sample.step_s
+        return sample

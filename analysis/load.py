@@ -1,0 +1,190 @@
+"""Read commbench result files (JSON Lines) into records, checking what can go wrong.
+
+Every line a worker writes is one complete JSON object carrying ``schema``
+and ``kind`` (``commbench/results.py``). A reader must still cope with what
+happens to files in practice, and say which file and line is at fault:
+
+- a missing path, a directory without ``*.jsonl`` files, an empty file;
+- a truncated last line (a run killed, or still running, mid-write): skipped
+  with a warning, so a partial file still plots;
+- a malformed line elsewhere, a record of another schema version than this
+  reader's, or files of two schema versions mixed: refused, because a plot of
+  records read with the wrong meaning would be silently wrong.
+
+Only the standard library and ``commbench.SCHEMA_VERSION`` are imported: the
+analysis never needs MPI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from commbench import SCHEMA_VERSION
+
+
+class LoadError(Exception):
+    """Input that cannot be read as commbench results; the message names file and line."""
+
+
+@dataclass
+class Loaded:
+    """Records of every file read, each with ``_file`` and ``_line``, plus the warnings."""
+
+    records: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+    def of_kind(self, *kinds: str) -> list[dict]:
+        return [r for r in self.records if r.get("kind") in kinds]
+
+
+def result_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The ``*.jsonl`` files named by ``paths`` (files as given, directories searched)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise LoadError(f"{p}: no such file or directory")
+        if p.is_dir():
+            found = sorted(p.rglob("*.jsonl"))
+            if not found:
+                raise LoadError(f"{p}: no *.jsonl result files in this directory")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def read_file(path: Path, warnings: list[str]) -> list[dict]:
+    """Records of one file; a truncated last line is skipped with a warning."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LoadError(f"{path}: cannot read: {e}") from None
+    lines = text.split("\n")
+    complete_last = text.endswith("\n")
+    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    if not numbered:
+        warnings.append(f"{path}: empty file, skipped")
+        return []
+    records = []
+    last_no = numbered[-1][0]
+    for no, line in numbered:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if no == last_no and not complete_last:
+                warnings.append(f"{path}:{no}: truncated last line (a run killed or still "
+                                f"writing), skipped")
+                continue
+            raise LoadError(f"{path}:{no}: not a JSON record ({e.msg} at column {e.colno})"
+                            ) from None
+        if not isinstance(rec, dict) or "kind" not in rec or "schema" not in rec:
+            raise LoadError(f"{path}:{no}: not a commbench record (no 'kind'/'schema' field)")
+        rec["_file"], rec["_line"] = str(path), no
+        records.append(rec)
+    return records
+
+
+def check_schemas(records: Sequence[dict]) -> None:
+    """Refuse records of another schema version, and mixes of versions, naming file:line."""
+    seen: dict[Any, dict] = {}
+    for r in records:
+        seen.setdefault(r["schema"], r)
+    if len(seen) > 1:
+        where = "; ".join(f"schema {v} at {r['_file']}:{r['_line']}" for v, r in seen.items())
+        raise LoadError(f"mixed schema versions ({where}): analyse each version's files "
+                        f"separately")
+    for version, r in seen.items():
+        if version != SCHEMA_VERSION:
+            raise LoadError(f"{r['_file']}:{r['_line']}: schema version {version!r}, but this "
+                            f"analysis reads version {SCHEMA_VERSION}: use the commbench "
+                            f"version that wrote it")
+
+
+def load(paths: Iterable[str | Path]) -> Loaded:
+    """Read every result file under ``paths``; raise LoadError when nothing usable is there."""
+    out = Loaded()
+    out.files = result_files(paths)
+    for f in out.files:
+        out.records += read_file(f, out.warnings)
+    if not out.records:
+        names = ", ".join(str(f) for f in out.files)
+        raise LoadError(f"no complete records in {names}")
+    check_schemas(out.records)
+    return out
+
+
+# -- reading fields defensively ------------------------------------------------------
+
+def get(rec: dict, name: str, default: Any = None) -> Any:
+    """Field ``name`` of a record, looked up at top level, then in ``knobs`` and ``config``.
+
+    Other issues add fields (``accum_steps``, ``compression``, ``staleness``);
+    where a writer puts them is not fixed, so readers find them by name.
+    """
+    for src in (rec, rec.get("knobs") or {}, rec.get("config") or {}):
+        if isinstance(src, dict) and src.get(name) is not None:
+            return src[name]
+    return default
+
+
+def num(x: Any) -> float:
+    """``x`` as a float; NaN for missing or non-numeric values (JSON null included)."""
+    if isinstance(x, bool) or x is None:
+        return math.nan
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def stat(rec: dict, name: str, which: str = "median") -> float:
+    """``stats.<name>.<which>`` of a summary, falling back to the plain field for the median."""
+    st = (rec.get("stats") or {}).get(name) or {}
+    if which in st:
+        return num(st[which])
+    return num(rec.get(name)) if which == "median" else math.nan
+
+
+# -- tidy rows ---------------------------------------------------------------------
+
+#: per-rank arrays and bulky provenance stay out of the tidy rows (they are in the files)
+SKIP_FIELDS = ("ranks", "argv", "versions", "hostnames", "local_sizes")
+LEAD_COLUMNS = ("file", "line", "kind", "run_id", "strategy", "algo", "backend", "world_size",
+                "nodes", "local_size", "model", "workload", "batch_size", "step", "warmup")
+
+
+def _flatten(prefix: str, value: Any, out: dict) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    elif isinstance(value, list):
+        if all(isinstance(v, (int, float, str, bool)) or v is None for v in value) \
+                and len(value) <= 16:
+            out[prefix] = " ".join("" if v is None else str(v) for v in value)
+    else:
+        out[prefix] = value
+
+
+def tidy_row(rec: dict) -> dict:
+    """One flat row per record: nested fields as dotted names (``stats.step_s.p95``)."""
+    row: dict = {"file": rec.get("_file"), "line": rec.get("_line")}
+    for k, v in rec.items():
+        if k.startswith("_") or k in SKIP_FIELDS:
+            continue
+        _flatten(k, v, row)
+    return row
+
+
+def tidy(records: Iterable[dict]) -> tuple[list[str], list[dict]]:
+    """Columns (leading ones first, then sorted) and rows of ``records``."""
+    rows = [tidy_row(r) for r in records]
+    names = {k for row in rows for k in row}
+    cols = [c for c in LEAD_COLUMNS if c in names]
+    cols += sorted(names - set(cols))
+    return cols, rows

@@ -1,0 +1,660 @@
+"""The alpha-beta-gamma cost model of all-reduce: fitted here, used to look past this machine.
+
+    python -m analysis.model results/ -o model/        # fit, check, extrapolate; prints tables
+    python -m analysis.model results/ --native-is rd=results/mb-rd.jsonl
+
+Per link level (``intra``: ranks on one host; ``inter``: between hosts) a
+message of ``m`` bytes costs ``alpha + m * beta``; reducing ``m`` bytes costs
+``m * gamma``. All-reduce of ``n`` bytes on ``p`` ranks (Thakur, Rabenseifner
+& Gropp, "Optimization of Collective Communication Operations in MPICH",
+IJHPCA 2005):
+
+- ring: ``2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma``
+- recursive doubling: ``log p (alpha + n beta + n gamma)``
+- Rabenseifner (halving reduce-scatter + doubling all-gather):
+  ``2 log p alpha + 2(p-1)/p n beta + (p-1)/p n gamma``
+- hierarchical (``hier``): ring reduce-scatter inside the node, ring all-reduce of
+  the node's shards across ``N`` nodes (its ``L`` local ranks in parallel, sharing
+  the node's link), ring all-gather inside the node;
+- hierarchical leader (``hier-leader``): reduce to the node's first rank, ring
+  all-reduce among the ``N`` leaders, broadcast; reduce and broadcast take the
+  cheaper of Thakur's short (binomial tree) and long (Rabenseifner reduce,
+  scatter + all-gather broadcast) forms, as MPICH chooses.
+
+Across nodes (ranks placed node by node) a flat algorithm's step that crosses
+nodes costs the inter-node link's alpha and beta; for recursive doubling and
+Rabenseifner all ``L`` ranks of a node cross at once, so the node's link
+carries ``L`` times the message; a ring has one crossing per node per step.
+
+Fitting: alpha, beta (and gamma where two algorithms with different
+beta:gamma weights are measured; otherwise gamma is folded into beta) by
+least absolute relative error, from microbenchmark records of a ring (a
+known algorithm: the MPI library's forced ring where measured, else the
+project's ``ring``; the fastest of repeated runs per size): one-host
+records fix ``intra``, multi-host records (the emulated cluster) fix
+``inter``. Every other record,
+and the ring sizes left out of the fit (every second size), are predictions
+the fit never saw. ``native`` (the MPI library's own choice) is predicted as
+the cheapest of the three flat algorithms unless ``--native-is ALGO=PATH``
+says which one the library was forced to (Open MPI:
+``OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=``
+3 recursive doubling, 4 ring, 6 Rabenseifner).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from analysis.cli import UsageError, parser, run, warn
+from analysis.load import get, load, num
+
+PROG = "analysis.model"
+
+# unknowns of the model, in this order in every coefficient vector
+PARAMS = ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
+AI, BI, AE, BE, G = range(5)
+FLAT_ALGOS = ("ring", "rd", "rabenseifner")
+ALGO_NAMES = {"ring": "ring", "rd": "recursive doubling", "rabenseifner": "Rabenseifner",
+              "hier": "hierarchical", "hier-leader": "hierarchical leader",
+              "native": "native (best of ring, rd, Rabenseifner)"}
+
+# --- extrapolation defaults: ResNet-50 on A100-class nodes ---------------------------
+#: ResNet-50's gradient: 25,557,032 float32 parameters (torchvision; commbench.models)
+RESNET50_GRAD_BYTES = 25_557_032 * 4
+#: one A100 80GB, mixed precision, batch 256: 2470 img/s (NVIDIA DeepLearningExamples,
+#: PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance: NVIDIA
+#: DGX A100 (8x A100 80GB)", 1 GPU) -> 256 / 2470 s of compute per step
+A100_RESNET50_BATCH = 256
+A100_RESNET50_IMG_S = 2470.0
+A100_RESNET50_COMPUTE_S = A100_RESNET50_BATCH / A100_RESNET50_IMG_S
+#: an A100-class node: 8 GPUs on NVLink 3 (300 GB/s per GPU and direction), ~2 us per
+#: message; reduction at HBM speed (~1.9 TB/s, 3 bytes moved per byte reduced)
+A100_NODE = {"local_size": 8, "alpha_intra": 2e-6, "beta_intra": 1 / 300e9,
+             "gamma": 3 / 1.9e12}
+#: inter-node latency per message in the extrapolation: an RDMA-class fabric (NCCL over
+#: InfiniBand: a few microseconds per message); stated, not fitted, because the emulated
+#: cluster's links are TCP through network namespaces, whose per-message cost is far larger
+DEFAULT_ALPHA_INTER = 10e-6
+
+
+class ModelError(ValueError):
+    """A request the model cannot answer; the message says why."""
+
+
+@dataclass
+class Params:
+    alpha_intra: float = math.nan
+    beta_intra: float = math.nan
+    alpha_inter: float = math.nan
+    beta_inter: float = math.nan
+    gamma: float = 0.0
+    gamma_folded: bool = True  # gamma not identifiable from the fit data: inside beta
+    fitted: list[str] = field(default_factory=list)
+
+    def vector(self) -> np.ndarray:
+        return np.array([getattr(self, k) for k in PARAMS], dtype=float)
+
+    def with_inter(self, alpha: float, beta: float) -> Params:
+        d = asdict(self)
+        d.update(alpha_inter=alpha, beta_inter=beta)
+        return Params(**d)
+
+
+def _log2(p: int) -> tuple[int, int]:
+    """(floor log2 p, extra steps): non-powers of two take 2 more steps (MPICH)."""
+    lg = int(math.floor(math.log2(p))) if p > 1 else 0
+    return lg, (0 if 1 << lg == p else 2)
+
+
+def flat_coef(algo: str, n: float, p: int, nodes: int = 1, local: int | None = None
+              ) -> np.ndarray:
+    """Coefficients of PARAMS in the time of a flat all-reduce of ``n`` bytes on ``p`` ranks."""
+    c = np.zeros(5)
+    if p <= 1:
+        return c
+    local = p if nodes <= 1 else (local or math.ceil(p / nodes))
+    multi = nodes > 1
+    if algo == "ring":
+        a, b = (AE, BE) if multi else (AI, BI)
+        c[a] += 2 * (p - 1)
+        c[b] += 2 * (p - 1) / p * n
+        c[G] += (p - 1) / p * n
+        return c
+    lg, extra = _log2(p)
+    if algo == "rd":
+        for i in range(lg):
+            cross = multi and (1 << i) >= local
+            c[AE if cross else AI] += 1
+            c[BE if cross else BI] += n * (local if cross else 1)
+            c[G] += n
+    elif algo == "rabenseifner":
+        q = 1 << lg
+        for i in range(1, lg + 1):
+            m = n / (1 << i)
+            cross = multi and q >> i >= local
+            c[AE if cross else AI] += 2  # halving step and its doubling mirror
+            c[BE if cross else BI] += 2 * m * (local if cross else 1)
+            c[G] += m
+    else:
+        raise ModelError(f"unknown flat algorithm {algo!r}; choose from {', '.join(FLAT_ALGOS)}")
+    if extra:  # fold the surplus ranks in and out (one message of n each way, one reduction)
+        c[AE if multi else AI] += extra
+        c[BE if multi else BI] += extra * n
+        c[G] += n
+    return c
+
+
+def _reduce_bcast(n: float, local: int, params: Params) -> float:
+    """Reduce to a root plus broadcast inside a node: the cheaper Thakur form of each."""
+    if local <= 1:
+        return 0.0
+    lg = math.ceil(math.log2(local))
+    a, b, g = params.alpha_intra, params.beta_intra, params.gamma
+    reduce_s = min(lg * (a + n * b + n * g),
+                   2 * lg * a + 2 * (local - 1) / local * n * b + (local - 1) / local * n * g)
+    bcast_s = min(lg * (a + n * b), (lg + local - 1) * a + 2 * (local - 1) / local * n * b)
+    return reduce_s + bcast_s
+
+
+def hier_coef(n: float, nodes: int, local: int) -> np.ndarray:
+    """Coefficients of the reduce-scatter / cross all-reduce / all-gather hierarchy."""
+    c = np.zeros(5)
+    if local > 1:  # ring reduce-scatter and all-gather inside the node
+        c[AI] += 2 * (local - 1)
+        c[BI] += 2 * (local - 1) / local * n
+        c[G] += (local - 1) / local * n
+    if nodes > 1:  # ring over nodes of each n/local shard; the node's link carries all of n
+        c[AE] += 2 * (nodes - 1)
+        c[BE] += 2 * (nodes - 1) / nodes * n
+        c[G] += (nodes - 1) / nodes * n / local
+    return c
+
+
+def predict(algo: str, n: float, p: int, params: Params, nodes: int = 1,
+            local: int | None = None) -> float:
+    """Predicted all-reduce seconds of ``algo`` for ``n`` bytes on ``p`` ranks."""
+    local = p if nodes <= 1 else (local or math.ceil(p / nodes))
+    v = params.vector()
+    if algo in FLAT_ALGOS:
+        return float(np.nansum(flat_coef(algo, n, p, nodes, local) * v))
+    if algo == "native":
+        return min(predict(a, n, p, params, nodes, local) for a in FLAT_ALGOS)
+    if algo == "hier":
+        return float(np.nansum(hier_coef(n, nodes, local) * v))
+    if algo == "hier-leader":
+        cross = 0.0
+        if nodes > 1:
+            cross = float(np.nansum(flat_coef("ring", n, nodes, nodes, 1) * v))
+        return _reduce_bcast(n, local, params) + cross
+    raise ModelError(f"no model for algorithm {algo!r}")
+
+
+# --- measurements ------------------------------------------------------------------
+
+@dataclass
+class Point:
+    """One measured all-reduce: algorithm (as modelled), bytes, ranks, nodes, seconds.
+
+    ``label`` names the implementation measured: commbench's own algorithms by
+    their ``--algo`` name (``ring``, ``hier``, ``hier-leader``), the MPI
+    library's all-reduce as ``mpi-<algo>`` (``mpi-native`` when its choice is
+    unknown).
+    """
+
+    label: str
+    algo: str
+    size: float
+    ranks: int
+    nodes: int
+    local: int
+    seconds: float
+    source: str = ""
+
+
+def points(records: Sequence[dict], native_is: dict[str, str] | None = None) -> list[Point]:
+    """Microbenchmark records as Points; ``native`` renamed where its algorithm is known."""
+    out = []
+    for r in records:
+        if r.get("kind") != "microbench":
+            continue
+        t = num((r.get("time_us") or {}).get("avg")) * 1e-6
+        size = num(r.get("size"))
+        if not (t > 0 and size > 0) or r.get("wrong"):
+            continue
+        algo = r.get("algo") or "native"
+        label = algo
+        if algo == "native":
+            algo = (native_is or {}).get(r.get("_file"), get(r, "native_algorithm", "native"))
+            label = f"mpi-{algo}"
+        if r.get("wire_dtype") and r.get("dtype") and r["wire_dtype"] != r["dtype"]:
+            continue  # widened on the wire: not the bytes it says
+        ranks = num(r.get("world_size"))
+        if not ranks >= 1:
+            continue
+        nodes, local = num(r.get("nodes")), num(r.get("local_size"))
+        out.append(Point(label, algo, size, int(ranks), int(nodes) if nodes >= 1 else 1,
+                         int(local) if local >= 1 else int(ranks), t,
+                         f"{r['_file']}:{r['_line']}"))
+    return out
+
+
+def fastest(pts: Sequence[Point]) -> list[Point]:
+    """One point per (label, size, ranks, nodes): the fastest of repeated measurements.
+
+    Contention on a shared machine only ever adds time, so the minimum over
+    repeats is the best estimate of the uncontended cost.
+    """
+    best: dict[tuple, Point] = {}
+    for pt in pts:
+        key = (pt.label, pt.size, pt.ranks, pt.nodes, pt.local)
+        if key not in best or pt.seconds < best[key].seconds:
+            best[key] = pt
+    return list(best.values())
+
+
+def split_fit(pts: Sequence[Point], fit_algos: Sequence[str]) -> tuple[list[Point], list[Point]]:
+    """Fit set: every second message size of each fit algorithm's series; the rest held out."""
+    fit, held = [], []
+    series: dict[tuple, list[Point]] = defaultdict(list)
+    for pt in pts:
+        if pt.label in fit_algos:
+            series[(pt.label, pt.ranks, pt.nodes)].append(pt)
+        else:
+            held.append(pt)
+    for ser in series.values():
+        sizes = sorted({pt.size for pt in ser})
+        even = set(sizes[::2])
+        for pt in ser:
+            (fit if pt.size in even else held).append(pt)
+    return fit, held
+
+
+def _coef(pt: Point) -> np.ndarray:
+    if pt.algo in FLAT_ALGOS:
+        return flat_coef(pt.algo, pt.size, pt.ranks, pt.nodes, pt.local)
+    if pt.algo == "hier":
+        return hier_coef(pt.size, pt.nodes, pt.local)
+    raise ModelError(f"cannot fit on {pt.algo!r}: only ring, rd, rabenseifner and hier are "
+                     "linear in the parameters")
+
+
+def _nnls_relative(rows: np.ndarray, t: np.ndarray, offset: np.ndarray, cols: list[int]
+                   ) -> dict[int, float]:
+    """Least absolute relative error over ``cols`` (others fixed); negative ones dropped.
+
+    Absolute rather than squared error (iteratively reweighted least squares):
+    on a shared machine a few timings are inflated many times by preemption,
+    and squares would let those few decide the fit.
+    """
+    active = list(cols)
+    while active:
+        a = rows[:, active] / t[:, None]
+        y = (t - offset) / t
+        w = np.ones(len(t))
+        for _ in range(50):
+            sol, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+            w = 1 / np.sqrt(np.maximum(np.abs(a @ sol - y), 1e-3))
+        if (sol >= 0).all():
+            return dict(zip(active, sol.tolist()))
+        active.pop(int(np.argmin(sol)))
+    return {}
+
+
+def _gamma_identifiable(rows: np.ndarray, beta_col: int) -> bool:
+    ratios = {round(r[G] / r[beta_col], 6) for r in rows if r[beta_col] > 0}
+    return len(ratios) > 1
+
+
+def fit(pts: Sequence[Point], intra_default: Params | None = None) -> Params:
+    """alpha, beta per level (gamma where identifiable) from the fit set's points."""
+    params = Params(gamma=0.0)
+    intra = [pt for pt in pts if pt.nodes <= 1 and pt.ranks > 1]
+    inter = [pt for pt in pts if pt.nodes > 1]
+    if intra:
+        rows = np.array([_coef(pt) for pt in intra])
+        t = np.array([pt.seconds for pt in intra])
+        cols = [AI, BI]
+        if _gamma_identifiable(rows, BI):
+            cols.append(G)
+            params.gamma_folded = False
+        sol = _nnls_relative(rows, t, np.zeros(len(t)), cols)
+        params.alpha_intra, params.beta_intra = sol.get(AI, 0.0), sol.get(BI, 0.0)
+        params.gamma = sol.get(G, 0.0)
+        params.fitted += ["alpha_intra", "beta_intra"] + (["gamma"] if G in cols else [])
+    elif intra_default is not None:
+        params.alpha_intra, params.beta_intra = intra_default.alpha_intra, \
+            intra_default.beta_intra
+        params.gamma = intra_default.gamma
+    if inter:
+        if math.isnan(params.alpha_intra) and any(pt.local > 1 for pt in inter):
+            raise ModelError("multi-host points need the intra-node level too: add one-host "
+                             "microbenchmark results")
+        rows = np.array([_coef(pt) for pt in inter])
+        t = np.array([pt.seconds for pt in inter])
+        known = np.nan_to_num(params.vector())
+        known[AE] = known[BE] = 0.0
+        sol = _nnls_relative(rows, t, rows @ known, [AE, BE])
+        params.alpha_inter, params.beta_inter = sol.get(AE, 0.0), sol.get(BE, 0.0)
+        params.fitted += ["alpha_inter", "beta_inter"]
+    if not params.fitted:
+        raise ModelError("nothing to fit: no microbenchmark records of the fit algorithms "
+                         "(run python -m commbench.microbench --algo ring)")
+    return params
+
+
+@dataclass
+class ErrorRow:
+    algo: str
+    level: str
+    ranks: int
+    count: int
+    median_abs_err: float
+    p90_abs_err: float
+    worst_size: float
+    worst_err: float
+
+
+def errors(held: Sequence[Point], params: Params) -> list[ErrorRow]:
+    """Relative error (predicted / measured - 1) per algorithm and level on held-out points."""
+    groups: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
+    for pt in held:
+        level = "intra" if pt.nodes <= 1 else "inter"
+        if level == "inter" and math.isnan(params.alpha_inter):
+            continue
+        pred = predict(pt.algo, pt.size, pt.ranks, params, pt.nodes, pt.local)
+        groups[(pt.label, level, pt.ranks)].append((pt.size, pred / pt.seconds - 1))
+    rows = []
+    for (algo, level, ranks), errs in sorted(groups.items()):
+        absd = np.abs([e for _, e in errs])
+        worst = int(np.argmax(absd))
+        rows.append(ErrorRow(algo, level, ranks, len(errs), float(np.median(absd)),
+                             float(np.percentile(absd, 90)), errs[worst][0], errs[worst][1]))
+    return rows
+
+
+# --- extrapolation ---------------------------------------------------------------
+
+@dataclass
+class Scenario:
+    """A training step to extrapolate: gradient bytes, compute seconds, node shape."""
+
+    grad_bytes: float = RESNET50_GRAD_BYTES
+    compute_s: float = A100_RESNET50_COMPUTE_S
+    local_size: int = A100_NODE["local_size"]
+    alpha_intra: float = A100_NODE["alpha_intra"]
+    beta_intra: float = A100_NODE["beta_intra"]
+    gamma: float = A100_NODE["gamma"]
+    alpha_inter: float = DEFAULT_ALPHA_INTER
+
+    def params(self, gbit_s: float) -> Params:
+        return Params(self.alpha_intra, self.beta_intra, self.alpha_inter, 8 / (gbit_s * 1e9),
+                      self.gamma, gamma_folded=False)
+
+
+def sync_share(algo: str, ranks: int, gbit_s: float, sc: Scenario) -> tuple[float, float]:
+    """(all-reduce seconds, sync share) of a step with no overlap of sync and compute."""
+    nodes = max(1, math.ceil(ranks / sc.local_size))
+    local = min(ranks, sc.local_size)
+    t = predict(algo, sc.grad_bytes, ranks, sc.params(gbit_s), nodes, local)
+    return t, t / (t + sc.compute_s)
+
+
+EXTRAP_ALGOS = ("ring", "hier")
+EXTRAP_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+EXTRAP_RATES = (25.0, 100.0, 400.0)
+
+
+def extrapolation_figure(sc: Scenario, rates: Sequence[float] = EXTRAP_RATES,
+                         ranks: Sequence[int] = EXTRAP_RANKS, claim: float | None = 0.35):
+    """Predicted sync share vs ranks, one line per (link speed, flat ring / hierarchical)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, rate in enumerate(rates):
+        for algo, style in zip(EXTRAP_ALGOS, ("-", "--")):
+            ys = [sync_share(algo, p, rate, sc)[1] for p in ranks]
+            ax.plot(ranks, ys, style, marker="o", ms=3, color=colors[k % len(colors)],
+                    label=f"{'flat ring' if algo == 'ring' else 'hierarchical'}, {rate:g} Gbit/s")
+    if claim is not None:
+        ax.axhline(claim, color="grey", lw=1, ls=":", label=f"seed claim C1 ({claim:.0%})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ranks (GPUs)")
+    ax.set_ylabel("sync share (exposed sync / step), no overlap")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Model: gradient sync share, {sc.grad_bytes / 1e6:.1f} MB gradient, "
+                 f"{sc.compute_s * 1e3:.1f} ms compute, {sc.local_size} ranks/node",
+                 fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def fit_figure(pts: Sequence[Point], fit_pts: Sequence[Point], params: Params):
+    """Measured all-reduce time vs size (markers; filled = fitted on) with the model's lines,
+    one panel per rank count and node count."""
+    import matplotlib.pyplot as plt
+
+    panels: dict[tuple, dict[tuple, list[Point]]] = defaultdict(lambda: defaultdict(list))
+    for pt in pts:
+        if pt.nodes > 1 and math.isnan(params.alpha_inter):
+            continue
+        panels[(pt.ranks, pt.nodes, pt.local)][(pt.label, pt.algo)].append(pt)
+    labels = sorted({key[0] for panel in panels.values() for key in panel})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {lab: colors[i % len(colors)] for i, lab in enumerate(labels)}
+    fitted = {id(pt) for pt in fit_pts}
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4.6),
+                             squeeze=False)
+    for ax, ((p, nodes, local), panel) in zip(axes[0], sorted(panels.items())):
+        for (name, algo), ser in sorted(panel.items()):
+            ser.sort(key=lambda pt: pt.size)
+            xs = [pt.size for pt in ser]
+            c = color[name]
+            ax.plot(xs, [pt.seconds * 1e6 for pt in ser], "o", color=c, mfc="none", ms=4)
+            fx = [pt for pt in ser if id(pt) in fitted]
+            if fx:
+                ax.plot([pt.size for pt in fx], [pt.seconds * 1e6 for pt in fx], "o", color=c,
+                        ms=4)
+            grid = np.geomspace(min(xs), max(xs), 60)
+            ax.plot(grid, [predict(algo, x, p, params, nodes, local) * 1e6 for x in grid],
+                    "-", color=c, lw=1, label=f"{name} (model: {ALGO_NAMES.get(algo, algo)})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("all-reduce time (µs)")
+        ax.set_title(f"{p} ranks, {nodes} node{'s' if nodes > 1 else ''}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("Cost model (lines) vs microbenchmark (markers; filled: fitted on, open: "
+                 "held out)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --- command line -------------------------------------------------------------------
+
+@dataclass
+class ModelResult:
+    params: Params
+    fit_points: list[Point]
+    held_points: list[Point]
+    points: list[Point]
+    errors: list[ErrorRow]
+    scenario: Scenario
+
+
+def analyse(records: Sequence[dict], native_is: dict[str, str] | None = None,
+            fit_algos: Sequence[str] | None = None, scenario: Scenario | None = None,
+            ranks: Sequence[int] | None = None) -> ModelResult:
+    """Fit on ``fit_algos`` (labels; default, per level: the MPI library's ring where
+    measured, else commbench's ring), check on the rest, carry the extrapolation scenario."""
+    pts = fastest(points(records, native_is))
+    if ranks:
+        pts = [pt for pt in pts if pt.ranks in ranks]
+    if not pts:
+        raise ModelError("no microbenchmark records (python -m commbench.microbench) to fit "
+                         "the model on" + (f" with {ranks} ranks" if ranks else ""))
+    if fit_algos:
+        fit_pts, held = split_fit(pts, fit_algos)
+    else:  # per level: the MPI library's ring where measured there, else commbench's ring
+        fit_pts, held = [], []
+        for multi in (False, True):
+            level = [pt for pt in pts if (pt.nodes > 1) == multi]
+            labels = {pt.label for pt in level}
+            f, h = split_fit(level, ["mpi-ring"] if "mpi-ring" in labels else ["ring"])
+            fit_pts += f
+            held += h
+    params = fit(fit_pts)
+    sc = scenario or Scenario()
+    return ModelResult(params, fit_pts, held, pts, errors(held, params), sc)
+
+
+def report_lines(res: ModelResult, rates: Sequence[float] = EXTRAP_RATES,
+                 ranks: Sequence[int] = EXTRAP_RANKS) -> list[str]:
+    p = res.params
+    out = ["# fitted (least absolute relative error, fastest repeat per size, on every second "
+           f"size of: {', '.join(sorted({pt.label for pt in res.fit_points}))})"]
+    for level in ("intra", "inter"):
+        a, b = getattr(p, f"alpha_{level}"), getattr(p, f"beta_{level}")
+        if math.isnan(a):
+            out.append(f"{level:6s} not fitted (no {'one' if level == 'intra' else 'multi'}-host "
+                       "microbenchmark records)")
+        else:
+            out.append(f"{level:6s} alpha {a * 1e6:9.2f} us   beta {b * 1e9:8.4f} ns/B "
+                       f"({1 / b / 1e9 if b > 0 else math.inf:7.2f} GB/s)")
+    out.append(f"gamma  {p.gamma * 1e9:.4f} ns/B" if not p.gamma_folded else
+               "gamma  folded into beta (the fit algorithms weigh beta and gamma alike)")
+    out.append("")
+    out.append("# prediction vs measurement on points not fitted on: |predicted/measured - 1|")
+    out.append(f"{'algorithm':16s} {'level':6s} {'ranks':>5s} {'points':>6s} {'median':>8s} "
+               f"{'p90':>8s} {'worst at size':>14s} {'worst':>8s}")
+    for e in res.errors:
+        out.append(f"{e.algo:16s} {e.level:6s} {e.ranks:5d} {e.count:6d} "
+                   f"{e.median_abs_err:8.1%} {e.p90_abs_err:8.1%} {int(e.worst_size):14d} "
+                   f"{e.worst_err:+8.1%}")
+    sc = res.scenario
+    out += ["", f"# extrapolation: {sc.grad_bytes / 1e6:.1f} MB gradient, compute "
+                f"{sc.compute_s * 1e3:.1f} ms/step, {sc.local_size} ranks/node, inter alpha "
+                f"{sc.alpha_inter * 1e6:.1f} us, no overlap: sync share",
+            f"{'ranks':>6s} " + " ".join(f"{f'{a} {r:g}G':>12s}" for r in rates
+                                         for a in ("flat", "hier"))]
+    for n in ranks:
+        out.append(f"{n:6d} " + " ".join(f"{sync_share(a, n, r, sc)[1]:12.1%}" for r in rates
+                                         for a in EXTRAP_ALGOS))
+    return out
+
+
+def mark_native(records: Sequence[dict], native_is: dict[str, str] | None) -> None:
+    """Record, on ``native`` microbenchmark rows of the files named, which algorithm ran."""
+    for r in records:
+        algo = (native_is or {}).get(r.get("_file"))
+        if algo and r.get("kind") == "microbench" and r.get("algo") == "native":
+            r["native_algorithm"] = algo
+
+
+def parse_native_is(items: Sequence[str]) -> dict[str, str]:
+    """``ALGO=PATH`` items as {result file: algorithm}."""
+    out = {}
+    for item in items or []:
+        algo, _, path = item.partition("=")
+        if algo not in FLAT_ALGOS or not path:
+            raise UsageError(f"--native-is {item!r}: expected ALGO=PATH with ALGO one of "
+                             f"{', '.join(FLAT_ALGOS)}")
+        from analysis.load import result_files
+        for f in result_files([path]):
+            out[str(f)] = algo
+    return out
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise UsageError(f"expected positive numbers, got {text!r}")
+    return vals
+
+
+def body(argv: list[str]) -> int:
+    p = parser(PROG, "Fit the alpha-beta(-gamma) all-reduce cost model to microbenchmark "
+                     "results, check it on what it was not fitted on, and extrapolate a "
+                     "training step's sync share to large clusters.")
+    p.add_argument("paths", nargs="+", help="result files or directories")
+    p.add_argument("-o", "--output", help="directory for the figures (PNG, SVG) and fit.json")
+    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
+                   help="native records in PATH ran this algorithm (Open MPI forced with "
+                        "OMPI_MCA_coll_tuned_allreduce_algorithm); repeatable")
+    p.add_argument("--fit", default=None,
+                   help="measured algorithms to fit on, comma list of labels (ring, hier, "
+                        "mpi-ring, mpi-rd, mpi-rabenseifner; default, per link level: mpi-ring "
+                        "where measured, else ring)")
+    p.add_argument("--ranks", default=None,
+                   help="only records of these rank counts (comma list), e.g. leave out runs "
+                        "with more ranks than cores, where latency is the scheduler's")
+    p.add_argument("--compute-ms", type=float, default=A100_RESNET50_COMPUTE_S * 1e3,
+                   help="compute time of the extrapolated step (default: ResNet-50, batch 256, "
+                        "one A100 80GB, 2470 img/s, NVIDIA DeepLearningExamples)")
+    p.add_argument("--grad-bytes", type=float, default=RESNET50_GRAD_BYTES,
+                   help="gradient bytes per step (default ResNet-50, float32)")
+    p.add_argument("--rates", default="25,100,400", help="inter-node link speeds, Gbit/s")
+    p.add_argument("--local-size", type=int, default=A100_NODE["local_size"],
+                   help="ranks (GPUs) per node in the extrapolation")
+    p.add_argument("--alpha-inter-us", type=float, default=DEFAULT_ALPHA_INTER * 1e6,
+                   help="inter-node latency per message in the extrapolation (an RDMA-class "
+                        "fabric; the emulated cluster's fitted TCP latency is far larger)")
+    args = p.parse_args(argv)
+    if min(args.compute_ms, args.grad_bytes, args.local_size, args.alpha_inter_us) <= 0:
+        raise UsageError("--compute-ms, --grad-bytes, --local-size and --alpha-inter-us must "
+                         "be > 0")
+    rates = _floats(args.rates)
+    fit_algos = [a.strip() for a in (args.fit or "").split(",") if a.strip()]
+    fittable = (*FLAT_ALGOS, "hier", *(f"mpi-{a}" for a in FLAT_ALGOS))
+    bad = [a for a in fit_algos if a not in fittable]
+    if bad:
+        raise UsageError(f"--fit: cannot fit on {bad[0]!r}; choose from {', '.join(fittable)}")
+    out = Path(args.output) if args.output else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"-o/--output: {out} is not a directory")
+    native_is = parse_native_is(args.native_is)
+    loaded = load(args.paths)
+    warn(PROG, loaded.warnings)
+    sc = Scenario(grad_bytes=args.grad_bytes, compute_s=args.compute_ms / 1e3,
+                  local_size=args.local_size)
+    try:
+        res = analyse(loaded.records, native_is, fit_algos, sc,
+                      [int(x) for x in _floats(args.ranks)] if args.ranks else None)
+    except ModelError as e:
+        raise UsageError(str(e)) from None
+    if args.alpha_inter_us is not None:
+        sc.alpha_inter = args.alpha_inter_us * 1e-6
+    print("\n".join(report_lines(res, rates)))
+    if out is not None:
+        import json
+
+        from analysis.figures import save
+        out.mkdir(parents=True, exist_ok=True)
+        save(fit_figure(res.points, res.fit_points, res.params), out / "model_fit")
+        save(extrapolation_figure(sc, rates), out / "model_extrapolation")
+        (out / "fit.json").write_text(json.dumps(
+            {"params": asdict(res.params), "errors": [asdict(e) for e in res.errors],
+             "scenario": asdict(sc)}, indent=1), encoding="utf-8")
+        print(f"figures -> {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(PROG, body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
