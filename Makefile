@@ -3,7 +3,7 @@ NP ?= 8
 VENV ?= .venv
 ARGS ?=
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint clean docker-image
 
 setup:
 	./scripts/setup.sh
@@ -14,6 +14,9 @@ run: setup
 test:
 	./scripts/setup.sh --with-test-deps
 	$(VENV)/bin/python -m pytest -q
+
+docker-image: setup
+	docker/build.sh --local-base
 
 lint:
 	$(VENV)/bin/ruff check commbench launch analysis tests

@@ -16,7 +16,9 @@
 #
 # Flags:
 #   --with-test-deps        also install what only the tests need (a single-node
-#                           Slurm: slurm-wlm, munge); `make test` passes it.
+#                           Slurm: slurm-wlm, munge; a Docker daemon, compose and
+#                           debootstrap for the container cluster: docker.io,
+#                           docker-compose, debootstrap); `make test` passes it.
 set -euo pipefail
 TEST_DEPS=0
 for arg in "$@"; do
@@ -37,7 +39,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- 1. system packages -------------------------------------------------------
 apt_pkgs=(openmpi-bin libopenmpi-dev g++ make cmake git iproute2 iptables procps util-linux)
-[ "$TEST_DEPS" = 1 ] && apt_pkgs+=(slurm-wlm munge)
+[ "$TEST_DEPS" = 1 ] && apt_pkgs+=(slurm-wlm munge docker.io docker-compose debootstrap)
 if [ "${COMMBENCH_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${apt_pkgs[@]}"; do
