@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commbench.results import write_atomic
 from launch import commands
 from launch.execute import run
 
@@ -230,7 +231,7 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
     outdir.mkdir(parents=True, exist_ok=True)
     points = sweep.points()
     ids = [point_id(p, sweep) for p in points]
-    (outdir / "sweep.json").write_text(json.dumps(
+    write_atomic(outdir / "sweep.json", json.dumps(
         {"sweep": {k: v for k, v in vars(sweep).items() if k != "grid"}, "grid": sweep.grid,
          "points": [{"id": i, **p} for i, p in zip(ids, points)]}, indent=1))
     counts = {"done": 0, "failed": 0, "skipped": 0}
