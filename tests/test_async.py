@@ -106,11 +106,14 @@ def test_records_carry_staleness_applied_wait_and_sync_share(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [3, 4])
 def test_ps_converges_on_digits(tmp_path, np_):
-    """Held-out accuracy above 0.8 (chance: 0.1) after ~180 updates of 32 images
-    (synchronous training at this rate passes 0.85 within 20 steps of 4 x 32)."""
-    steps = 180 // (np_ - 1)
+    """Held-out accuracy above 0.8 (chance: 0.1) after ~360 updates of 32 images.
+
+    At --lr 0.02 and ~180 updates the final accuracy spread 0.19-0.93 over runs
+    (staleness 0-4 depends on scheduling); 0.01 with twice the updates gave
+    0.94-0.96 in three runs on 4 ranks."""
+    steps = 360 // (np_ - 1)
     summ, steps_recs, updates = _job(np_, tmp_path, [*DIGITS, "--strategy", "ps", "--lr",
-                                                     "0.02", "--steps", str(steps),
+                                                     "0.01", "--steps", str(steps),
                                                      "--warmup", "1"])
     s = summ["ps"]
     assert s["final_accuracy"] > 0.8, s["final_accuracy"]
