@@ -9,6 +9,7 @@ status 2 and one line naming the flag. Later issues add flags to
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -47,34 +48,28 @@ def csv_list(choices: tuple[str, ...] | None, flag: str):
     return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
+def _checked(convert, expected: str, ok, bound: str):
+    """An argparse type: ``convert`` the text, then require ``ok(value)``; both errors
+    name what was expected."""
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(
+                f"must be {bound}, got {v if convert is int else text}")
+        return v
+    return parse
 
 
-def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
+positive_int = _checked(int, "an integer", lambda v: v > 0, "> 0")
+nonneg_int = _checked(int, "an integer", lambda v: v >= 0, ">= 0")
+nonneg_float = _checked(float, "a number", lambda v: 0 <= v < math.inf,
+                        "a finite number >= 0")
+positive_float = _checked(float, "a number", lambda v: 0 < v < math.inf,
+                          "a finite number > 0")
+fraction = _checked(float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 @dataclass

@@ -48,8 +48,10 @@ from commbench.config import (
     add_output_group,
     check_writable,
     csv_list,
+    fraction,
     help_formatter,
     nonneg_int,
+    positive_float,
     positive_int,
 )
 from commbench.job import run_job, set_torch_threads
@@ -108,26 +110,6 @@ def _int_list(text: str) -> list[int]:
     return out
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < v < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     from commbench.models import MODELS
 
@@ -153,12 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=positive_int, default=10,
                    help="evaluate held-out accuracy every this many steps (ps: updates x "
                         "ranks / workers)")
-    g.add_argument("--target-accuracy", type=_fraction, default=0.9,
+    g.add_argument("--target-accuracy", type=fraction, default=0.9,
                    help="held-out accuracy that time-to-accuracy is measured to")
     g = p.add_argument_group("training")
     g.add_argument("--model", choices=tuple(MODELS), default="smallcnn",
                    help="model trained (smallcnn: 25.6k parameters, fast on CPU)")
-    g.add_argument("--lr", type=_positive_float, default=0.02,
+    g.add_argument("--lr", type=positive_float, default=0.02,
                    help="SGD rate (momentum 0.9); 0.05 diverges even synchronously on 4 ranks")
     g.add_argument("--batch-size", type=positive_int, default=32, help="images per rank per step")
     g.add_argument("--image-size", type=positive_int, default=32,
