@@ -39,7 +39,6 @@ Bad settings: one line naming the setting, exit status 2, nothing started.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -53,7 +52,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from launch import commands
+from launch import commands, linktest
 from launch.cluster import ClusterError, parse_rate
 
 MAX_NODES = 8  # services node1..node8 in docker-compose.yml
@@ -263,23 +262,8 @@ def wait_for_nodes(s: Settings, deadline_s: float = 120.0) -> None:
 def measure_link(s: Settings, seconds: float = 2.0) -> dict:
     """Achieved Gbit/s from the second node to the first (launch.linktest over SSH)."""
     (a, _), (b, _) = s.hosts[0], s.hosts[1]
-    py = [sys.executable, "-m", "launch.linktest"]
-    server = subprocess.Popen(
-        ssh(a, s.ssh_port, [*py, "serve", "--port", str(LINK_PORT), "--timeout",
-                            str(seconds + 30)]),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        subprocess.run(ssh(b, s.ssh_port, [*py, "send", a, "--port", str(LINK_PORT),
-                                           "--seconds", str(seconds)]),
-                       check=True, capture_output=True, text=True, timeout=seconds + 60)
-        out, err = server.communicate(timeout=seconds + 60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    if server.returncode != 0:
-        raise RuntimeError(f"link test failed: {err.strip()}")
-    return json.loads(out.strip().splitlines()[-1])
+    return linktest.between(lambda argv: ssh(a, s.ssh_port, argv),
+                            lambda argv: ssh(b, s.ssh_port, argv), a, LINK_PORT, seconds)
 
 
 def job_argv(s: Settings, env: dict[str, str]) -> list[str]:

@@ -43,6 +43,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from launch import linktest
+
 STATE_DIR = Path(os.environ.get("COMMBENCH_CLUSTER_DIR", "/run/commbench-cluster"))
 DEFAULT_SUBNET = "10.213.57.0/24"  # private; nothing else on this machine uses it
 DEFAULT_NAME = "cb"
@@ -286,23 +288,14 @@ def measure_link(spec: ClusterSpec, seconds: float = 2.0, port: int = 5299) -> d
     if spec.nodes < 2:
         raise ClusterError("measuring a link needs at least 2 nodes")
     a, b = spec.node_list[0], spec.node_list[1]
-    py = [sys.executable, "-m", "launch.linktest"]
     env = {**os.environ, "PYTHONPATH": _project_root() + os.pathsep + os.environ.get(
         "PYTHONPATH", "")}
-    server = subprocess.Popen(
-        on_node(spec, a, [*py, "serve", "--port", str(port), "--timeout", str(seconds + 30)]),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        _run(on_node(spec, b, [*py, "send", a.addr, "--port", str(port), "--seconds",
-                               str(seconds)]), env=env, timeout=seconds + 60)
-        out, err = server.communicate(timeout=seconds + 60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    if server.returncode != 0:
-        raise ClusterError(f"link test failed: {err.strip()}")
-    result = json.loads(out.strip().splitlines()[-1])
+        result = linktest.between(lambda argv: on_node(spec, a, argv),
+                                  lambda argv: on_node(spec, b, argv), a.addr, port,
+                                  seconds, env=env)
+    except linktest.LinkTestError as e:
+        raise ClusterError(str(e)) from None
     result.update(method="launch.linktest tcp stream", src=b.name, dst=a.name,
                   shaped_gbps=spec.rate_gbps)
     return result

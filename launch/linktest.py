@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from commbench.linkstats import read_iface_bytes
 
@@ -82,6 +84,40 @@ def send(host: str, port: int, seconds: float, connect_timeout: float) -> None:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             sock.sendall(data)
+
+
+class LinkTestError(RuntimeError):
+    """The receiver or the sender of a link test failed."""
+
+
+def between(on_dst: Callable[[list[str]], list[str]], on_src: Callable[[list[str]], list[str]],
+            dst_host: str, port: int = 5299, seconds: float = 2.0,
+            env: dict[str, str] | None = None) -> dict:
+    """Measure the link from one node to another; return the receiver's result.
+
+    ``on_dst``/``on_src`` turn an argv into one that runs on that node (ssh, the
+    emulated cluster's agent); ``dst_host`` is the receiver's address as the
+    sender sees it. The receiver is always reaped, also when the sender fails.
+    """
+    py = [sys.executable, "-m", "launch.linktest"]
+    server = subprocess.Popen(
+        on_dst([*py, "serve", "--port", str(port), "--timeout", str(seconds + 30)]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        sender = on_src([*py, "send", dst_host, "--port", str(port), "--seconds", str(seconds)])
+        res = subprocess.run(sender, capture_output=True, text=True, env=env,
+                             timeout=seconds + 60)
+        if res.returncode != 0:
+            raise LinkTestError(f"{' '.join(sender)} failed: "
+                                f"{res.stderr.strip() or res.stdout.strip()}")
+        out, err = server.communicate(timeout=seconds + 60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    if server.returncode != 0:
+        raise LinkTestError(f"link test failed: {err.strip()}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
