@@ -21,6 +21,8 @@ import uuid
 
 import torch
 
+from commbench import metrics
+from commbench.buffers import OWN_RULES, BufferSync, rule_for
 from commbench.config import Config, parse_config
 from commbench.job import run_job, set_torch_threads
 from commbench.report import Column, format_table, rank0_print
@@ -28,47 +30,60 @@ from commbench.results import ResultWriter, default_output, link_info, run_heade
 from commbench.runner import run_steps, step_record, summarize_steps
 from commbench.strategies import STRATEGIES, make_strategy
 from commbench.strategies.stale import merge_step_log, summarize_step_log
-from commbench.timing import StepTimer, TracingStepTimer
+from commbench.timing import StepTimer, TracingStepTimer, now
 from commbench.validate import count_wrong
 from commbench.workloads import make_workload
 
 PROG = "commbench.allreduce"
 
 
-def runs_of(cfg: Config) -> list[tuple[str, str | None]]:
-    out: list[tuple[str, str | None]] = []
+def runs_of(cfg: Config) -> list[tuple[str, str | None, str]]:
+    """(strategy, algo, buffer rule requested) of every run, in the order they run; a
+    strategy with a buffer rule of its own runs once."""
+    out: list[tuple[str, str | None, str]] = []
     for s in cfg.strategies:
-        if STRATEGIES[s].uses_algo:
-            out += [(s, a) for a in STRATEGIES[s].algos_for(cfg.algos)]
-        else:
-            out.append((s, None))
+        algos = STRATEGIES[s].algos_for(cfg.algos) if STRATEGIES[s].uses_algo else [None]
+        buffers = cfg.buffers[:1] if s in OWN_RULES else cfg.buffers
+        out += [(s, a, b) for a in algos for b in buffers]
     return out
 
 
 TABLE = [
-    Column("strategy", "", 12), Column("algo", "", 7), Column("backend", "", 8),
+    Column("strategy", "", 12), Column("algo", "", 7), Column("buffers", "", 9),
+    Column("backend", "", 8),
     Column("ranks", "", 5), Column("nodes", "", 5), Column("size", "MB", 8, ".1f"),
     Column("step", "ms", 8, ".1f"), Column("p5", "ms", 8, ".1f"), Column("p95", "ms", 8, ".1f"),
     Column("compute", "ms", 8, ".1f"), Column("comm", "ms", 8, ".1f"),
     Column("exposed", "ms", 8, ".1f"), Column("sync", "share", 7, ".3f"),
     Column("p5", "share", 7, ".3f"), Column("p95", "share", 7, ".3f"),
-    Column("busbw", "GB/s", 7, ".3f"), Column("#wrong", "", 7),
+    Column("busbw", "GB/s", 7, ".3f"), Column("wall", "smp/s", 8, ".1f"),
+    Column("#wrong", "", 7),
 ]
+
+
+#: the table's short name for each buffer rule (``commbench.buffers``)
+BUFFER_LABEL = {"broadcast": "bcast", "local": "local", "ddp-broadcast": "ddp-bcast",
+                "ddp-local": "local", "horovod-initial-broadcast": "hvd-init"}
 
 
 def table_row(s: dict) -> list:
     st = s["stats"]
     ms = 1e3
-    return [s["strategy"], s["algo"] or "-", s["backend"], s["world_size"], s["nodes"],
+    return [s["strategy"], s["algo"] or "-", BUFFER_LABEL.get(s.get("buffer_rule"), "-"),
+            s["backend"], s["world_size"], s["nodes"],
             s["grad_bytes"] / 1e6, st["step_s"]["median"] * ms, st["step_s"]["p5"] * ms,
             st["step_s"]["p95"] * ms, st["compute_s"]["median"] * ms,
             st["comm_s"]["median"] * ms, st["exposed_sync_s"]["median"] * ms,
             st["sync_share"]["median"], st["sync_share"]["p5"], st["sync_share"]["p95"],
-            s["busbw_gbps"], s["wrong"]]
+            s["busbw_gbps"], s.get("wall_throughput"), s["wrong"]]
+
+
+CHECKSUMS = ("param_checksum", "buffer_checksum", "state_checksum")
 
 
 def rank_extras(workload) -> dict:
-    """Per-rank facts for the summary: peak memory, and the parameters' checksum."""
+    """Per-rank facts for the summary: peak memory, and checksums of parameters, buffers
+    and both (``state_checksum``: equal on every rank when they are in lock-step)."""
     import resource
 
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -76,6 +91,8 @@ def rank_extras(workload) -> dict:
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(workload.device) / 2**20
     if hasattr(workload, "parameter_checksum"):
         out["param_checksum"] = workload.parameter_checksum()
+        out["buffer_checksum"] = workload.buffer_checksum()
+        out["state_checksum"] = out["param_checksum"] + out["buffer_checksum"]
     accuracy = workload.evaluate() if hasattr(workload, "evaluate") else None
     if accuracy is not None:
         out["final_accuracy"] = accuracy
@@ -89,14 +106,16 @@ def summarize_extras(per_rank: list[dict]) -> dict:
         vals = [e[key] for e in per_rank]
         out[f"{key}_ranks"] = vals
         if key == "final_accuracy":
-            out[key] = vals[0]  # parameters are the same everywhere; rank 0's figure
-        elif key != "param_checksum":
+            # rank 0's model; under --buffers local the others evaluated other buffers
+            out[key] = vals[0]
+            out["final_accuracy_spread"] = max(vals) - min(vals)
+        elif key not in CHECKSUMS:
             out[key] = max(vals)
     return out
 
 
-def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: ResultWriter | None,
-            vers: dict, threads: int) -> dict | None:
+def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, buffers: str,
+            writer: ResultWriter | None, vers: dict, threads: int) -> dict | None:
     if strategy_name == "ps":  # servers run no workload: a run path of its own
         from commbench.strategies.ps import run_one_ps
 
@@ -108,17 +127,26 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
                              progress=cfg.progress,
                              workload=workload, staleness=cfg.staleness,
                              staleness_lr=cfg.staleness_lr,
-                             staleness_warmup=cfg.staleness_warmup)
+                             staleness_warmup=cfg.staleness_warmup,
+                             broadcast_buffers=buffers == "broadcast")
+    buffer_sync = BufferSync(comm, workload.buffers, rule_for(strategy_name, buffers))
     timer = TracingStepTimer() if cfg.timeline else StepTimer()
     run_id = uuid.uuid4().hex[:12]
     link = link_info()  # interface bytes are compared with the link's rate in the same unit
     wire_gbps = link["link_wire_gbps"] or link["link_gbps"]
     steps: list[dict] = []
 
-    def header_args() -> dict:
-        return dict(run_id=run_id, strategy=strategy_name, algo=algo, backend=comm.name,
-                    topo=comm.topo, workload=workload, knobs=strategy.knobs(),
-                    config=cfg.as_dict(), vers=vers, torch_threads=threads)
+    def header(kind: str) -> dict:
+        return {**run_header(kind=kind, run_id=run_id, strategy=strategy_name, algo=algo,
+                             backend=comm.name, topo=comm.topo, workload=workload,
+                             knobs=strategy.knobs(), config=cfg.as_dict(), vers=vers,
+                             torch_threads=threads),
+                "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
+
+    # Wall clock of the measured steps on rank 0, bookkeeping between steps included:
+    # a strategy whose transfers run on while the step records are gathered is judged
+    # by this, not by step_s alone.
+    marks = [now()]
 
     def record_step(sample) -> None:
         """Gather this step's samples; rank 0 writes its record now, so a job killed
@@ -131,22 +159,27 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
         if log is not None:
             merge_step_log(rec, [[p[1]] for p in per_rank], 0)
         steps.append(rec)
-        writer.write({**run_header(kind="step", **header_args()), **rec})
+        writer.write({**header("step"), **rec})
+        marks.append(now())
 
     samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
-                        accum_steps=cfg.accum_steps, on_step=record_step)
+                        accum_steps=cfg.accum_steps, on_step=record_step, buffers=buffer_sync)
     # async: per-step schedule (staleness applied, wait); completes what is in flight
     step_log = strategy.end_run() if hasattr(strategy, "end_run") else None
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
+    buffer_sync.before_evaluation()
     extra = rank_extras(workload)
     gathered = comm.gather_object((samples, wrong, checked, extra,
                                    getattr(timer, "steps", None), step_log))
     if comm.rank != 0:
         return None
     wrong_total = sum(g[1] for g in gathered)
-    head = header_args()
-    summary = {**run_header(kind="summary", **head),
-               **summarize_steps(steps, cfg.batch_size * cfg.accum_steps * comm.size),
+    samples_per_step = cfg.batch_size * cfg.accum_steps * comm.size
+    wall_s = marks[-1] - marks[cfg.warmup]
+    summary = {**header("summary"),
+               **summarize_steps(steps, samples_per_step),
+               "wall_s": wall_s,
+               "wall_throughput": metrics.throughput(cfg.steps * samples_per_step, wall_s),
                "wrong": wrong_total,
                "elements_checked": sum(g[2] for g in gathered),
                **summarize_extras([g[3] for g in gathered]),
@@ -155,8 +188,26 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, writer: Res
         summary.update(summarize_step_log(steps))
     writer.write(summary)
     if cfg.timeline:  # every rank's intervals, seconds from that rank's first step start
-        writer.write({**run_header(kind="trace", **head), "ranks": [g[4] for g in gathered]})
+        writer.write({**header("trace"), "ranks": [g[4] for g in gathered]})
     return summary
+
+
+def accuracy_lines(summaries: list[dict]) -> list[str]:
+    """Held-out accuracy per run, saying whose model it is."""
+    out = []
+    for s in summaries:
+        if s.get("final_accuracy") is None:
+            continue
+        accs = s["final_accuracy_ranks"]
+        what = (f"{s['strategy']} {s['algo'] or ''}".strip()
+                + f" (buffers {s.get('buffer_rule', 'n/a')}): final accuracy "
+                  f"{s['final_accuracy']:.3f}")
+        if min(accs) == max(accs):
+            out.append(f"{what}, the same on every rank")
+        else:
+            out.append(f"{what} is rank 0's; ranks {min(accs):.3f}-{max(accs):.3f} "
+                       "(each evaluates its own buffers)")
+    return out
 
 
 def compute_label(cfg: Config) -> str:
@@ -173,7 +224,7 @@ def compute_label(cfg: Config) -> str:
 
 
 def check(comm, cfg: Config) -> None:
-    for strategy_name, algo in runs_of(cfg):
+    for strategy_name, algo, _ in runs_of(cfg):
         STRATEGIES[strategy_name].check(comm, algo or "native")
 
 
@@ -183,8 +234,8 @@ def study(comm, cfg: Config) -> int:
     vers = versions(comm.versions())
     path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size)
     writer = ResultWriter(path) if comm.rank == 0 else None
-    summaries = [run_one(comm, cfg, strategy_name, algo, writer, vers, threads)
-                 for strategy_name, algo in runs_of(cfg)]
+    summaries = [run_one(comm, cfg, strategy_name, algo, buffers, writer, vers, threads)
+                 for strategy_name, algo, buffers in runs_of(cfg)]
     wrong = comm.bcast_object(sum(s["wrong"] for s in summaries) if comm.rank == 0 else None)
     if comm.rank == 0:
         writer.close()
@@ -196,7 +247,9 @@ def study(comm, cfg: Config) -> int:
                       f"{first['model']}  {compute_label(cfg)}  steps "
                       f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {threads}",
                 footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
-                        "medians over measured steps; busbw = algbw * 2(n-1)/n",
+                        "medians over measured steps; busbw = algbw * 2(n-1)/n; wall = "
+                        "samples / wall time of the measured steps, bookkeeping included",
+                        *accuracy_lines(summaries),
                         f"results: {path}"]))
     return wrong
 

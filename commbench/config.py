@@ -91,6 +91,7 @@ class Config:
     image_size: int | None = None  # real workload: 64 px on a CPU, 224 on a GPU
     device: str = "auto"
     dataset: str = "synthetic"
+    buffers: list[str] = field(default_factory=lambda: ["broadcast"])  # DDP's default
     lr: float = 0.01
     compute_ms: float = 100.0
     compute_profile: str | None = None
@@ -111,6 +112,7 @@ class Config:
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so --help lists exactly what the registries hold.
+    from commbench.buffers import BUFFER_RULES
     from commbench.models import MODELS
     from commbench.strategies import ALGOS, STRATEGIES
     from commbench.workloads import WORKLOADS
@@ -180,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--workload resnet: synthetic inputs, or scikit-learn's digits (a real "
                         "labelled set shipped in the package; sets 10 classes, reports "
                         "held-out accuracy)")
+    g.add_argument("--buffers", metavar="RULE[,RULE]", type=csv_list(BUFFER_RULES, "--buffers"),
+                   default=d.buffers,
+                   help="model buffers (BatchNorm statistics), one run each: broadcast = rank "
+                        "0's before every forward, timed as sync (DDP's broadcast_buffers); "
+                        "local = each rank keeps its own (Horovod after its first broadcast); "
+                        "the horovod peer always follows Horovod's rule")
     g.add_argument("--num-classes", type=positive_int, default=d.num_classes,
                    help="classifier width (sets the last layer's gradient size)")
     g.add_argument("--compute-ms", type=nonneg_float, default=d.compute_ms,

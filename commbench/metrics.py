@@ -60,6 +60,11 @@ def overlap(exposed_s: float, comm_s: float) -> float:
     return 1.0 - exposed_s / comm_s
 
 
+def throughput(samples: float, seconds: float) -> float | None:
+    """Samples per second; None for an empty interval."""
+    return samples / seconds if seconds > 0 else None
+
+
 def scaling_efficiency(throughput_n: float, n: int, throughput_1: float) -> float:
     """throughput(n) / (n * throughput(1))."""
     return throughput_n / (n * throughput_1) if throughput_1 > 0 and n > 0 else math.nan

@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from commbench import faults, metrics, watchdog
+from commbench.buffers import BufferSync
 from commbench.comm.base import Communicator
 from commbench.linkstats import link_efficiency, link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
 from commbench.timing import NullTimer, StepSample, StepTimer, now
 
 RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s", "forward_s",
-               "backward_s", "optimizer_s")
+               "backward_s", "optimizer_s", "buffer_sync_s")
 
 
 def _local_only(_i: int) -> None:
@@ -31,7 +32,8 @@ def _local_only(_i: int) -> None:
 def run_steps(comm: Communicator, workload, strategy: Strategy,
               timer: StepTimer | NullTimer, steps: int, warmup: int,
               first_step: int = 0, accum_steps: int = 1,
-              on_step: Callable[[StepSample], None] | None = None) -> list[StepSample]:
+              on_step: Callable[[StepSample], None] | None = None,
+              buffers: BufferSync | None = None) -> list[StepSample]:
     """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer).
 
     ``on_step`` gets each sample as its step ends, outside the timed region
@@ -42,6 +44,9 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
     With ``accum_steps`` k a step is k micro-batches (Horovod's
     ``backward_passes_per_step``): gradients accumulate locally and only the
     last micro-batch's backward announces them, so sync runs once per step.
+
+    ``buffers`` (``commbench.buffers``) broadcasts rank 0's model buffers before
+    every forward under the ``broadcast`` rule, timed as ``buffer_sync_s``.
     """
     samples = []
     iface = link_iface() if comm.local_rank == 0 and timer.enabled else None
@@ -59,6 +64,8 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
         for m in range(accum_steps):
             last = m == accum_steps - 1
             with strategy.micro_batch(last):
+                if buffers is not None:
+                    buffers.before_forward(timer)
                 workload.forward(timer, strategy.progress, accumulate=m > 0)
                 workload.backward(timer, strategy.on_ready if last else _local_only,
                                   strategy.progress, accumulate=m > 0)
@@ -97,6 +104,7 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
         "forward_s": c.forward_s,
         "backward_s": c.backward_s,
         "optimizer_s": c.optimizer_s,
+        "buffer_sync_s": c.buffer_sync_s,
         "comm_s": c.comm_s,
         "exposed_sync_s": c.exposed_sync_s,
         "sync_share": metrics.sync_share(c.exposed_sync_s, c.step_s),
@@ -113,8 +121,8 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
 
 
 SUMMARY_FIELDS = ("step_s", "compute_s", "forward_s", "backward_s", "optimizer_s", "comm_s",
-                  "exposed_sync_s", "sync_share", "overlap", "busbw_gbps", "wait_s", "throughput",
-                  "link_bytes", "link_efficiency")
+                  "buffer_sync_s", "exposed_sync_s", "sync_share", "overlap", "busbw_gbps",
+                  "wait_s", "throughput", "link_bytes", "link_efficiency")
 
 
 def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:

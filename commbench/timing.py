@@ -40,6 +40,7 @@ class StepSample:
     forward_s: float = 0.0  # the parts of compute_s
     backward_s: float = 0.0
     optimizer_s: float = 0.0
+    buffer_sync_s: float = 0.0  # broadcast of model buffers (--buffers broadcast); in exposed sync
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -60,12 +61,14 @@ class StepTimer:
         self._step = 0
         self._warmup = False
         self._wait = 0.0
+        self._buffer_sync = 0.0
 
     def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
         self._intervals.clear()
         self._compute = 0.0
         self._phases = dict.fromkeys(PHASES, 0.0)
         self._calls = self._bytes = 0
+        self._buffer_sync = 0.0
         self._step, self._warmup, self._wait = step, warmup, wait_s
         self._t0 = now()
 
@@ -90,6 +93,11 @@ class StepTimer:
         self._calls += calls
         self._bytes += nbytes
 
+    def buffer_sync(self, start: float, end: float, nbytes: int = 0) -> None:
+        """Record a broadcast of model buffers: sync, but not a gradient collective, so it
+        stays out of comm time and busbw (and, not being compute, shows in exposed sync)."""
+        self._buffer_sync += end - start
+
     @contextlib.contextmanager
     def comm_span(self, nbytes: int, calls: int = 1) -> Iterator[None]:
         """Time a blocking collective of ``nbytes``."""
@@ -107,7 +115,7 @@ class StepTimer:
             exposed_sync_s=exposed_sync(step_s, self._compute),
             comm_calls=self._calls, comm_bytes=self._bytes,
             forward_s=self._phases["forward"], backward_s=self._phases["backward"],
-            optimizer_s=self._phases["optimizer"])
+            optimizer_s=self._phases["optimizer"], buffer_sync_s=self._buffer_sync)
 
 
 _NULL_CTX = contextlib.nullcontext()
@@ -132,6 +140,9 @@ class NullTimer:
         return 0.0
 
     def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
+        pass
+
+    def buffer_sync(self, start: float, end: float, nbytes: int = 0) -> None:
         pass
 
     def comm_span(self, nbytes: int, calls: int = 1) -> contextlib.AbstractContextManager[None]:
@@ -172,6 +183,11 @@ class TracingStepTimer(StepTimer):
     def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
         super().comm(start, end, nbytes, calls)
         self.steps[-1]["comm"].append([start - self._origin, end - self._origin, nbytes])
+
+    def buffer_sync(self, start: float, end: float, nbytes: int = 0) -> None:
+        super().buffer_sync(start, end, nbytes)
+        self.steps[-1]["phases"].append(["buffer broadcast", start - self._origin,
+                                         end - self._origin])
 
     def end_step(self) -> StepSample:
         sample = super().end_step()

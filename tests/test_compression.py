@@ -110,6 +110,14 @@ def test_peers_train_like_flat_under_horovodrun(tmp_path):
         assert s["comm_s"] > 0 and s["exposed_sync_s"] >= 0, name
     assert summ["ddp"]["knobs"]["buckets_per_step"] > 1
     assert summ["horovod"]["knobs"]["horovod_fusion_threshold"] == str(64 * 2**20)
+    # buffers: each peer's own rule; where it broadcasts, whole models are equal
+    rules = {name: s["buffer_rule"] for name, s in summ.items()}
+    assert rules == {"flat": "broadcast", "bucketed": "broadcast", "ddp": "ddp-broadcast",
+                     "horovod": "horovod-initial-broadcast"}
+    assert summ["ddp"]["knobs"]["broadcast_buffers"] is True
+    for name in ("flat", "bucketed", "ddp"):
+        assert len(set(summ[name]["state_checksum_ranks"])) == 1, name
+    assert len(set(summ["horovod"]["buffer_checksum_ranks"])) == 2  # each rank's own batches
     assert "hosts:" in res.stdout and "ddp" in res.stdout
 
 

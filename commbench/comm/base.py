@@ -165,6 +165,10 @@ class Communicator(abc.ABC):
         return dtype
 
     @abc.abstractmethod
+    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        """Copy rank ``root``'s ``tensor`` to every rank, in place (model buffers)."""
+
+    @abc.abstractmethod
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
         """Start a non-blocking in-place sum of ``tensor``; return its handle."""
 

@@ -175,6 +175,10 @@ class HorovodCommunicator(Communicator):
         self.hvd.allreduce_(wide, op=self.hvd.Sum, name=name, process_set=ps)
         tensor.copy_(wide)
 
+    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        self.hvd.broadcast_(tensor, root_rank=root,
+                            name=self.op_name("broadcast", self.hvd.global_process_set))
+
     def subgroup(self, ranks: list[int]) -> Group | None:
         key = tuple(ranks)
         if key not in self._sets:  # Horovod refuses a second set with the same ranks

@@ -7,7 +7,9 @@ sync compares directly.
 
 ``horovod`` wraps the workload's SGD in ``hvd.DistributedOptimizer``
 (``op=Average``, ``backward_passes_per_step = --accum-steps``,
-``hvd.Compression.fp16`` for ``--compression fp16``). Horovod's own hooks
+``hvd.Compression.fp16`` for ``--compression fp16``) after broadcasting
+rank 0's whole state dict (parameters and buffers) once, as Horovod users
+do; buffers then stay local whatever ``--buffers`` says. Horovod's own hooks
 start each gradient's all-reduce during backward; its background thread
 fuses them (``HOROVOD_FUSION_THRESHOLD``, default 64 MB) every cycle
 (``HOROVOD_CYCLE_TIME``, default 1 ms after 0.20): set them as Horovod users
@@ -20,7 +22,8 @@ bound on its comm time; exposed sync is exact). Needs the horovod backend.
 
 ``ddp`` wraps the model in ``DistributedDataParallel`` on a Gloo process
 group made for it (``bucket_cap_mb = --bucket-mb``, ``broadcast_buffers``
-off, as the project's strategies do not sync BatchNorm buffers either). DDP
+from ``--buffers``: DDP's own broadcast of rank 0's buffers in each forward,
+which then counts in forward compute; see ``commbench.buffers``). DDP
 waits for its buckets inside ``loss.backward()``, so the workload counts
 backward compute up to the last gradient's hook and the rest of backward
 shows as exposed sync. A comm hook (the default all-reduce hook's
@@ -78,6 +81,9 @@ class HorovodStrategy(Strategy):
         codecs = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
         if compression not in codecs:
             raise ValueError(f"--strategy horovod: Horovod has no {compression} compression")
+        # Horovod's rule for state: one broadcast of rank 0's parameters and buffers at the
+        # start; buffers are never synchronised again (commbench.buffers).
+        hvd.broadcast_parameters(workload.net.state_dict(), root_rank=0)
         self.opt = hvd.DistributedOptimizer(
             workload.opt, named_parameters=list(workload.net.named_parameters()),
             compression=codecs[compression], backward_passes_per_step=accum_steps,
@@ -134,7 +140,8 @@ class DDPStrategy(Strategy):
     needs_model = True
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor], workload,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, compression: str = "none") -> None:
+                 bucket_mb: float = DEFAULT_BUCKET_MB, compression: str = "none",
+                 broadcast_buffers: bool = True) -> None:
         super().__init__(comm, grads, compression)
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -142,12 +149,13 @@ class DDPStrategy(Strategy):
         self._dist = dist
         self.group = _gloo_group(comm)
         self.bucket_mb = float(bucket_mb)
-        # No buffer sync in forward (named forward_sync_buffers from torch 2.13 on).
+        self.broadcast_buffers = bool(broadcast_buffers)
+        # Buffer sync in forward: named forward_sync_buffers from torch 2.13 on.
         takes = inspect.signature(DistributedDataParallel).parameters
-        no_sync = {"forward_sync_buffers" if "forward_sync_buffers" in takes
-                   else "broadcast_buffers": False}
+        sync = {"forward_sync_buffers" if "forward_sync_buffers" in takes
+                else "broadcast_buffers": self.broadcast_buffers}
         self.ddp = DistributedDataParallel(workload.net, bucket_cap_mb=self.bucket_mb,
-                                           process_group=self.group, **no_sync)
+                                           process_group=self.group, **sync)
         self._cast = COMPRESSIONS[compression]
         self.ddp.register_comm_hook(None, self._hook)
         workload.net = self.ddp
@@ -197,5 +205,5 @@ class DDPStrategy(Strategy):
             offset += g.numel()
 
     def knobs(self) -> dict:
-        return {**super().knobs(), "bucket_cap_mb": self.bucket_mb, "broadcast_buffers": False,
-                "buckets_per_step": self._step_buckets}
+        return {**super().knobs(), "bucket_cap_mb": self.bucket_mb,
+                "broadcast_buffers": self.broadcast_buffers, "buckets_per_step": self._step_buckets}

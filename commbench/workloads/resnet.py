@@ -48,6 +48,9 @@ class ResNetWorkload:
         for p in self.params:
             p.grad = torch.zeros_like(p)
         self.grads = [p.grad for p in self.params]
+        #: BatchNorm running statistics: updated in forward, reduced by no gradient sync
+        #: (``commbench.buffers`` decides whether rank 0's are broadcast)
+        self.buffers = list(self.net.buffers())
         self.numel = sum(p.numel() for p in self.params)
         self.nbytes = sum(p.numel() * p.element_size() for p in self.params)
         self.opt = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
@@ -173,3 +176,8 @@ class ResNetWorkload:
         """Sum of all parameters, to compare ranks after training."""
         with torch.no_grad():
             return float(sum(p.double().sum() for p in self.params))
+
+    def buffer_checksum(self) -> float:
+        """Sum of all buffers (BatchNorm statistics), to compare ranks after training."""
+        with torch.no_grad():
+            return float(sum(b.double().sum() for b in self.buffers))

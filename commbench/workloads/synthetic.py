@@ -64,6 +64,7 @@ class SyntheticWorkload:
         self.batch_size = batch_size
         self.param_names = [n for n, _ in shapes]
         self.grads = [torch.empty(s, dtype=torch.float32) for _, s in shapes]
+        self.buffers: list[torch.Tensor] = []  # replay has no BatchNorm statistics to sync
         sizes = [math.prod(s) for _, s in shapes]
         self.numel = sum(sizes)
         self.nbytes = self.numel * 4
