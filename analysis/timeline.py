@@ -92,6 +92,8 @@ def trace_events(records: list[dict]) -> list[dict]:
                 comm = s.get("comm") or []
                 for (start, end, nbytes), lane in zip(comm, _lanes(comm)):
                     x("allreduce", f"comm {lane}", start, end, {"step": k, "bytes": nbytes})
+                for phase, start, end in s.get("comm_phases") or []:
+                    x(phase, "all-reduce phases", start, end, {"step": k})
             for name, tid in threads.items():
                 events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                                "args": {"name": name}})

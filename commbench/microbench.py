@@ -268,16 +268,23 @@ AllReduce = Callable[[Communicator, torch.Tensor], None]
 
 
 def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, iters: int,
-                  warmup: int) -> float:
-    """This rank's seconds per all-reduce: its own loop of ``iters``, after a barrier."""
+                  warmup: int) -> tuple[float, dict[str, float]]:
+    """This rank's seconds per all-reduce (its own loop of ``iters``, after a barrier), and
+    seconds per call of each phase the algorithm reports (``commbench.comm.phases``)."""
     buf.zero_()
     for _ in range(warmup):
         allreduce(comm, buf)
+    phases: dict[str, float] = {}
+
+    def on_phase(name: str, t0: float, t1: float) -> None:
+        phases[name] = phases.get(name, 0.0) + t1 - t0
+
     comm.barrier()  # a late rank's lateness is not transfer time
     start = time.perf_counter()
     for _ in range(iters):
-        allreduce(comm, buf)
-    return (time.perf_counter() - start) / iters
+        allreduce(comm, buf, on_phase=on_phase)
+    seconds = (time.perf_counter() - start) / iters
+    return seconds, {k: v / iters for k, v in phases.items()}
 
 
 def validate(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor) -> int:
@@ -309,9 +316,11 @@ def table_row(rec: dict) -> list:
 
 
 def make_record(comm: Communicator, cfg: MicroConfig, head: dict, size: int, dtype: str,
-                algo: str, per_rank: list[tuple[float, int]]) -> dict:
-    """One row's record on rank 0 from every rank's (seconds per call, wrong elements)."""
-    seconds = [s for s, _ in per_rank]
+                algo: str, per_rank: list[tuple[float, int, dict[str, float]]]) -> dict:
+    """One row's record on rank 0 from every rank's (seconds per call, wrong elements,
+    seconds per call of each phase)."""
+    seconds = [s for s, _, _ in per_rank]
+    slowest = max(range(len(per_rank)), key=lambda r: seconds[r])
     avg_s = sum(seconds) / len(seconds)
     n = comm.size
     return {
@@ -324,10 +333,14 @@ def make_record(comm: Communicator, cfg: MicroConfig, head: dict, size: int, dty
         "time_us": {"min": min(seconds) * 1e6, "avg": avg_s * 1e6, "max": max(seconds) * 1e6},
         "algbw": algbw(size, avg_s),
         "busbw": busbw(size, avg_s, n),
-        "wrong": sum(w for _, w in per_rank),
+        "wrong": sum(w for _, w, _ in per_rank),
         "iters": cfg.iters,
         "warmup": cfg.warmup_iters,
-        "ranks": {"time_us": [s * 1e6 for s in seconds], "wrong": [w for _, w in per_rank]},
+        # per phase: the slowest rank's time per call, so phases add up to its time;
+        # every rank's under ranks
+        "phases_us": {k: v * 1e6 for k, v in per_rank[slowest][2].items()},
+        "ranks": {"time_us": [s * 1e6 for s in seconds], "wrong": [w for _, w, _ in per_rank],
+                  "phases_us": [{k: v * 1e6 for k, v in ph.items()} for _, _, ph in per_rank]},
         **link_info(),  # the launcher's measured link, so busbw reads as a fraction of it
     }
 
@@ -384,9 +397,10 @@ def run_sweep(comm: Communicator, cfg: MicroConfig, writer: ResultWriter | None,
             buf = torch.empty(size // DTYPES[dtype].itemsize, dtype=DTYPES[dtype])
             for name, allreduce in algos.items():
                 wd.begin_step(f"{size} B {dtype} {name}")
-                seconds = time_per_call(comm, allreduce, buf, cfg.iters, cfg.warmup_iters)
+                seconds, phases = time_per_call(comm, allreduce, buf, cfg.iters,
+                                                cfg.warmup_iters)
                 wrong = validate(comm, allreduce, buf)
-                per_rank = comm.gather_object((seconds, wrong))
+                per_rank = comm.gather_object((seconds, wrong, phases))
                 wd.end_step()
                 if comm.rank != 0:
                     continue

@@ -116,7 +116,9 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
         if c.comm_calls else None,
         "link_bytes": link_bytes,
         "link_efficiency": link_efficiency(link_bytes, link_wire_gbps, c.comm_s),
-        "ranks": {f: [getattr(s, f) for s in per_rank] for f in RANK_FIELDS},
+        "comm_phases_s": c.comm_phases,
+        "ranks": {**{f: [getattr(s, f) for s in per_rank] for f in RANK_FIELDS},
+                  "comm_phases_s": [s.comm_phases for s in per_rank]},
     }
 
 
@@ -140,5 +142,11 @@ def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:
             vals = [s[f] for s in measured if s.get(f) is not None]
         stats[f] = metrics.summarize(vals)
         out[f] = stats[f]["median"]
+    names = list(dict.fromkeys(k for s in measured for k in s.get("comm_phases_s") or {}))
+    if names:  # medians of each phase of the all-reduce (critical-path rank's)
+        stats["comm_phases_s"] = {k: metrics.summarize(
+            [s["comm_phases_s"][k] for s in measured if k in (s.get("comm_phases_s") or {})])
+            for k in names}
+        out["comm_phases_s"] = {k: v["median"] for k, v in stats["comm_phases_s"].items()}
     out["stats"] = stats
     return out

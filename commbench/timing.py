@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from commbench.metrics import exposed_sync, union_length
 
@@ -41,6 +41,8 @@ class StepSample:
     backward_s: float = 0.0
     optimizer_s: float = 0.0
     buffer_sync_s: float = 0.0  # broadcast of model buffers (--buffers broadcast); in exposed sync
+    #: seconds per phase of the step's all-reduces (hierarchical, ring: commbench.comm.phases)
+    comm_phases: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -62,6 +64,7 @@ class StepTimer:
         self._warmup = False
         self._wait = 0.0
         self._buffer_sync = 0.0
+        self._phase_s: dict[str, float] = {}
 
     def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
         self._intervals.clear()
@@ -69,6 +72,7 @@ class StepTimer:
         self._phases = dict.fromkeys(PHASES, 0.0)
         self._calls = self._bytes = 0
         self._buffer_sync = 0.0
+        self._phase_s = {}
         self._step, self._warmup, self._wait = step, warmup, wait_s
         self._t0 = now()
 
@@ -98,6 +102,10 @@ class StepTimer:
         stays out of comm time and busbw (and, not being compute, shows in exposed sync)."""
         self._buffer_sync += end - start
 
+    def comm_phase(self, name: str, start: float, end: float) -> None:
+        """One phase of an all-reduce already timed by ``comm`` (its parts, not extra time)."""
+        self._phase_s[name] = self._phase_s.get(name, 0.0) + (end - start)
+
     @contextlib.contextmanager
     def comm_span(self, nbytes: int, calls: int = 1) -> Iterator[None]:
         """Time a blocking collective of ``nbytes``."""
@@ -115,7 +123,8 @@ class StepTimer:
             exposed_sync_s=exposed_sync(step_s, self._compute),
             comm_calls=self._calls, comm_bytes=self._bytes,
             forward_s=self._phases["forward"], backward_s=self._phases["backward"],
-            optimizer_s=self._phases["optimizer"], buffer_sync_s=self._buffer_sync)
+            optimizer_s=self._phases["optimizer"], buffer_sync_s=self._buffer_sync,
+            comm_phases=dict(self._phase_s))
 
 
 _NULL_CTX = contextlib.nullcontext()
@@ -145,6 +154,8 @@ class NullTimer:
     def buffer_sync(self, start: float, end: float, nbytes: int = 0) -> None:
         pass
 
+    comm_phase = None  # algorithms skip phase marks when given None
+
     def comm_span(self, nbytes: int, calls: int = 1) -> contextlib.AbstractContextManager[None]:
         return _NULL_CTX
 
@@ -173,7 +184,8 @@ class TracingStepTimer(StepTimer):
             self._origin = self._t0
         t0 = self._t0 - self._origin
         self.steps.append({"step": step, "warmup": warmup, "wait": [t0 - wait_s, t0],
-                           "start": t0, "end": None, "phases": [], "comm": []})
+                           "start": t0, "end": None, "phases": [], "comm": [],
+                           "comm_phases": []})
 
     def add_compute(self, seconds: float, phase: str) -> None:
         super().add_compute(seconds, phase)
@@ -183,6 +195,10 @@ class TracingStepTimer(StepTimer):
     def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
         super().comm(start, end, nbytes, calls)
         self.steps[-1]["comm"].append([start - self._origin, end - self._origin, nbytes])
+
+    def comm_phase(self, name: str, start: float, end: float) -> None:
+        super().comm_phase(name, start, end)
+        self.steps[-1]["comm_phases"].append([name, start - self._origin, end - self._origin])
 
     def buffer_sync(self, start: float, end: float, nbytes: int = 0) -> None:
         super().buffer_sync(start, end, nbytes)

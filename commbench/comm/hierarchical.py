@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from commbench.comm.base import Communicator, Group
+from commbench.comm.phases import PhaseHook, Phases
 from commbench.comm.ring import chunk_bounds
 
 
@@ -88,10 +89,22 @@ def plan_for(comm: Communicator) -> Plan:
     return plan
 
 
-def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor) -> None:
-    """Reduce-scatter in the node, all-reduce shards across nodes, all-gather in the node."""
+#: phase names, in the order they run
+HIER_PHASES = ("intra_reduce_scatter", "inter_allreduce", "intra_allgather")
+LEADER_PHASES = ("intra_reduce", "inter_allreduce", "intra_bcast")
+
+
+def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
+                           on_phase: PhaseHook | None = None) -> None:
+    """Reduce-scatter in the node, all-reduce shards across nodes, all-gather in the node.
+
+    ``on_phase`` is told of each of ``HIER_PHASES`` as it ends; a phase that has
+    nothing to do on this layout (one rank per node: no intra-node phase) is
+    still reported, with its near-zero duration.
+    """
     if comm.size == 1:
         return
+    phases = Phases(on_phase)
     p = plan_for(comm)
     flat = tensor.view(-1)
     shard = chunk_bounds(flat.numel(), p.L)
@@ -103,24 +116,35 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor) -> None:
     counts = [b - a for a, b in regions]
     start = regions[p.local_index][0]
     part = p.local.reduce_scatter_v(flat, counts) if p.local_size > 1 else flat
+    phases.end("intra_reduce_scatter")
     for j in p.my_shards:
         g = p.cross[j]
         if g is not None and g.size > 1:
             a, b = shard[j]
             g.allreduce(part[a - start:b - start] if p.local_size > 1 else flat[a:b])
+    phases.end("inter_allreduce")
     if p.local_size > 1:
         p.local.allgather_v(part, counts, flat)
+    phases.end("intra_allgather")
 
 
-def leader_allreduce(comm: Communicator, tensor: torch.Tensor) -> None:
-    """Reduce to the node's first rank, all-reduce among those, broadcast in the node."""
+def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
+                     on_phase: PhaseHook | None = None) -> None:
+    """Reduce to the node's first rank, all-reduce among those, broadcast in the node.
+
+    ``on_phase`` is told of each of ``LEADER_PHASES`` as it ends.
+    """
     if comm.size == 1:
         return
+    phases = Phases(on_phase)
     p = plan_for(comm)
     flat = tensor.view(-1)
     if p.local_size > 1:
         p.local.reduce(flat, root=0)
+    phases.end("intra_reduce")
     if p.leaders is not None and p.leaders.size > 1:
         p.leaders.allreduce(flat)
+    phases.end("inter_allreduce")
     if p.local_size > 1:
         p.local.bcast(flat, root=0)
+    phases.end("intra_bcast")

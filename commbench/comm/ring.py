@@ -37,6 +37,7 @@ import os
 import torch
 
 from commbench.comm.base import Communicator, Handle
+from commbench.comm.phases import PhaseHook, Phases
 
 # 1 MiB: large enough for the link, small enough to pipeline. Tunable like
 # NCCL_BUFFSIZE, through COMMBENCH_RING_SEGMENT_BYTES.
@@ -54,12 +55,20 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     return bounds
 
 
+RING_PHASES = ("reduce_scatter", "allgather")
+
+
 def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
-                   segment_bytes: int = SEGMENT_BYTES) -> None:
-    """Sum ``tensor`` over ``comm``'s ranks in place with a pipelined ring."""
+                   segment_bytes: int = SEGMENT_BYTES,
+                   on_phase: PhaseHook | None = None) -> None:
+    """Sum ``tensor`` over ``comm``'s ranks in place with a pipelined ring.
+
+    ``on_phase`` is told of each of ``RING_PHASES`` as it ends.
+    """
     p, r = comm.size, comm.rank
     if p == 1:
         return
+    phases = Phases(on_phase)
     flat = tensor.view(-1)
     bounds = chunk_bounds(flat.numel(), p)
     seg = max(1, segment_bytes // flat.element_size())
@@ -98,6 +107,7 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
     for h in sends:  # the all-gather receives into chunks these sends read from
         h.wait()
     sends.clear()
+    phases.end("reduce_scatter")
 
     # All-gather: receive straight into place, forward each segment as it lands.
     sends += [comm.isend(flat[a:b], right, tag) for a, b in segments(r + 1)]
@@ -110,3 +120,4 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
                 sends.append(comm.isend(flat[a:b], right, tag))
     for h in sends:
         h.wait()
+    phases.end("allgather")

@@ -13,14 +13,19 @@ import torch
 
 from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce
+from commbench.comm.phases import PhaseHook
 from commbench.comm.ring import ring_allreduce
 
 
-def _native(comm: Communicator, tensor: torch.Tensor) -> None:
-    comm.allreduce(tensor)
+def _native(comm: Communicator, tensor: torch.Tensor, on_phase: PhaseHook | None = None) -> None:
+    comm.allreduce(tensor)  # one call: the backend's phases are not visible
 
 
-ALGOS: dict[str, Callable[[Communicator, torch.Tensor], None]] = {
+#: an algorithm: ``(comm, tensor, on_phase=None)`` sums ``tensor`` over ``comm`` in place,
+#: telling ``on_phase`` of each of its phases (``commbench.comm.phases``)
+AllReduceAlgo = Callable[..., None]
+
+ALGOS: dict[str, AllReduceAlgo] = {
     "native": _native,   # the backend's own (Open MPI's tuned / Horovod's) all-reduce
     "ring": ring_allreduce,  # reduce-scatter + all-gather on sendrecv, 2(p-1) steps
     "hier": hierarchical_allreduce,  # node reduce-scatter, cross-node shards, node all-gather
@@ -57,7 +62,7 @@ def wire_dtype(comm: Communicator, name: str, dtype: torch.dtype) -> torch.dtype
 CORRUPT_ENV = "COMMBENCH_TEST_CORRUPT_RANK"
 
 
-def get_algo(name: str) -> Callable[[Communicator, torch.Tensor], None]:
+def get_algo(name: str) -> AllReduceAlgo:
     if name not in ALGOS:
         raise ValueError(f"unknown algo {name!r}; choose from {', '.join(ALGOS)}")
     algo = ALGOS[name]
@@ -65,8 +70,9 @@ def get_algo(name: str) -> Callable[[Communicator, torch.Tensor], None]:
         return algo
     bad_rank = int(os.environ[CORRUPT_ENV])
 
-    def corrupted(comm: Communicator, tensor: torch.Tensor) -> None:
-        algo(comm, tensor)
+    def corrupted(comm: Communicator, tensor: torch.Tensor,
+                  on_phase: PhaseHook | None = None) -> None:
+        algo(comm, tensor, on_phase=on_phase)
         if comm.rank == bad_rank and tensor.numel():
             tensor.view(-1)[0] += 1
 

@@ -60,7 +60,7 @@ class FlatStrategy(Strategy):
         if self.staged:
             self.buffer.copy_(self.fused)  # waits for the device, as the collective must
         with self.timer.comm_span(self.nbytes):
-            self._allreduce(self.comm, self.buffer)
+            self._allreduce(self.comm, self.buffer, on_phase=self.timer.comm_phase)
         if self.staged:
             self.fused.copy_(self.buffer, non_blocking=True)  # ordered before the division
         for g, v in zip(self.grads, self._views):  # divide and copy back in one pass
