@@ -25,6 +25,11 @@ how NCCL's ring works; without it the ring reached ~0.7-0.8 of a 1 Gbit/s
 link on the emulated cluster. Messages between two ranks match in posting
 order, which both sides keep monotone in (step, segment).
 
+How the ring waits for a message is the caller's: ``Handle.wait`` by
+default (Open MPI busy-polls inside it); the transfer engine passes a wait
+that tests the handle between short sleeps, so a background ring leaves
+the cores to compute (``commbench.comm.engine``).
+
 Any dtype the communicator can move works (float32, float16, bfloat16): the
 scratch buffer has the tensor's dtype and the additions are torch's, so a
 2-byte tensor stays 2 bytes per element on the wire.
@@ -33,6 +38,7 @@ scratch buffer has the tensor's dtype and the additions are torch's, so a
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 
@@ -58,12 +64,18 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
 RING_PHASES = ("reduce_scatter", "allgather")
 
 
+def _block(h: Handle) -> None:
+    h.wait()
+
+
 def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
                    segment_bytes: int = SEGMENT_BYTES,
-                   on_phase: PhaseHook | None = None) -> None:
+                   on_phase: PhaseHook | None = None,
+                   wait: Callable[[Handle], None] = _block) -> None:
     """Sum ``tensor`` over ``comm``'s ranks in place with a pipelined ring.
 
-    ``on_phase`` is told of each of ``RING_PHASES`` as it ends.
+    ``on_phase`` is told of each of ``RING_PHASES`` as it ends; ``wait(handle)``
+    completes one message (default: ``handle.wait()``).
     """
     p, r = comm.size, comm.rank
     if p == 1:
@@ -93,7 +105,7 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
         last = s == p - 2
         nxt_recvs = []
         for j, (a, b) in enumerate(cur):
-            recvs[j].wait()
+            wait(recvs[j])
             flat[a:b].add_(slot(j, a, b))
             if not last:
                 sends.append(comm.isend(flat[a:b], right, tag))  # forward at once
@@ -105,7 +117,7 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
                           for j, (a, b) in enumerate(nxt) if j >= len(cur)]
             recvs = nxt_recvs
     for h in sends:  # the all-gather receives into chunks these sends read from
-        h.wait()
+        wait(h)
     sends.clear()
     phases.end("reduce_scatter")
 
@@ -115,9 +127,9 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
     recvs_by_step = [[comm.irecv(flat[a:b], left, tag) for a, b in segs] for segs in steps]
     for s, segs in enumerate(steps):
         for (a, b), h in zip(segs, recvs_by_step[s]):
-            h.wait()
+            wait(h)
             if s < p - 2:
                 sends.append(comm.isend(flat[a:b], right, tag))
     for h in sends:
-        h.wait()
+        wait(h)
     phases.end("allgather")
