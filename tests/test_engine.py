@@ -1,0 +1,100 @@
+"""The background transfer engine: order, stamps, errors and close (with a stand-in
+communicator, then under mpirun)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from commbench.comm.engine import TransferEngine, check_transfer_path
+from tests.conftest import run_check
+
+# --- without processes: a one-rank stand-in communicator ------------------------------
+
+
+class _SlowComm:
+    """One rank; each all-reduce takes ``delay_s`` and records its tensor's first value;
+    a tensor starting with -1 fails."""
+
+    name = "stand-in"
+    supports_p2p = False
+    size, rank = 1, 0
+
+    def __init__(self, delay_s: float = 0.02) -> None:
+        self.delay_s = delay_s
+        self.order: list[float] = []
+        self.dups: list[_SlowComm] = []
+        self.closed = False
+
+    def dup(self) -> _SlowComm:
+        twin = _SlowComm(self.delay_s)
+        self.dups.append(twin)
+        return twin
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        if float(tensor[0]) == -1:
+            raise ValueError("refused by the stand-in")
+        time.sleep(self.delay_s)
+        self.order.append(float(tensor[0]))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_transfers_run_in_issue_order_on_the_engines_own_communicator():
+    comm = _SlowComm()
+    engine = TransferEngine(comm, "thread")
+    ts = [engine.submit(torch.full((3,), float(i))) for i in range(4)]
+    ts[-1].wait()
+    assert all(t.test() for t in ts)
+    assert comm.dups[0].order == [0.0, 1.0, 2.0, 3.0] and comm.order == []
+    for a, b in zip(ts, ts[1:]):
+        assert a.queued <= a.start <= a.end <= b.start <= b.end
+    assert ts[3].start - ts[3].queued >= 2 * comm.delay_s  # queued behind two others
+    engine.close()
+    assert comm.dups[0].closed
+
+
+def test_an_error_is_raised_by_wait_and_test_and_the_engine_goes_on():
+    engine = TransferEngine(_SlowComm(), "thread")
+    bad, good = engine.submit(torch.tensor([-1.0])), engine.submit(torch.tensor([5.0]))
+    with pytest.raises(ValueError, match="refused by the stand-in"):
+        bad.wait()
+    with pytest.raises(ValueError, match="refused"):
+        bad.test()
+    good.wait()
+    assert good.error is None and bad.end is not None
+    engine.close()
+
+
+def test_close_leaves_no_thread_and_refuses_later_transfers():
+    with TransferEngine(_SlowComm(), "thread") as engine:
+        t = engine.submit(torch.ones(2))
+        thread = engine.thread
+    assert t.test()  # close ran what was queued
+    assert not thread.is_alive() and thread not in threading.enumerate()
+    engine.close()  # idempotent
+    with pytest.raises(RuntimeError, match="after close"):
+        engine.submit(torch.ones(1))
+
+
+def test_ring_needs_point_to_point_and_unknown_paths_are_refused():
+    with pytest.raises(ValueError, match="--transfer ring needs point-to-point"):
+        check_transfer_path(_SlowComm(), "ring")
+    with pytest.raises(ValueError, match="unknown transfer path"):
+        TransferEngine(_SlowComm(), "carrier-pigeon")
+
+
+# --- under launchers -------------------------------------------------------------------
+
+SMALL_SEGMENTS = {"COMMBENCH_RING_SEGMENT_BYTES": "512"}  # many ring segments per chunk
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+def test_engine_order_stamps_errors_and_close_mpi(np_):
+    run_check("mpirun", np_, "engine_unit.py", "mpi", f"OK transfer engine on {np_} ranks",
+              SMALL_SEGMENTS)
