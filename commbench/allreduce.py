@@ -167,6 +167,7 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, buffers: st
     # async: per-step schedule (staleness applied, wait); completes what is in flight
     step_log = strategy.end_run() if hasattr(strategy, "end_run") else None
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
+    strategy.close()  # e.g. its transfer engine's thread and communicator
     buffer_sync.before_evaluation()
     extra = rank_extras(workload)
     gathered = comm.gather_object((samples, wrong, checked, extra,

@@ -216,6 +216,7 @@ def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
             acc = workload.evaluate()
         rows.append((sample.step_s + sample.wait_s, float(workload.loss.detach()), acc))
     log = strategy.end_run()
+    strategy.close()
     gathered = comm.gather_object(rows)
     if comm.rank != 0:
         return None

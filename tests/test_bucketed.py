@@ -114,7 +114,8 @@ def test_progress_records_the_real_in_flight_interval():
     assert not any(h.waited for h in handles)  # seen complete by progress, no wait needed
     assert s.knobs() == {"bucket_mb": 0.0, "buckets": 3, "bucket_bytes": [40, 40, 40],
                          "collective": "iallreduce", "progress": "poll",
-                         "compression": "none", "cast_dtype": "float32"}
+                         "transfer_path": None, "compression": "none",
+                         "cast_dtype": "float32"}
 
 
 def test_finish_waits_for_what_progress_did_not_see_complete_and_takes_unannounced_grads():

@@ -1,5 +1,6 @@
 """The background transfer engine: order, stamps, errors and close (with a stand-in
-communicator, then under mpirun)."""
+communicator, then under mpirun); async and bucketed on it equal flat native on every
+transfer path, dtype and launcher."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 import pytest
 import torch
 
+from commbench.comm.base import FAKE_NODES_ENV
 from commbench.comm.engine import TransferEngine, check_transfer_path
 from tests.conftest import run_check
 
@@ -98,3 +100,24 @@ SMALL_SEGMENTS = {"COMMBENCH_RING_SEGMENT_BYTES": "512"}  # many ring segments p
 def test_engine_order_stamps_errors_and_close_mpi(np_):
     run_check("mpirun", np_, "engine_unit.py", "mpi", f"OK transfer engine on {np_} ranks",
               SMALL_SEGMENTS)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,layout", [(1, None), (2, None), (3, "a,a,b"), (4, "a,a,a,b")])
+def test_engine_strategies_equal_flat_native_mpi(np_, layout):
+    env = {**SMALL_SEGMENTS, **({FAKE_NODES_ENV: layout} if layout else {})}
+    run_check("mpirun", np_, "engine_vs_flat.py", "mpi",
+              f"OK engine == flat native on {np_} ranks, paths ['thread', 'ring']", env)
+
+
+@pytest.mark.horovod
+def test_engine_strategies_equal_flat_native_horovod_mpi_controller():
+    run_check("horovodrun", 3, "engine_vs_flat.py", "horovod",
+              "OK engine == flat native on 3 ranks, paths ['thread', 'ring']",
+              {**SMALL_SEGMENTS, FAKE_NODES_ENV: "a,a,b"})
+
+
+@pytest.mark.horovod
+def test_engine_thread_path_equals_flat_native_horovod_gloo():
+    run_check("horovodrun-gloo", 2, "engine_vs_flat.py", "horovod",
+              "OK engine == flat native on 2 ranks, paths ['thread']")

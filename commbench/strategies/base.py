@@ -6,6 +6,7 @@ A strategy is built once per run from the communicator, the gradient tensors
 is produced (backward order) and ``progress()`` while it computes; then the
 runner calls ``finish()``, after which every gradient holds the mean over
 ranks. Strategies time their collectives on the timer they were given.
+After the run (and its validation pass) the tool calls ``close()``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def finish(self) -> None:
         """Complete the step's synchronisation; gradients then hold the mean."""
+
+    def close(self) -> None:  # noqa: B027 - most strategies hold nothing to release
+        """Release what the strategy opened (a transfer engine's thread and
+        communicator). Called once, on every rank, after the run and its validation."""
 
     def knobs(self) -> dict:
         """The strategy's settings, for result records."""

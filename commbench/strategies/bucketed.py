@@ -17,18 +17,23 @@
    advances a non-blocking collective only inside MPI calls (DESIGN.md §8).
    Horovod progresses on its own thread; the test only observes.
    ``progress="thread"`` (``--progress thread``) instead hands each full bucket
-   to one comm thread that runs blocking all-reduces in order (Horovod's
-   design): transfers advance whatever the main thread does, and each runs
-   the backend's tuned blocking algorithm rather than Open MPI's
-   non-blocking one (libnbc), which is much slower across nodes.
+   to the strategy's transfer engine (``commbench.comm.engine``): one
+   background thread on a communicator of its own runs the buckets in order
+   (Horovod's design), so transfers advance whatever the main thread does.
+   ``--transfer thread`` runs each as the backend's tuned blocking
+   all-reduce rather than Open MPI's non-blocking one (libnbc), which is
+   much slower across nodes; ``--transfer ring`` as the project's ring on
+   point-to-point messages tested between sleeps (lighter on the CPU).
 5. A bucket that ``progress`` sees complete is divided by the rank count
    into its gradients at once, while backward still runs (DDP divides in its
    hook too; with ``gradient_as_bucket_view`` it needs no copy at all).
    ``finish`` waits for the rest, then unpacks them.
 
-Comm time is what was really in flight: each bucket from its issue to the
-moment its handle was first seen complete (a test in ``progress`` or the wait
-in ``finish``), so with polling every 0.5 ms an end is late by at most that.
+Comm time is what was really in flight. Polling: each bucket from its issue
+to the moment its handle was first seen complete (a test in ``progress`` or
+the wait in ``finish``), so with polling every 0.5 ms an end is late by at
+most that. Engine: from when the engine began the bucket (not when it was
+queued behind earlier ones) to when it finished, the engine's own stamps.
 Exposed sync (step - compute) and overlap (1 - exposed/comm) follow.
 
 Differences from DDP (Li et al., VLDB 2020, https://arxiv.org/abs/2006.15704):
@@ -45,11 +50,14 @@ Args:
         (default: reverse parameter order, as DDP assumes). Must be the same
         on every rank.
     compression: ``none``, ``fp16`` or ``bf16`` (buckets hold that dtype).
-    progress: ``thread`` (default: a comm thread runs blocking all-reduces in
-        bucket order) or ``poll`` (MPI non-blocking all-reduce, tested from
+    progress: ``thread`` (default: the transfer engine runs the buckets in
+        order) or ``poll`` (MPI non-blocking all-reduce, tested from
         ``progress``). Measured on 2 emulated nodes x 4 ranks, 1 Gbit/s,
-        ResNet-50, 25 MB buckets: exposed sync 1.68 s with the thread, 4.67 s
-        polling Open MPI's iallreduce (flat native: 2.21 s).
+        ResNet-50, 25 MB buckets: exposed sync 1.68 s with a comm thread
+        running blocking all-reduces, 4.67 s polling Open MPI's iallreduce
+        (flat native: 2.21 s).
+    transfer: with ``progress="thread"``, the engine's path: ``thread`` or
+        ``ring`` (``commbench.comm.engine.TRANSFER_PATHS``).
 
 Example::
 
@@ -59,15 +67,14 @@ Example::
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Sequence
 
 import torch
 
 from commbench.comm.base import Communicator, Handle
+from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS, TransferEngine
 from commbench.strategies.base import COMPRESSIONS, Strategy, unpack_mean
-from commbench.timing import NullTimer, StepTimer, now
+from commbench.timing import NullTimer, StepTimer
 
 MB = 2**20  # DDP's bucket_cap_mb unit
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
@@ -150,64 +157,6 @@ class _Bucket:
         return self.staged.query()
 
 
-class _ThreadHandle:
-    """A bucket's all-reduce run by the comm thread: ``test``/``wait`` as for MPI's handles."""
-
-    __slots__ = ("done", "end", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.end = 0.0  # when the thread finished it (this rank's clock)
-        self.error: BaseException | None = None
-
-    def test(self) -> bool:
-        if self.done.is_set() and self.error is not None:
-            raise self.error
-        return self.done.is_set()
-
-    def wait(self) -> None:
-        self.done.wait()
-        self.test()
-
-
-class _CommThread:
-    """One background thread running blocking all-reduces in the order they were queued.
-
-    Horovod's design: the collectives progress on their own thread whatever the
-    main thread does, instead of advancing only when it polls. The main thread
-    makes no MPI call while buckets are queued (it only reads the handles), so
-    calls stay serialised between the two threads.
-    """
-
-    def __init__(self, comm: Communicator) -> None:
-        self.comm = comm
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="commbench-comm", daemon=True)
-        self.thread.start()
-
-    def submit(self, buffer: torch.Tensor) -> _ThreadHandle:
-        handle = _ThreadHandle()
-        self.queue.put((buffer, handle))
-        return handle
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            buffer, handle = item
-            try:
-                self.comm.allreduce(buffer)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the main thread
-                handle.error = e
-            handle.end = now()
-            handle.done.set()
-
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=5)
-
-
 PROGRESS = ("poll", "thread")
 
 
@@ -217,14 +166,21 @@ class BucketedStrategy(Strategy):
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
                  bucket_mb: float = DEFAULT_BUCKET_MB,
                  backward_order: Sequence[int] | None = None,
-                 compression: str = "none", progress: str = "thread") -> None:
+                 compression: str = "none", progress: str = "thread",
+                 transfer: str = DEFAULT_TRANSFER_PATH) -> None:
         super().__init__(comm, grads, compression)
         if not bucket_mb >= 0 or bucket_mb == float("inf"):
             raise ValueError(f"--bucket-mb must be a finite number >= 0, got {bucket_mb}")
         if progress not in PROGRESS:
             raise ValueError(f"--progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
+        if transfer not in TRANSFER_PATHS:
+            raise ValueError(f"--transfer must be one of {', '.join(TRANSFER_PATHS)}, got "
+                             f"{transfer!r}")
         self.progress_mode = progress
-        self._thread = _CommThread(comm) if progress == "thread" else None
+        self.transfer = transfer
+        # progress="thread": opened at the first bucket (a collective: every rank starts
+        # its buckets in the same order), closed by close()
+        self._engine: TransferEngine | None = None
         self.bucket_mb = float(bucket_mb)
         order = list(backward_order) if backward_order is not None else \
             list(reversed(range(len(self.grads))))
@@ -267,8 +223,12 @@ class BucketedStrategy(Strategy):
                 return  # its copy from the GPU is still running; progress() comes back
             b.staged = None
             b.start = self.timer.clock()
-            b.handle = self._thread.submit(b.buffer) if self._thread else \
-                self.comm.iallreduce(b.buffer)
+            if self.progress_mode == "thread":
+                if self._engine is None:
+                    self._engine = TransferEngine(self.comm, self.transfer)
+                b.handle = self._engine.submit(b.buffer)
+            else:
+                b.handle = self.comm.iallreduce(b.buffer)
             self._in_flight.append(b)
             self._next += 1
 
@@ -277,16 +237,19 @@ class BucketedStrategy(Strategy):
         done, still = [], []
         for b in self._in_flight:
             if b.handle.test():
-                self.timer.comm(b.start, self._end_of(b), b.nbytes)
+                self.timer.comm(*self._flight(b), b.nbytes)
                 done.append(b)
             else:
                 still.append(b)
         self._in_flight = still
         return done
 
-    def _end_of(self, b: _Bucket) -> float:
-        """When bucket ``b`` completed: the comm thread's own reading, else now (first seen)."""
-        return b.handle.end if self._thread else self.timer.clock()
+    def _flight(self, b: _Bucket) -> tuple[float, float]:
+        """Completed bucket ``b``'s (start, end): the engine's stamps (begun, finished),
+        else (issued, now = first seen complete)."""
+        if self.progress_mode == "thread":
+            return b.handle.start, b.handle.end
+        return b.start, self.timer.clock()
 
     def _progress(self) -> None:
         """Drive the buckets in flight; unpack those that completed."""
@@ -320,7 +283,7 @@ class BucketedStrategy(Strategy):
             if self._in_flight:
                 b = self._in_flight.pop(0)
                 b.handle.wait()
-                self.timer.comm(b.start, self._end_of(b), b.nbytes)
+                self.timer.comm(*self._flight(b), b.nbytes)
                 done.append(b)
         for b in done:
             self._unpack(b)
@@ -328,10 +291,17 @@ class BucketedStrategy(Strategy):
     def knobs(self) -> dict:
         return {**super().knobs(), "bucket_mb": self.bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
-                "collective": "allreduce on a comm thread" if self._thread else "iallreduce",
-                "progress": self.progress_mode}
+                "collective": self._collective(), "progress": self.progress_mode,
+                "transfer_path": self.transfer if self.progress_mode == "thread" else None}
+
+    def _collective(self) -> str:
+        if self.progress_mode == "poll":
+            return "iallreduce"
+        return "blocking allreduce on the engine thread" if self.transfer == "thread" else \
+            "ring on the engine thread, polled"
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._thread.close()
-            self._thread = None
+        """Stop the transfer engine (after its last bucket)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None

@@ -2,30 +2,31 @@
 
 1. When backward has produced every gradient, pack them into a fused buffer
    (``flat``'s buffer; cast to the ``--compression`` dtype as flat does) and
-   start its all-reduce non-blocking (``comm.iallreduce``). Each step in
-   flight has its own buffer: at most s+1 exist.
-2. The transfers run while later steps compute. Under the mpi backend one
-   background thread per strategy runs them in issue order, each a blocking
-   all-reduce on a communicator of its own (Horovod's design: its background
-   thread runs the collectives; mpi4py releases the GIL inside MPI calls).
-   Polling a non-blocking all-reduce from the training loop was tried and
-   measured worse here: Open MPI's ``Iallreduce`` does its reductions and
-   copies inside ``MPI_Test`` (single calls took 40-110 ms for 47 MB on 2-4
-   ranks) and, on 2 ranks, inside the start call (~100 ms), stalling the loop
-   in large pieces. Under Horovod its own thread advances them and
-   ``progress`` only observes (``comm.iallreduce`` + ``test``).
+   hand it to the strategy's transfer engine (``commbench.comm.engine``).
+   Each step in flight has its own buffer: at most s+1 exist.
+2. The transfers run while later steps compute, one after another in issue
+   order, on the engine's background thread and a communicator of its own
+   (so they never interleave with the runner's barriers and gathers).
+   ``--transfer thread`` (default) runs the backend's blocking tuned
+   all-reduce there; ``--transfer ring`` the project's ring on non-blocking
+   point-to-point messages, tested between short sleeps (light on a CPU that
+   computes). Why not a non-blocking collective from the training loop: Open
+   MPI's ``Iallreduce`` (libnbc) advances only inside MPI calls, does its
+   reductions inside ``MPI_Test`` (single calls took 40-110 ms for 47 MB on
+   2-4 ranks) and was measured 2-3x slower across nodes than the blocking
+   all-reduce: on it, s = 1 took 2.38 s per step on 2 emulated nodes x 4
+   ranks at 1 Gbit/s (ResNet-18, 300 ms compute) against flat's 1.13 s.
 3. At the end of step t, wait only for the all-reduce started at step t-s,
    write its mean into the gradients, and let the optimizer apply it. With
    s = 0 that is the all-reduce just started: synchronous training, the same
-   mean as ``flat`` (to float tolerance; the non-blocking and blocking
-   all-reduces may add in different orders).
+   mean as ``flat`` (to float tolerance; the ring adds in another order).
 
 The first s steps have nothing to apply yet: their gradients are set to
 zero, so the SGD step changes no parameter (momentum buffers start at zero
 and stay there). The last s all-reduces of a run are still in flight when it
 ends; ``end_run`` waits for them and their gradients are never applied.
 A run of N steps therefore makes N - s updates, which is why a staleness
-larger than ``--steps`` is refused.
+larger than ``--steps`` is refused. ``close`` stops the engine.
 
 Mitigations (both optional):
 
@@ -39,128 +40,94 @@ Mitigations (both optional):
   opens a gap of s steps that apply nothing (a pipeline's depth can only
   grow by leaving a step empty).
 
-Comm time per step is the part of each transfer's flight (issue to first
-seen complete) that falls inside the step up to the end of ``finish``;
-bytes and calls count at the step that issued the transfer. ``apply_wait_s``
-is the time ``finish`` blocked on the all-reduce from s steps ago.
+Comm time per step is the part of each transfer's flight (from when the
+engine began it, not when it was queued behind another, to its end) that
+falls inside the step up to the end of ``finish``; bytes and calls count at
+the step that issued the transfer. ``apply_wait_s`` is the time ``finish``
+blocked on the all-reduce from s steps ago.
 
 Args:
     comm: the communicator.
     grads: gradient tensors in parameter order.
-    algo: only ``native`` (the backend's non-blocking all-reduce).
+    algo: only ``native`` (what runs a transfer is ``transfer``'s choice).
     compression: ``none``, ``fp16`` or ``bf16`` (wire dtype, as flat).
     staleness: s >= 0.
     staleness_lr: scale the applied gradient by 1/s.
     staleness_warmup: steps run with s = 0 before staleness s starts.
+    transfer: the engine's path, ``thread`` or ``ring`` (``TRANSFER_PATHS``).
 
 Example::
 
     mpirun -np 4 python -m commbench.allreduce --strategy flat,async --algo native \\
-        --staleness 2 --compute-ms 300
+        --staleness 2 --compute-ms 300 --transfer thread
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from commbench.comm.base import Communicator, Handle
+from commbench.comm.base import Communicator
+from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS, Transfer, TransferEngine
+from commbench.strategies.algos import wire_dtype
+from commbench.strategies.base import dtype_name
 from commbench.strategies.flat import FlatStrategy
 from commbench.timing import NullTimer, StepTimer, now
 
-POLL_S = 0.0005  # the transfer thread's sleep between tests of its all-reduce
-
 
 @dataclass
-class _Transfer:
+class _InFlight:
     step: int
     slot: int
-    start: float
-    handle: Handle | None = None  # polled mode
-    done: threading.Event = field(default_factory=threading.Event)  # threaded mode
-    end: float | None = None  # first moment the all-reduce was seen complete
-    logged_until: float = 0.0  # comm time already recorded up to here
-    error: BaseException | None = None
+    handle: Transfer  # the engine's: its start and end stamps are this rank's clock
+    logged_until: float  # comm time already recorded up to here
 
 
-class _TransferThread:
-    """Runs queued all-reduces one after another on a communicator of its own.
-
-    Its own communicator keeps its collectives out of the order of the main
-    thread's (the runner's barrier, validation): MPI matches collectives per
-    communicator by issue order, and two threads' order differs between ranks.
-    """
-
-    def __init__(self, comm: Communicator, buffers: list[torch.Tensor]) -> None:
-        self.comm = comm
-        self.buffers = buffers
-        self.queue: queue.SimpleQueue[_Transfer | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="async-allreduce", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            tr = self.queue.get()
-            if tr is None:
-                return
-            try:
-                # Non-blocking, tested between short sleeps: a blocking all-reduce spins a
-                # core while it waits for the other ranks, which the compute of a CPU
-                # workload needs (Open MPI busy-polls inside blocking calls).
-                handle = self.comm.iallreduce(self.buffers[tr.slot])
-                while not handle.test():
-                    time.sleep(POLL_S)
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread's wait
-                tr.error = e
-            tr.end = now()
-            tr.done.set()
-
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
+#: the algorithm each transfer path runs, for ``wire_dtype`` (the ring sends bytes as
+#: they are; the backend's all-reduce may widen)
+_PATH_ALGO = {"thread": "native", "ring": "ring"}
 
 
 class AsyncStrategy(FlatStrategy):
     name = "async"
-    algos = ("native",)  # the project's ring is blocking; only the backend's is non-blocking
+    algos = ("native",)  # the engine's --transfer picks what runs, not --algo
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
                  algo: str = "native", compression: str = "none", staleness: int = 0,
-                 staleness_lr: bool = False, staleness_warmup: int = 0) -> None:
+                 staleness_lr: bool = False, staleness_warmup: int = 0,
+                 transfer: str = DEFAULT_TRANSFER_PATH) -> None:
         if algo != "native":
-            raise ValueError(f"--strategy async runs the backend's non-blocking all-reduce "
-                             f"(--algo native), not --algo {algo}")
+            raise ValueError(f"--strategy async runs its transfers on the transfer engine "
+                             f"(--algo native, --transfer thread|ring), not --algo {algo}")
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"--staleness must be an integer >= 0, got {staleness!r}")
         if not isinstance(staleness_warmup, int) or staleness_warmup < 0:
             raise ValueError(f"--staleness-warmup must be an integer >= 0, got "
                              f"{staleness_warmup!r}")
+        if transfer not in TRANSFER_PATHS:
+            raise ValueError(f"--transfer must be one of {', '.join(TRANSFER_PATHS)}, got "
+                             f"{transfer!r}")
         super().__init__(comm, grads, algo=algo, compression=compression)
         self.staleness = staleness
         self.staleness_lr = bool(staleness_lr)
         self.staleness_warmup = staleness_warmup
+        self.transfer = transfer
         # cast, or copy from a device to the host buffer: one copy per tensor
         self._copy_in = self.wire != self.grads[0].dtype or self.grads[0].device.type != "cpu"
         self._slots = [self.buffer]
         self._slot_views = [self._views]
         self._free = [0]
-        self._queue: deque[_Transfer] = deque()  # issued, not yet applied; oldest first
+        self._queue: deque[_InFlight] = deque()  # issued, not yet applied; oldest first
         self._t = 0  # steps finished
         self._step_t0 = 0.0
         #: one dict per finished step: staleness applied, applied step, wait, lr scale
         self.step_log: list[dict] = []
-        # mpi: a transfer thread on its own communicator (every rank builds it, in the
-        # same order: a collective); horovod: its own thread progresses, we poll.
-        self._tcomm = comm.subgroup(list(range(comm.size))) if comm.name == "mpi" else None
-        self._thread: _TransferThread | None = None
-        if self._tcomm is None:
-            self.progress = self._progress
+        # Opened at the first transfer (a collective: every rank gets there at the same
+        # step), closed by close().
+        self._engine: TransferEngine | None = None
 
     # -- schedule --------------------------------------------------------------
     def staleness_at(self, step: int) -> int:
@@ -187,7 +154,7 @@ class AsyncStrategy(FlatStrategy):
             self._free.append(len(self._slots) - 1)
         return self._free.pop()
 
-    def _issue(self, step: int) -> _Transfer:
+    def _issue(self, step: int) -> _InFlight:
         slot = self._slot()
         buf = self._slots[slot]
         if self._copy_in:
@@ -195,44 +162,25 @@ class AsyncStrategy(FlatStrategy):
                 v.copy_(g)
         else:
             torch.cat([g.view(-1) for g in self.grads], out=buf)
-        start = now()
-        tr = _Transfer(step, slot, start, logged_until=start)
-        if self._tcomm is not None:
-            if self._thread is None:  # started at the first transfer, ended by end_run
-                self._thread = _TransferThread(self._tcomm, self._slots)
-            self._thread.queue.put(tr)
-        else:
-            tr.handle = self.comm.iallreduce(buf)
-        self.timer.comm(start, start, self.nbytes)  # bytes and call count at the issuing step
+        if self._engine is None:
+            self._engine = TransferEngine(self.comm, self.transfer)
+        handle = self._engine.submit(buf)
+        tr = _InFlight(step, slot, handle, logged_until=handle.queued)
+        # bytes and call count at the issuing step
+        self.timer.comm(handle.queued, handle.queued, self.nbytes)
         self._queue.append(tr)
         return tr
 
-    def _poll(self) -> None:
-        if self._tcomm is not None:
-            return  # the thread stamps ``end`` itself
-        for tr in self._queue:
-            if tr.end is None and tr.handle.test():
-                tr.end = now()
-
-    def _progress(self) -> None:
-        if self._queue:
-            self._poll()
-
-    def _wait(self, tr: _Transfer) -> float:
+    def _wait(self, tr: _InFlight) -> float:
         """Block until ``tr`` is complete; return the seconds blocked."""
         t = now()
-        if tr.handle is None:
-            tr.done.wait()
-            if tr.error is not None:
-                raise RuntimeError(f"async: all-reduce of step {tr.step} failed") from tr.error
-            return max(0.0, tr.end - t)
-        if tr.end is not None:
-            return 0.0
-        tr.handle.wait()
-        tr.end = now()
-        return tr.end - t
+        try:
+            tr.handle.wait()
+        except Exception as e:
+            raise RuntimeError(f"async: all-reduce of step {tr.step} failed") from e
+        return max(0.0, tr.handle.end - t)
 
-    def _apply(self, tr: _Transfer, scale: float) -> None:
+    def _apply(self, tr: _InFlight, scale: float) -> None:
         """Write the mean of ``tr``'s all-reduce, times ``scale``, into the gradients."""
         div = self.comm.size if scale == 1.0 else self.comm.size / scale
         for g, v in zip(self.grads, self._slot_views[tr.slot]):
@@ -243,10 +191,14 @@ class AsyncStrategy(FlatStrategy):
         self._free.append(tr.slot)
 
     def _log_comm(self, end_of_window: float) -> None:
-        """Record each transfer's flight inside this step (up to ``end_of_window``)."""
+        """Record each transfer's flight inside this step (up to ``end_of_window``):
+        from when the engine began it, not from when it was queued."""
         for tr in self._queue:
-            lo = max(tr.logged_until, self._step_t0)
-            hi = min(tr.end if tr.end is not None else end_of_window, end_of_window)
+            end, start = tr.handle.end, tr.handle.start  # end first: set after start
+            if start is None:
+                continue  # queued behind an earlier transfer: not in flight yet
+            lo = max(tr.logged_until, self._step_t0, start)
+            hi = min(end if end is not None else end_of_window, end_of_window)
             if hi > lo:
                 self.timer.comm(lo, hi, 0, calls=0)
             tr.logged_until = max(tr.logged_until, hi)
@@ -255,7 +207,6 @@ class AsyncStrategy(FlatStrategy):
         t = self._t
         s = self.staleness_at(t)
         self._issue(t)
-        self._poll()
         entry = {"step": t, "staleness": None, "applied_step": None, "apply_wait_s": 0.0,
                  "lr_scale": None, "in_flight": 0}
         oldest = self._queue[0]
@@ -289,19 +240,12 @@ class AsyncStrategy(FlatStrategy):
         return n
 
     def end_run(self) -> list[dict]:
-        """Complete what is in flight (never applied), stop the transfer thread, and
-        return the per-step log."""
+        """Complete what is in flight (never applied) and return the per-step log."""
         self.drain()
-        self._stop_thread()
         return list(self.step_log)
 
-    def _stop_thread(self) -> None:
-        if self._thread is not None:
-            self._thread.close()
-            self._thread = None
-
     def validation_pass(self, backward_order: Sequence[int]) -> None:
-        """The delay pipeline's own pack, non-blocking all-reduce and unpack, at s = 0
+        """The delay pipeline's own pack, engine transfer and unpack, at s = 0
         (the delay itself is what tests/mpi/async_delay.py checks)."""
         self.drain()
         self.begin_step(NullTimer())
@@ -309,12 +253,22 @@ class AsyncStrategy(FlatStrategy):
         self._queue.pop()
         self._wait(tr)
         self._apply(tr, 1.0)
-        self._stop_thread()
+
+    def close(self) -> None:
+        """Complete what is in flight and stop the transfer engine."""
+        self.drain()
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def knobs(self) -> dict:
         return {**super().knobs(), "staleness": self.staleness,
                 "staleness_lr": self.staleness_lr, "staleness_warmup": self.staleness_warmup,
-                "buffers": len(self._slots), "collective": "iallreduce"}
+                "buffers": len(self._slots), "transfer_path": self.transfer,
+                "wire_dtype": dtype_name(wire_dtype(self.comm, _PATH_ALGO[self.transfer],
+                                                    self.wire)),
+                "collective": "blocking allreduce on the engine thread"
+                if self.transfer == "thread" else "ring on the engine thread, polled"}
 
 
 def merge_step_log(rec: dict, logs: Sequence[list[dict]], k: int) -> None:

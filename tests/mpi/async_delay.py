@@ -54,12 +54,13 @@ def due(t: int, s: int, warmup: int) -> int | None:
     return src if src >= 0 else None
 
 
-def check(comm, s: int, lr: bool, warmup: int, compression: str, flat_results, bad) -> None:
+def check(comm, s: int, lr: bool, warmup: int, compression: str, transfer: str,
+          flat_results, bad) -> None:
     n, r = comm.size, comm.rank
     grads = [torch.empty(shape) for shape in SHAPES]
     strat = make_strategy("async", comm, grads, staleness=s, staleness_lr=lr,
-                          staleness_warmup=warmup, compression=compression)
-    tag = f"s={s} lr={lr} warmup={warmup} {compression}"
+                          staleness_warmup=warmup, compression=compression, transfer=transfer)
+    tag = f"s={s} lr={lr} warmup={warmup} {compression} transfer={transfer}"
     for t in range(STEPS):
         fill(grads, t, r)
         timer = StepTimer()
@@ -94,6 +95,7 @@ def check(comm, s: int, lr: bool, warmup: int, compression: str, flat_results, b
     log = strat.end_run()
     if len(log) != STEPS or strat.knobs()["buffers"] > s + 1:
         bad.append(f"{tag}: {len(log)} log entries, {strat.knobs()['buffers']} buffers")
+    strat.close()
 
 
 def main() -> int:
@@ -111,7 +113,11 @@ def main() -> int:
              (3, False, 0, "none"), (3, True, 0, "none"), (2, False, 3, "none"),
              (2, True, 2, "none"), (2, False, 0, "fp16")]
     for s, lr, warmup, compression in cases:
-        check(comm, s, lr, warmup, compression, flat_results, bad)
+        check(comm, s, lr, warmup, compression, "thread", flat_results, bad)
+    if comm.supports_p2p:  # the ring path: the delay does not depend on what transfers
+        for s, lr, warmup, compression in [(0, False, 0, "none"), (2, True, 2, "none"),
+                                           (2, False, 0, "fp16")]:
+            check(comm, s, lr, warmup, compression, "ring", flat_results, bad)
     return verdict(comm, bad, f"OK async applies step t-s's mean on {comm.size} ranks")
 
 

@@ -64,6 +64,7 @@ def main() -> int:
         s = make_strategy(name, comm, grads, algo=algo, backward_order=order,
                           compression=compression, **knobs)
         s.validation_pass(order)
+        s.close()
         return [g.clone() for g in grads]
 
     want = reduce("flat", "native", "none", {})
