@@ -23,6 +23,7 @@ import torch
 
 from commbench import metrics
 from commbench.buffers import OWN_RULES, BufferSync, rule_for
+from commbench.comm.engine import check_transfer_path
 from commbench.config import Config, parse_config
 from commbench.job import run_job, set_torch_threads
 from commbench.report import Column, format_table, rank0_print
@@ -124,7 +125,7 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, buffers: st
     strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native",
                              bucket_mb=cfg.bucket_mb, backward_order=workload.backward_order,
                              compression=cfg.compression, accum_steps=cfg.accum_steps,
-                             progress=cfg.progress,
+                             progress=cfg.progress, transfer=cfg.transfer,
                              workload=workload, staleness=cfg.staleness,
                              staleness_lr=cfg.staleness_lr,
                              staleness_warmup=cfg.staleness_warmup,
@@ -227,6 +228,8 @@ def compute_label(cfg: Config) -> str:
 def check(comm, cfg: Config) -> None:
     for strategy_name, algo, _ in runs_of(cfg):
         STRATEGIES[strategy_name].check(comm, algo or "native")
+    if "async" in cfg.strategies or ("bucketed" in cfg.strategies and cfg.progress == "thread"):
+        check_transfer_path(comm, cfg.transfer)  # the transfer engine's (--transfer ring: p2p)
 
 
 def study(comm, cfg: Config) -> int:

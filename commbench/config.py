@@ -79,6 +79,7 @@ class Config:
     bucket_mb: float = 25.0  # DDP's bucket_cap_mb default
     accum_steps: int = 1
     progress: str = "thread"
+    transfer: str = "thread"  # async, bucketed --progress thread: the engine's path
     compression: str = "none"
     staleness: int = 0  # --strategy async: apply step t's all-reduce at step t+s
     staleness_lr: bool = False
@@ -113,6 +114,7 @@ class Config:
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so --help lists exactly what the registries hold.
     from commbench.buffers import BUFFER_RULES
+    from commbench.comm.engine import TRANSFER_PATHS
     from commbench.models import MODELS
     from commbench.strategies import ALGOS, STRATEGIES
     from commbench.workloads import WORKLOADS
@@ -144,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--strategy bucketed: how buckets' all-reduces advance during backward: "
                         "poll = MPI non-blocking all-reduce tested from the compute loop, "
                         "thread = blocking all-reduces on a comm thread (Horovod's design)")
+    g.add_argument("--transfer", choices=TRANSFER_PATHS, default=d.transfer,
+                   help="--strategy async and bucketed (--progress thread): how the background "
+                        "transfer engine runs each all-reduce: thread = the backend's blocking "
+                        "all-reduce on its own thread (at link speed; Open MPI spins a core "
+                        "while it waits), ring = the project's ring on point-to-point "
+                        "messages, tested between sleeps (light on the CPU; needs MPI)")
     g.add_argument("--accum-steps", metavar="K", type=positive_int, default=d.accum_steps,
                    help="gradient accumulation: K micro-batches per step, synchronised once "
                         "(Horovod's backward_passes_per_step)")

@@ -1,9 +1,10 @@
 """The background transfer engine: order, stamps, errors and close (with a stand-in
 communicator, then under mpirun); async and bucketed on it equal flat native on every
-transfer path, dtype and launcher."""
+transfer path, dtype and launcher; --transfer ring is refused where there is no p2p."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -12,7 +13,8 @@ import torch
 
 from commbench.comm.base import FAKE_NODES_ENV
 from commbench.comm.engine import TransferEngine, check_transfer_path
-from tests.conftest import run_check
+from commbench.config import ConfigError, parse_config
+from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
 
 # --- without processes: a one-rank stand-in communicator ------------------------------
 
@@ -90,6 +92,13 @@ def test_ring_needs_point_to_point_and_unknown_paths_are_refused():
         TransferEngine(_SlowComm(), "carrier-pigeon")
 
 
+def test_transfer_flag_is_parsed_and_checked():
+    assert parse_config(["--output", "/tmp/x.jsonl"]).transfer == "thread"
+    assert parse_config(["--transfer", "ring", "--output", "/tmp/x.jsonl"]).transfer == "ring"
+    with pytest.raises(ConfigError, match="--transfer"):
+        parse_config(["--transfer", "nbc", "--output", "/tmp/x.jsonl"])
+
+
 # --- under launchers -------------------------------------------------------------------
 
 SMALL_SEGMENTS = {"COMMBENCH_RING_SEGMENT_BYTES": "512"}  # many ring segments per chunk
@@ -121,3 +130,40 @@ def test_engine_strategies_equal_flat_native_horovod_mpi_controller():
 def test_engine_thread_path_equals_flat_native_horovod_gloo():
     run_check("horovodrun-gloo", 2, "engine_vs_flat.py", "horovod",
               "OK engine == flat native on 2 ranks, paths ['thread']")
+
+
+@pytest.mark.horovod
+def test_ring_transfer_is_refused_under_gloo(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = launch("horovodrun-gloo", 2, [PY, "-m", "commbench.allreduce", "--strategy", "async",
+                                        "--transfer", "ring", "--output", str(out)])
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--transfer ring needs point-to-point" in res.stdout + res.stderr
+    assert not out.exists()
+
+
+@pytest.mark.mpi
+def test_job_records_the_transfer_path(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--model", "resnet18",
+                               "--strategy", "async,bucketed", "--transfer", "ring",
+                               "--staleness", "1", "--compute-ms", "20", "--steps", "2",
+                               "--warmup", "1", "--output", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    summ = {r["strategy"]: r for r in read_jsonl(out) if r["kind"] == "summary"}
+    for name in ("async", "bucketed"):
+        s = summ[name]
+        assert s["wrong"] == 0 and s["elements_checked"] > 0
+        assert s["knobs"]["transfer_path"] == "ring" and s["config"]["transfer"] == "ring"
+        assert s["comm_s"] > 0
+
+
+def test_bad_transfer_exits_2_with_one_line(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([PY, "-m", "commbench.allreduce", "--strategy", "async",
+                          "--transfer", "nbc", "--output", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--transfer" in lines[0] and "Traceback" not in res.stderr
+    assert not out.exists()
