@@ -1,0 +1,232 @@
+"""Async and bucketed against flat on the emulated cluster: wall-clock throughput per layout.
+
+For each layout (nodes x ranks per node; default 2x1, 2x2, 2x4, 4x2, links
+shaped to 1 Gbit/s) and each transfer path of the background engine
+(``--transfer``, default ``thread``) it runs two jobs of
+``commbench.allreduce`` (ResNet-18's gradients, 300 ms of replayed compute,
+25 MB buckets, 6 measured steps after 1 warm-up), each on a fresh emulated
+cluster that measures its link first (``python -m launch.cluster run``):
+
+1. ``--strategy flat,async,bucketed --staleness 1``: the baseline and the two
+   overlapping schemes in one job, so they share the cluster and the minute;
+2. ``--strategy async --staleness 2`` (``--staleness`` takes one value per job).
+
+Then it prints one fixed-width table per layout: wall-clock throughput
+(samples/s over the wall time of the measured steps, the summaries'
+``wall_throughput``; ``throughput``, the median per-step rate, where a record
+lacks it, which the table's footer says) of flat, async S=1, async S=2 and
+bucketed, the ratios to flat, the link rate the cluster measured
+(``link_gbps`` in the records) and the validation's #wrong. The load average
+(``uptime``) is printed first, with a warning above 1.5: timing on a busy
+machine measures the machine.
+
+Run it from the repository root, as root (the cluster needs network
+namespaces), with nothing else measuring::
+
+    python -m benchmarks.async_speedup                          # ~8 min on 2 cores
+    python -m benchmarks.async_speedup --dry-run                # print the commands only
+    python -m benchmarks.async_speedup --layouts 2x4 --transfer thread,ring
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from commbench.comm.engine import TRANSFER_PATHS
+from commbench.report import Column, format_table
+from launch.execute import run
+
+ROOT = Path(__file__).resolve().parents[1]  # the jobs run here: this checkout's commbench
+
+DEFAULT_LAYOUTS = "2x1,2x2,2x4,4x2"
+LOAD_WARN = 1.5  # 1-minute load average above which timings are suspect on 2 cores
+JOB_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Job:
+    layout: tuple[int, int]  # (nodes, ranks per node)
+    transfer: str
+    staleness: int
+    strategies: str
+    output: Path
+
+    @property
+    def label(self) -> str:
+        n, s = self.layout
+        return f"{n}x{s} {self.transfer} {self.strategies} S={self.staleness}"
+
+
+def parse_layout(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", text.strip())
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise argparse.ArgumentTypeError(f"layout {text!r}: write NODESxRANKS, e.g. 2x4")
+    return int(m.group(1)), int(m.group(2))
+
+
+def layouts(text: str) -> list[tuple[int, int]]:
+    return [parse_layout(x) for x in text.split(",") if x.strip()]
+
+
+def transfers(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in out if x not in TRANSFER_PATHS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"--transfer: choose from {', '.join(TRANSFER_PATHS)}")
+    return out
+
+
+def plan(args: argparse.Namespace, outdir: Path) -> list[Job]:
+    """Two jobs per layout and transfer path (see the module docstring)."""
+    jobs = []
+    for n, s in args.layouts:
+        for path in args.transfer:
+            stem = f"{n}x{s}-{path}"
+            jobs.append(Job((n, s), path, 1, "flat,async,bucketed", outdir / f"{stem}-s1.jsonl"))
+            jobs.append(Job((n, s), path, 2, "async", outdir / f"{stem}-s2.jsonl"))
+    return jobs
+
+
+def job_argv(job: Job, args: argparse.Namespace) -> list[str]:
+    nodes, slots = job.layout
+    program = ["python", "-m", "commbench.allreduce", "--model", args.model,
+               "--strategy", job.strategies, "--algo", "native",
+               "--staleness", str(job.staleness), "--transfer", job.transfer,
+               "--bucket-mb", "25", "--compute-ms", f"{args.compute_ms:g}",
+               "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--quiet", "--output", str(job.output)]
+    return [sys.executable, "-m", "launch.cluster", "run", "--nodes", str(nodes),
+            "--slots", str(slots), "--rate", args.rate, "--launcher", "mpirun",
+            "--timeout", str(JOB_TIMEOUT_S), "--", *program]
+
+
+def load_average() -> tuple[str, float]:
+    """``uptime``'s line and its 1-minute load average."""
+    try:
+        line = subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        line = ""
+    return line.strip() or "uptime: unavailable", os.getloadavg()[0]
+
+
+def summaries(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a truncated last line
+        if rec.get("kind") == "summary":
+            out.append(rec)
+    return out
+
+
+def rate_of(summary: dict | None, fell_back: list[str]) -> float | None:
+    """Wall-clock throughput, or the per-step median where the record lacks it."""
+    if summary is None:
+        return None
+    if summary.get("wall_throughput") is not None:
+        return summary["wall_throughput"]
+    fell_back.append(summary["strategy"])
+    return summary.get("throughput")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+TABLE = [Column("transfer", "", 9), Column("flat", "samples/s", 11, ".1f"),
+         Column("async S=1", "samples/s", 11, ".1f"), Column("async S=2", "samples/s", 11, ".1f"),
+         Column("bucketed", "samples/s", 11, ".1f"), Column("S=1/flat", "", 8, ".3f"),
+         Column("S=2/flat", "", 8, ".3f"), Column("bkt/flat", "", 8, ".3f"),
+         Column("link", "Gbit/s", 8, ".3f"), Column("#wrong", "", 7)]
+
+
+def layout_row(jobs: list[Job], fell_back: list[str]) -> list:
+    """One table row from one layout's and path's two jobs."""
+    by = {}
+    for job in jobs:
+        for s in summaries(job.output):
+            key = s["strategy"] if s["strategy"] != "async" else f"async{job.staleness}"
+            by[key] = s
+    flat, a1, a2, bkt = (rate_of(by.get(k), fell_back)
+                         for k in ("flat", "async1", "async2", "bucketed"))
+    links = [s.get("link_gbps") for s in by.values() if s.get("link_gbps")]
+    paths = {s["knobs"].get("transfer_path") for k, s in by.items() if k != "flat"}
+    if paths - {jobs[0].transfer}:  # what ran is what the records say
+        print(f"# warning: records name transfer paths {sorted(map(str, paths))}",
+              file=sys.stderr)
+    wrong = sum(s.get("wrong", 0) for s in by.values()) if by else None
+    return [jobs[0].transfer, flat, a1, a2, bkt, ratio(a1, flat), ratio(a2, flat),
+            ratio(bkt, flat), min(links) if links else None, wrong]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--layouts", type=layouts, default=layouts(DEFAULT_LAYOUTS),
+                   help="NODESxRANKS[,...] (default " + DEFAULT_LAYOUTS + ")")
+    p.add_argument("--transfer", type=transfers, default=["thread"],
+                   help="transfer path(s) of async and bucketed: "
+                        f"{','.join(TRANSFER_PATHS)}; two paths double the time")
+    p.add_argument("--rate", default="1gbit", help="link rate per node (tc syntax)")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--compute-ms", type=float, default=300.0)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--outdir", type=Path, default=None,
+                   help="where the jobs' records go (default: results/async-speedup-<time>)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+
+    outdir = args.outdir or ROOT / "results" / f"async-speedup-{time.strftime('%Y%m%d-%H%M%S')}"
+    jobs = plan(args, outdir)
+    if args.dry_run:
+        for job in jobs:
+            print(shlex.join(job_argv(job, args)))
+        return 0
+
+    line, load = load_average()
+    print(f"# before starting: {line}")
+    if load > LOAD_WARN:
+        print(f"# warning: load average {load:.2f} > {LOAD_WARN}: something else is running; "
+              "these timings measure it too", file=sys.stderr)
+    outdir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for k, job in enumerate(jobs, 1):
+        print(f"# job {k}/{len(jobs)}: {job.label}", flush=True)
+        res = run(job_argv(job, args), timeout=JOB_TIMEOUT_S + 60, cwd=str(ROOT))
+        if res.returncode != 0 or res.timed_out:
+            failed += 1
+            print(f"# job failed (exit {res.returncode}{', timed out' if res.timed_out else ''})"
+                  f":\n{res.stdout[-2000:]}{res.stderr[-2000:]}", file=sys.stderr)
+
+    for n, s in args.layouts:
+        fell_back: list[str] = []
+        rows = [layout_row([j for j in jobs if j.layout == (n, s) and j.transfer == path],
+                           fell_back) for path in args.transfer]
+        footer = [f"wall-clock throughput; {args.model}, {args.compute_ms:g} ms compute, "
+                  f"{args.steps} steps (+{args.warmup} warm-up), links {args.rate}",
+                  f"records: {outdir}"]
+        if fell_back:
+            footer.append("no wall_throughput in the records of "
+                          f"{', '.join(sorted(set(fell_back)))}: median per-step throughput "
+                          "shown instead")
+        print(format_table(TABLE, rows, title=f"async_speedup  {n} nodes x {s} ranks",
+                           footer=footer))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
