@@ -10,8 +10,8 @@ differently on every rank (the collectives must still be issued in the same
 order everywhere), then with some never announced (``finish`` takes them as
 they are); ``progress`` runs between announcements as a workload drives it.
 Every result must match flat within float tolerance and the exact mean, and
-the timer must have seen one collective per bucket. Two caps run again with
-the comm thread (``progress="thread"``). Exits 1 on a mismatch.
+the timer must have seen one collective per bucket. Two caps run again on
+the transfer engine (``progress="thread"``). Exits 1 on a mismatch.
 
     mpirun -np 3 python tests/mpi/bucketed_vs_flat.py mpi
 """
