@@ -137,9 +137,9 @@ def test_ring_transfer_is_refused_under_gloo(tmp_path):
     out = tmp_path / "r.jsonl"
     res = launch("horovodrun-gloo", 2, [PY, "-m", "commbench.allreduce", "--strategy", "async",
                                         "--transfer", "ring", "--output", str(out)])
-    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.returncode != 0  # the workers exit 2; horovodrun itself says 1
     assert "--transfer ring needs point-to-point" in res.stdout + res.stderr
-    assert not out.exists()
+    assert "Exit code: 2" in res.stdout + res.stderr and not out.exists()
 
 
 @pytest.mark.mpi
