@@ -31,24 +31,17 @@ namespaces), with nothing else measuring::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.cluster_jobs import ROOT, cluster_argv, layouts, print_load, records, run_jobs
 from commbench.comm.engine import TRANSFER_PATHS
 from commbench.report import Column, format_table
-from launch.execute import run
-
-ROOT = Path(__file__).resolve().parents[1]  # the jobs run here: this checkout's commbench
 
 DEFAULT_LAYOUTS = "2x1,2x2,2x4,4x2"
-LOAD_WARN = 1.5  # 1-minute load average above which timings are suspect on 2 cores
 JOB_TIMEOUT_S = 300.0
 
 
@@ -64,17 +57,6 @@ class Job:
     def label(self) -> str:
         n, s = self.layout
         return f"{n}x{s} {self.transfer} {self.strategies} S={self.staleness}"
-
-
-def parse_layout(text: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(\d+)x(\d+)", text.strip())
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise argparse.ArgumentTypeError(f"layout {text!r}: write NODESxRANKS, e.g. 2x4")
-    return int(m.group(1)), int(m.group(2))
-
-
-def layouts(text: str) -> list[tuple[int, int]]:
-    return [parse_layout(x) for x in text.split(",") if x.strip()]
 
 
 def transfers(text: str) -> list[str]:
@@ -104,32 +86,7 @@ def job_argv(job: Job, args: argparse.Namespace) -> list[str]:
                "--bucket-mb", "25", "--compute-ms", f"{args.compute_ms:g}",
                "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--quiet", "--output", str(job.output)]
-    return [sys.executable, "-m", "launch.cluster", "run", "--nodes", str(nodes),
-            "--slots", str(slots), "--rate", args.rate, "--launcher", "mpirun",
-            "--timeout", str(JOB_TIMEOUT_S), "--", *program]
-
-
-def load_average() -> tuple[str, float]:
-    """``uptime``'s line and its 1-minute load average."""
-    try:
-        line = subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        line = ""
-    return line.strip() or "uptime: unavailable", os.getloadavg()[0]
-
-
-def summaries(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a truncated last line
-        if rec.get("kind") == "summary":
-            out.append(rec)
-    return out
+    return cluster_argv(nodes, slots, args.rate, program, JOB_TIMEOUT_S)
 
 
 def rate_of(summary: dict | None, fell_back: list[str]) -> float | None:
@@ -157,7 +114,7 @@ def layout_row(jobs: list[Job], fell_back: list[str]) -> list:
     """One table row from one layout's and path's two jobs."""
     by = {}
     for job in jobs:
-        for s in summaries(job.output):
+        for s in records(job.output, "summary"):
             key = s["strategy"] if s["strategy"] != "async" else f"async{job.staleness}"
             by[key] = s
     flat, a1, a2, bkt = (rate_of(by.get(k), fell_back)
@@ -197,20 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(job_argv(job, args)))
         return 0
 
-    line, load = load_average()
-    print(f"# before starting: {line}")
-    if load > LOAD_WARN:
-        print(f"# warning: load average {load:.2f} > {LOAD_WARN}: something else is running; "
-              "these timings measure it too", file=sys.stderr)
+    print_load("before starting")
     outdir.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    for k, job in enumerate(jobs, 1):
-        print(f"# job {k}/{len(jobs)}: {job.label}", flush=True)
-        res = run(job_argv(job, args), timeout=JOB_TIMEOUT_S + 60, cwd=str(ROOT))
-        if res.returncode != 0 or res.timed_out:
-            failed += 1
-            print(f"# job failed (exit {res.returncode}{', timed out' if res.timed_out else ''})"
-                  f":\n{res.stdout[-2000:]}{res.stderr[-2000:]}", file=sys.stderr)
+    failed = run_jobs([(job.label, job_argv(job, args)) for job in jobs], JOB_TIMEOUT_S)
+    print_load("after the jobs")
 
     for n, s in args.layouts:
         fell_back: list[str] = []

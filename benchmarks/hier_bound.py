@@ -1,0 +1,159 @@
+"""Each all-reduce algorithm against its link bound on the emulated cluster, per layout.
+
+For each case (layout, link rate, message size; default the four of issue
+"hierarchical at its link bound": 2x1, 2x2, 2x4 at 1 Gbit/s with 64 MiB and
+2x4 at 200 Mbit/s with 16 MiB) it runs ``commbench.microbench`` with
+``--algo native,ring,hier,hier-leader`` on a fresh emulated cluster that
+measures its link first, then prints per algorithm:
+
+- time per all-reduce (the microbenchmark's ``avg``: mean over ranks of each
+  rank's own loop);
+- the bytes the algorithm sends through the busiest node link, per direction:
+  the ring ``2(n-1)/n * S`` (ranks on a node are contiguous, so each node has
+  one ring edge leaving it); hierarchical and the leader variant
+  ``2(N-1)/N * S`` over N nodes (each shard, or the leader's whole tensor,
+  all-reduced across nodes); ``native`` is shown against that same minimum,
+  the least any all-reduce must move through a node's link;
+- link efficiency = those bytes / the measured link rate (``link_gbps``, the
+  payload rate the cluster's link test saw) / the time;
+- the slowest rank's time in each phase (reduce-scatter / all-gather for the
+  ring; intra-node, inter-node, intra-node for the two-level algorithms).
+
+Run it from the repository root, as root, with nothing else running::
+
+    python -m benchmarks.hier_bound               # ~6 min on 2 cores
+    python -m benchmarks.hier_bound --dry-run
+    python -m benchmarks.hier_bound --cases 2x4@200mbit@16M --iters 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.cluster_jobs import ROOT, cluster_argv, parse_layout, print_load, records, run_jobs
+from commbench.report import Column, format_table
+
+DEFAULT_CASES = "2x1@1gbit@64M,2x2@1gbit@64M,2x4@1gbit@64M,2x4@200mbit@16M"
+ALGOS = ("native", "ring", "hier", "hier-leader")
+JOB_TIMEOUT_S = 400.0
+
+
+@dataclass(frozen=True)
+class Case:
+    nodes: int
+    slots: int
+    rate: str
+    size: int  # bytes
+
+    @property
+    def label(self) -> str:
+        return f"{self.nodes}x{self.slots} {self.rate} {self.size / 2**20:g} MiB"
+
+    @property
+    def stem(self) -> str:
+        return f"{self.nodes}x{self.slots}-{self.rate}-{self.size}"
+
+
+def parse_case(text: str) -> Case:
+    parts = text.strip().split("@")
+    m = re.fullmatch(r"(\d+)([KMG]?)", parts[-1]) if len(parts) == 3 else None
+    if m is None:
+        raise argparse.ArgumentTypeError(f"case {text!r}: write NODESxRANKS@RATE@SIZE, e.g. "
+                                         "2x4@200mbit@16M")
+    nodes, slots = parse_layout(parts[0])
+    size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+    return Case(nodes, slots, parts[1], size)
+
+
+def cases(text: str) -> list[Case]:
+    return [parse_case(x) for x in text.split(",") if x.strip()]
+
+
+def link_bytes(algo: str, case: Case) -> float:
+    """Bytes through the busiest node link, one direction (see the module docstring)."""
+    n, nodes = case.nodes * case.slots, case.nodes
+    if algo == "ring":
+        return 2 * (n - 1) / n * case.size
+    return 2 * (nodes - 1) / nodes * case.size
+
+
+TABLE = [Column("algo", "", 11), Column("time", "ms", 9, ".1f"),
+         Column("link bytes", "MB", 10, ".1f"), Column("bound", "ms", 9, ".1f"),
+         Column("link eff", "", 8, ".3f"), Column("vs ring", "", 7, ".3f"),
+         Column("vs native", "", 9, ".3f"), Column("phase 1", "ms", 8, ".1f"),
+         Column("phase 2", "ms", 8, ".1f"), Column("phase 3", "ms", 8, ".1f"),
+         Column("#wrong", "", 6)]
+
+
+def case_rows(case: Case, recs: list[dict]) -> tuple[list[list], str, list[str]]:
+    """Table rows of one case, the link rate seen, and the phase names per algorithm."""
+    by = {r["algo"]: r for r in recs if r["size"] == case.size}
+    gbps = next((r.get("link_gbps") for r in by.values() if r.get("link_gbps")), None)
+    t = {a: r["time_us"]["avg"] / 1e6 for a, r in by.items()}
+    rows, names = [], []
+    for algo in ALGOS:
+        if algo not in by:
+            continue
+        nbytes = link_bytes(algo, case)
+        bound = nbytes * 8 / (gbps * 1e9) if gbps else None
+        phases = list((by[algo].get("phases_us") or {}).items())
+        if phases:
+            names.append(f"{algo}: " + ", ".join(k for k, _ in phases))
+        ph = [v / 1e3 for _, v in phases] + [None] * (3 - len(phases))
+        rows.append([algo, t[algo] * 1e3, nbytes / 1e6, bound * 1e3 if bound else None,
+                     bound / t[algo] if bound else None,
+                     t[algo] / t["ring"] if "ring" in t else None,
+                     t[algo] / t["native"] if "native" in t else None, *ph[:3],
+                     by[algo]["wrong"]])
+    return rows, f"{gbps:.3f}" if gbps else "not measured", names
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--cases", type=cases, default=cases(DEFAULT_CASES),
+                   help="NODESxRANKS@RATE@SIZE[,...]")
+    p.add_argument("--algos", default=",".join(ALGOS), help="algorithms, comma-separated")
+    p.add_argument("--iters", type=int, default=5, help="timed all-reduces per algorithm")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--outdir", type=Path, default=None,
+                   help="where the records go (default: results/hier-bound-<time>)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+
+    outdir = args.outdir or ROOT / "results" / f"hier-bound-{time.strftime('%Y%m%d-%H%M%S')}"
+    jobs = []
+    for case in args.cases:
+        program = ["python", "-m", "commbench.microbench", "-b", str(case.size), "-e",
+                   str(case.size), "--algo", args.algos, "-n", str(args.iters),
+                   "-w", str(args.warmup), "--quiet", "--output",
+                   str(outdir / f"{case.stem}.jsonl")]
+        jobs.append((case.label, cluster_argv(case.nodes, case.slots, case.rate, program,
+                                              JOB_TIMEOUT_S)))
+    if args.dry_run:
+        for _, job in jobs:
+            print(shlex.join(job))
+        return 0
+    print_load("before starting")
+    outdir.mkdir(parents=True, exist_ok=True)
+    failed = run_jobs(jobs, JOB_TIMEOUT_S)
+    print_load("after the jobs")
+    for case in args.cases:
+        rows, gbps, names = case_rows(case, records(outdir / f"{case.stem}.jsonl",
+                                                    "microbench"))
+        print(format_table(TABLE, rows, title=f"hier_bound  {case.label}  link {gbps} Gbit/s",
+                           footer=[*[f"phases {n}" for n in names],
+                                   "link eff = link bytes / link rate / time (1.0 = at the "
+                                   "link); bound = link bytes / link rate",
+                                   f"records: {outdir}"]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
