@@ -42,6 +42,7 @@ import torch
 
 from commbench import SCHEMA_VERSION, watchdog
 from commbench.comm.base import Communicator
+from commbench.comm.hierarchical import plan_inter_node_algo
 from commbench.config import (
     ConfigError,
     Parser,
@@ -330,6 +331,8 @@ def make_record(comm: Communicator, cfg: MicroConfig, head: dict, size: int, dty
         "dtype": dtype,
         "wire_dtype": str(wire_dtype(comm, algo, DTYPES[dtype])).removeprefix("torch."),
         "algo": algo,
+        **({"inter_node_algo": plan_inter_node_algo(comm)}
+           if algo in ("hier", "hier-leader") and comm.size > 1 else {}),
         "time_us": {"min": min(seconds) * 1e6, "avg": avg_s * 1e6, "max": max(seconds) * 1e6},
         "algbw": algbw(size, avg_s),
         "busbw": busbw(size, avg_s, n),

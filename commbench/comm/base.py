@@ -94,10 +94,20 @@ class Group(abc.ABC):
 
     rank: int
     size: int
+    #: whether ``isend``/``irecv`` work within the group (the project's ring needs them)
+    supports_p2p: bool = False
 
     @abc.abstractmethod
     def allreduce(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over the group, in place."""
+
+    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
+        """Start sending ``tensor`` to group rank ``dest`` (where ``supports_p2p``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no point-to-point messages")
+
+    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
+        """Start receiving into ``tensor`` from group rank ``source`` (where ``supports_p2p``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no point-to-point messages")
 
     @abc.abstractmethod
     def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -87,12 +87,30 @@ class _HorovodGroup(Group):
     on the root)."""
 
     def __init__(self, parent: HorovodCommunicator, process_set: Any,
-                 members: tuple[int, ...]) -> None:
+                 members: tuple[int, ...], mpi_comm: Any = None) -> None:
         if list(members) != sorted(members):
             raise ValueError("Horovod process sets need their ranks in ascending order")
         self.parent, self.ps, self.members = parent, process_set, members
         self.rank, self.size = members.index(parent.rank), len(members)
         self.hvd = parent.hvd
+        #: the same ranks as an mpi4py communicator (Horovod's MPI controller only), for
+        #: point-to-point messages: process sets have none
+        self._mpi_comm = mpi_comm
+        self.supports_p2p = mpi_comm is not None
+
+    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
+        from commbench.comm.mpi import p2p_isend
+
+        if self._mpi_comm is None:
+            return super().isend(tensor, dest, tag)
+        return p2p_isend(self._mpi_comm, tensor, dest, tag)
+
+    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
+        from commbench.comm.mpi import p2p_irecv
+
+        if self._mpi_comm is None:
+            return super().irecv(tensor, source, tag)
+        return p2p_irecv(self._mpi_comm, tensor, source, tag)
 
     def allreduce(self, tensor: torch.Tensor) -> None:
         self.parent.allreduce(tensor, process_set=self.ps)
@@ -154,6 +172,7 @@ class HorovodCommunicator(Communicator):
         self._names = "commbench"  # prefix of every op name (a dup's is its own)
         self._dups = 0
         self._p2p_comm = self._mpi.COMM_WORLD if self._mpi is not None else None
+        self._group_comms: dict[tuple[int, ...], Any] = {}  # subgroup's MPI twin (p2p)
 
     def op_name(self, kind: str, process_set: Any = None) -> str:
         """A name for the next ``kind`` op on ``process_set``.
@@ -203,7 +222,15 @@ class HorovodCommunicator(Communicator):
                 self._sets[key] = self.hvd.global_process_set
             else:
                 self._sets[key] = self.hvd.add_process_set(sorted(key))
-        return _HorovodGroup(self, self._sets[key], key) if self.rank in key else None
+            # The same ranks on MPI for point-to-point messages (collective, like the set).
+            if self._p2p_comm is not None:
+                mine = self.rank in key
+                self._group_comms[key] = self._p2p_comm.Split(
+                    0 if mine else self._mpi.UNDEFINED,
+                    sorted(key).index(self.rank) if mine else 0)
+        if self.rank not in key:
+            return None
+        return _HorovodGroup(self, self._sets[key], key, self._group_comms.get(key))
 
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
         wire = self.allreduce_dtype(tensor.dtype)
@@ -268,6 +295,10 @@ class HorovodCommunicator(Communicator):
         os._exit(code)  # horovodrun (Gloo) ends the other workers when one exits
 
     def close(self) -> None:
+        for c in self._group_comms.values():
+            if c != self._mpi.COMM_NULL:
+                c.Free()
+        self._group_comms.clear()
         self.hvd.shutdown()
 
     def versions(self) -> dict[str, str]:
@@ -292,6 +323,7 @@ class _HorovodDup(HorovodCommunicator):
     def __init__(self, parent: HorovodCommunicator, names: str) -> None:  # no hvd.init
         self.hvd, self._mpi, self.topo = parent.hvd, parent._mpi, parent.topo
         self._wire, self._sets = parent._wire, parent._sets
+        self._group_comms = {}  # sets made before the dup have no MPI twin here: no ring
         self._seq = {}
         self._names = names
         self._dups = 0

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from commbench.comm.base import Communicator
+from commbench.comm.hierarchical import plan_inter_node_algo
 from commbench.strategies.algos import get_algo, wire_dtype
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
 
@@ -67,6 +68,8 @@ class FlatStrategy(Strategy):
             unpack_mean(v, g, self.comm.size)
 
     def knobs(self) -> dict:
-        return {**super().knobs(), "algo": self.algo, "fused_bytes": self.nbytes,
+        hier = {"inter_node_algo": plan_inter_node_algo(self.comm)} \
+            if self.algo in ("hier", "hier-leader") and self.comm.size > 1 else {}
+        return {**super().knobs(), "algo": self.algo, "fused_bytes": self.nbytes, **hier,
                 "wire_dtype": dtype_name(wire_dtype(self.comm, self.algo, self.wire)),
                 "staging": "pinned host buffer" if self.staged else None}
