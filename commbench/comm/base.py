@@ -201,6 +201,16 @@ class Communicator(abc.ABC):
     def barrier(self) -> None:
         """Wait until every rank has arrived."""
 
+    @abc.abstractmethod
+    def dup(self) -> Communicator:
+        """A communicator over the same ranks whose operations never match this one's.
+
+        For a second thread (``commbench.comm.engine``): collectives are matched
+        per communicator in issue order, so two threads sharing one would pair
+        different operations on different ranks. Collective over the whole job:
+        every rank calls it in the same order of calls. The owner closes it.
+        """
+
     # -- small Python objects (outside timed regions) ----------------------
     @abc.abstractmethod
     def allgather_object(self, obj: Any) -> list[Any]:

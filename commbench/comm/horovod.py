@@ -5,6 +5,20 @@ API; when Horovod runs on MPI (``horovodrun --mpi`` or plain mpirun) they go
 through mpi4py on the same ``MPI_COMM_WORLD`` Horovod uses. Under the Gloo
 controller there is no point-to-point path and ``sendrecv`` says so.
 
+``dup`` (for the transfer engine's thread, ``commbench.comm.engine``):
+Horovod has no communicators; it matches operations across ranks by name,
+and runs them in the order its coordinator finds them ready on every rank.
+The project names every op from a counter per (kind, process set); a second
+thread drawing from the same counters would take different numbers on
+different ranks and pair unrelated tensors. A dup therefore shares Horovod
+but names its ops from counters of its own under a prefix of its own
+(``commbench.dup1.allreduce.ps0.7``): the two threads' names never meet,
+and each thread's are the same on every rank. Its ``barrier`` is a named
+one-element all-reduce for the same reason (``hvd.barrier`` takes no name).
+Its point-to-point messages (the ring) go through a duplicate
+of MPI_COMM_WORLD. All ops still run on Horovod's one background thread, so
+a dup's transfer and the main thread's small ops queue behind each other.
+
 Horovod 0.28.1 reduces float16 on the CPU (its own MPI op, or Gloo's) but has
 no bfloat16 all-reduce ("Tensor type torch.BFloat16Tensor is not supported").
 For a dtype the installed Horovod cannot reduce, ``allreduce`` widens to
@@ -137,6 +151,9 @@ class HorovodCommunicator(Communicator):
         self._wire: dict[torch.dtype, torch.dtype] = {}
         self._sets: dict[tuple[int, ...], Any] = {}
         self._seq: dict[tuple[str, int], int] = {}
+        self._names = "commbench"  # prefix of every op name (a dup's is its own)
+        self._dups = 0
+        self._p2p_comm = self._mpi.COMM_WORLD if self._mpi is not None else None
 
     def op_name(self, kind: str, process_set: Any = None) -> str:
         """A name for the next ``kind`` op on ``process_set``.
@@ -149,7 +166,7 @@ class HorovodCommunicator(Communicator):
         ps_id = 0 if process_set is None else process_set.process_set_id
         n = self._seq.get((kind, ps_id), 0)
         self._seq[(kind, ps_id)] = n + 1
-        return f"commbench.{kind}.ps{ps_id}.{n}"
+        return f"{self._names}.{kind}.ps{ps_id}.{n}"
 
     @property
     def supports_p2p(self) -> bool:
@@ -200,11 +217,11 @@ class HorovodCommunicator(Communicator):
                               narrow=(wide, tensor))
 
     def _p2p(self) -> Any:
-        if self._mpi is None:
+        if self._p2p_comm is None:
             raise RuntimeError(
                 "point-to-point messages under the horovod backend need Horovod's MPI "
                 "controller (horovodrun --mpi or mpirun); this job runs on Gloo")
-        return self._mpi.COMM_WORLD
+        return self._p2p_comm
 
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
                  tag: int = 0) -> None:
@@ -225,11 +242,18 @@ class HorovodCommunicator(Communicator):
     def barrier(self) -> None:
         self.hvd.barrier()
 
+    def dup(self) -> HorovodCommunicator:
+        """The same Horovod with op names of its own (module docstring). Collective
+        under the MPI controller (it duplicates MPI_COMM_WORLD for the ring)."""
+        self._dups += 1
+        return _HorovodDup(self, f"{self._names}.dup{self._dups}")
+
     def allgather_object(self, obj: Any) -> list[Any]:
-        return list(self.hvd.allgather_object(obj, name="commbench.allgather_object"))
+        return list(self.hvd.allgather_object(obj, name=f"{self._names}.allgather_object"))
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self.hvd.broadcast_object(obj, root_rank=root, name="commbench.bcast_object")
+        return self.hvd.broadcast_object(obj, root_rank=root,
+                                         name=f"{self._names}.bcast_object")
 
     @property
     def mpi_world(self) -> Any:
@@ -258,3 +282,26 @@ class HorovodCommunicator(Communicator):
             out["mpi4py"] = mpi4py.__version__
             out["mpi_library"] = mpi_library_version(self._mpi)
         return out
+
+
+class _HorovodDup(HorovodCommunicator):
+    """``HorovodCommunicator.dup``: shares the parent's Horovod, topology, process sets
+    and dtype table; names its ops under ``names``; sends point-to-point messages on a
+    duplicate of the parent's MPI communicator. Closing it leaves Horovod running."""
+
+    def __init__(self, parent: HorovodCommunicator, names: str) -> None:  # no hvd.init
+        self.hvd, self._mpi, self.topo = parent.hvd, parent._mpi, parent.topo
+        self._wire, self._sets = parent._wire, parent._sets
+        self._seq = {}
+        self._names = names
+        self._dups = 0
+        self._p2p_comm = parent._p2p_comm.Dup() if parent._p2p_comm is not None else None
+
+    def barrier(self) -> None:
+        # hvd.barrier takes no name; a named all-reduce cannot meet the parent's barrier
+        self.allreduce(torch.zeros(1))
+
+    def close(self) -> None:
+        if self._p2p_comm is not None:
+            self._p2p_comm.Free()
+            self._p2p_comm = None

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from commbench.comm.base import Communicator, Group, Handle, hostname, topology_from_hostnames
+from commbench.comm.base import (
+    Communicator,
+    Group,
+    Handle,
+    Topology,
+    hostname,
+    topology_from_hostnames,
+)
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
 #: 2-byte floats numpy cannot reduce: sent as uint16 bits, summed by a user-defined op
@@ -96,13 +103,19 @@ def p2p_irecv(mpi_comm: Any, t: torch.Tensor, source: int, tag: int) -> Handle:
 class MpiCommunicator(Communicator, Group):
     name = "mpi"
 
-    def __init__(self, comm: Any = None) -> None:
+    def __init__(self, comm: Any = None, topo: Topology | None = None,
+                 owned: bool = False) -> None:
+        """``comm``: an mpi4py communicator (default MPI_COMM_WORLD); ``topo``: its
+        topology if known (else gathered); ``owned``: ``close`` frees ``comm``."""
         from mpi4py import MPI
 
         self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
-        hosts = self.comm.allgather(hostname())
-        self.topo = topology_from_hostnames(self.comm.Get_rank(), hosts)
+        self._owned = owned
+        if topo is None:
+            topo = topology_from_hostnames(self.comm.Get_rank(),
+                                           self.comm.allgather(hostname()))
+        self.topo = topo
         self._half_type = None  # 2-byte contiguous datatype, made at the first half reduce
         self._half_ops: dict[torch.dtype, Any] = {}
 
@@ -165,6 +178,11 @@ class MpiCommunicator(Communicator, Group):
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def dup(self) -> MpiCommunicator:
+        """``MPI_Comm_dup``: the same ranks and topology in a communication context of
+        its own (no host names gathered again)."""
+        return MpiCommunicator(self.comm.Dup(), topo=self.topo, owned=True)
+
     def allgather_object(self, obj: Any) -> list[Any]:
         return self.comm.allgather(obj)
 
@@ -191,6 +209,9 @@ class MpiCommunicator(Communicator, Group):
         if self._half_type is not None:
             self._half_type.Free()
             self._half_type = None
+        if self._owned:
+            self.comm.Free()
+            self._owned = False
 
     def versions(self) -> dict[str, str]:
         import mpi4py
