@@ -1,7 +1,8 @@
 """Command-line flags of ``commbench.allreduce``, grouped, with their checks.
 
 The workload's flags (``WorkloadSpec``, ``add_workload_flags``) and the step
-loop's (``add_run_flags``) are written once, for every tool that trains one.
+loop's (``add_run_flags``) are shared with the other tool that trains one,
+``commbench.ps``.
 
 Everything is checked here, on every rank, before any library is
 initialised or any collective runs: a bad flag ends every rank with exit
@@ -93,6 +94,14 @@ class WorkloadSpec:
     compute_scale: float = 1.0
     seed: int = 0
 
+    def label(self) -> str:
+        """What computes in each step, for a table's title."""
+        if self.workload == "resnet":
+            return f"batch {self.batch_size} x {self.image_size} px on {self.device}"
+        if self.compute_profile:
+            return f"compute {self.compute_profile} x {self.compute_scale:g}"
+        return f"compute {self.compute_ms:g} ms"
+
 
 @dataclass
 class Config(WorkloadSpec):
@@ -120,6 +129,24 @@ class Config(WorkloadSpec):
         return asdict(self)
 
 
+#: former strategies that are tools of their own now (name -> the tool's module), so that
+#: ``--strategy NAME`` can say where they went
+MOVED_STRATEGIES = {"ps": "commbench.ps"}  # the parameter server runs its own loops
+
+
+def _strategy_list(names: tuple[str, ...]):
+    parse_names = csv_list(names, "--strategy")
+
+    def parse(text: str) -> list[str]:
+        for name in (x.strip() for x in text.split(",")):
+            if name in MOVED_STRATEGIES:
+                raise argparse.ArgumentTypeError(
+                    f"{name} is a tool of its own now: run python -m {MOVED_STRATEGIES[name]} "
+                    "(it takes the same workload flags)")
+        return parse_names(text)
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so --help lists exactly what the registries hold.
     from commbench.buffers import BUFFER_RULES
@@ -139,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("synchronisation")
     g.add_argument("--strategy", dest="strategies", metavar="NAME[,NAME]",
-                   type=csv_list(tuple(STRATEGIES), "--strategy"), default=d.strategies,
+                   type=_strategy_list(tuple(STRATEGIES)), default=d.strategies,
                    help=f"strategies to run, one run each: {', '.join(STRATEGIES)}")
     g.add_argument("--algo", dest="algos", metavar="NAME[,NAME]",
                    type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
@@ -162,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--strategy async: step t's all-reduce runs while later steps compute "
                         "and is applied at step t+S; 0 = synchronous")
     g.add_argument("--staleness-lr", action="store_true",
-                   help="--strategy async and ps: scale the learning rate by 1/staleness "
+                   help="--strategy async: scale the learning rate by 1/staleness "
                         "(Zhang et al. 2016)")
     g.add_argument("--staleness-warmup", metavar="N", type=nonneg_int,
                    default=d.staleness_warmup,
@@ -307,17 +334,10 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 
 def check_staleness(cfg: Config) -> None:
-    """The async and ps flags: checks that need no communicator (ranks are checked later)."""
+    """The async flags: checks that need no communicator (ranks are checked later)."""
     if "async" in cfg.strategies and cfg.staleness > cfg.steps:
         raise ConfigError(f"--staleness {cfg.staleness}: larger than --steps {cfg.steps}; a run "
                           "of N steps applies N - S updates, so S must be <= N")
-    if "ps" in cfg.strategies:
-        if cfg.backend == "horovod":
-            raise ConfigError("--strategy ps: needs the mpi backend (server loops on mpi4py "
-                              "point-to-point), not --backend horovod; launch with mpirun")
-        if cfg.accum_steps > 1:
-            raise ConfigError("--accum-steps: not supported with --strategy ps (every worker "
-                              "step pushes one gradient)")
 
 
 def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:

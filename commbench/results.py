@@ -206,12 +206,3 @@ def run_fields(*, strategy: str, algo: str | None, workload, knobs: dict) -> dic
         **link_info(),
         "knobs": knobs,
     }
-
-
-def run_header(*, kind: str, run_id: str, strategy: str, algo: str | None, backend: str,
-               topo, workload, knobs: dict, config: dict, vers: dict,
-               torch_threads: int) -> dict:
-    """Fields shared by every record of one run."""
-    return {**job_header(kind=kind, run_id=run_id, backend=backend, topo=topo, vers=vers,
-                         torch_threads=torch_threads, config=config),
-            **run_fields(strategy=strategy, algo=algo, workload=workload, knobs=knobs)}
