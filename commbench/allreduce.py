@@ -17,21 +17,18 @@ any was wrong or a rank failed, 2 on bad input.
 from __future__ import annotations
 
 import sys
-import uuid
 
-import torch
-
-from commbench import metrics
 from commbench.buffers import OWN_RULES, BufferSync, rule_for
 from commbench.comm.engine import check_transfer_path
 from commbench.config import Config, parse_config
-from commbench.job import run_job, set_torch_threads
-from commbench.report import Column, format_table, rank0_print
-from commbench.results import ResultWriter, default_output, link_info, run_header, versions
-from commbench.runner import run_steps, step_record, summarize_steps
+from commbench.job import run_job
+from commbench.report import Column
+from commbench.results import run_fields
+from commbench.run import Output, rank_extras, summarize_extras
+from commbench.runner import run_steps
 from commbench.strategies import STRATEGIES, make_strategy
 from commbench.strategies.stale import merge_step_log, summarize_step_log
-from commbench.timing import StepTimer, TracingStepTimer, now
+from commbench.timing import StepTimer, TracingStepTimer
 from commbench.validate import count_wrong
 from commbench.workloads import make_workload
 
@@ -79,48 +76,10 @@ def table_row(s: dict) -> list:
             s["busbw_gbps"], s.get("wall_throughput"), s["wrong"]]
 
 
-CHECKSUMS = ("param_checksum", "buffer_checksum", "state_checksum")
-
-
-def rank_extras(workload) -> dict:
-    """Per-rank facts for the summary: peak memory, and checksums of parameters, buffers
-    and both (``state_checksum``: equal on every rank when they are in lock-step)."""
-    import resource
-
-    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if getattr(workload, "device", None) is not None and workload.device.type == "cuda":
-        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(workload.device) / 2**20
-    if hasattr(workload, "parameter_checksum"):
-        out["param_checksum"] = workload.parameter_checksum()
-        out["buffer_checksum"] = workload.buffer_checksum()
-        out["state_checksum"] = out["param_checksum"] + out["buffer_checksum"]
-    accuracy = workload.evaluate() if hasattr(workload, "evaluate") else None
-    if accuracy is not None:
-        out["final_accuracy"] = accuracy
-    return out
-
-
-def summarize_extras(per_rank: list[dict]) -> dict:
-    """Max over ranks of each memory figure, and every rank's value under ``ranks_*``."""
-    out: dict = {}
-    for key in per_rank[0]:
-        vals = [e[key] for e in per_rank]
-        out[f"{key}_ranks"] = vals
-        if key == "final_accuracy":
-            # rank 0's model; under --buffers local the others evaluated other buffers
-            out[key] = vals[0]
-            out["final_accuracy_spread"] = max(vals) - min(vals)
-        elif key not in CHECKSUMS:
-            out[key] = max(vals)
-    return out
-
-
-def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, buffers: str,
-            writer: ResultWriter | None, vers: dict, threads: int) -> dict | None:
-    if strategy_name == "ps":  # servers run no workload: a run path of its own
-        from commbench.strategies.ps import run_one_ps
-
-        return run_one_ps(comm, cfg, writer, vers, threads)
+def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
+            buffers: str) -> dict | None:
+    """One run: its step records as steps end, then its summary (returned on rank 0)."""
+    comm = out.comm
     workload = make_workload(cfg, comm.rank, comm.size)
     strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native",
                              bucket_mb=cfg.bucket_mb, backward_order=workload.backward_order,
@@ -132,36 +91,20 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, buffers: st
                              broadcast_buffers=buffers == "broadcast")
     buffer_sync = BufferSync(comm, workload.buffers, rule_for(strategy_name, buffers))
     timer = TracingStepTimer() if cfg.timeline else StepTimer()
-    run_id = uuid.uuid4().hex[:12]
-    link = link_info()  # interface bytes are compared with the link's rate in the same unit
-    wire_gbps = link["link_wire_gbps"] or link["link_gbps"]
-    steps: list[dict] = []
+    fields = {**run_fields(strategy=strategy_name, algo=algo, workload=workload,
+                           knobs=strategy.knobs()),
+              "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
+    # its wall clock starts now, before the first step
+    run = out.run(fields, live=lambda: {"knobs": strategy.knobs()})
 
-    def header(kind: str) -> dict:
-        return {**run_header(kind=kind, run_id=run_id, strategy=strategy_name, algo=algo,
-                             backend=comm.name, topo=comm.topo, workload=workload,
-                             knobs=strategy.knobs(), config=cfg.as_dict(), vers=vers,
-                             torch_threads=threads),
-                "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
-
-    # Wall clock of the measured steps on rank 0, bookkeeping between steps included:
-    # a strategy whose transfers run on while the step records are gathered is judged
-    # by this, not by step_s alone.
-    marks = [now()]
+    def merge_logs(rec: dict, logs: list) -> None:
+        merge_step_log(rec, [[log] for log in logs], 0)
 
     def record_step(sample) -> None:
-        """Gather this step's samples; rank 0 writes its record now, so a job killed
-        later keeps every finished step (the run's validation is in the summary)."""
+        """Rank 0 writes the step's record now, so a job killed later keeps every finished
+        step (the run's validation is in the summary)."""
         log = strategy.step_log[-1] if hasattr(strategy, "step_log") else None
-        per_rank = comm.gather_object((sample, log))
-        if comm.rank != 0:
-            return
-        rec = step_record([p[0] for p in per_rank], comm.size, wire_gbps)
-        if log is not None:
-            merge_step_log(rec, [[p[1]] for p in per_rank], 0)
-        steps.append(rec)
-        writer.write({**header("step"), **rec})
-        marks.append(now())
+        run.step(sample, log, merge_logs if log is not None else None)
 
     samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
                         accum_steps=cfg.accum_steps, on_step=record_step, buffers=buffer_sync)
@@ -175,22 +118,16 @@ def run_one(comm, cfg: Config, strategy_name: str, algo: str | None, buffers: st
                                    getattr(timer, "steps", None), step_log))
     if comm.rank != 0:
         return None
-    wrong_total = sum(g[1] for g in gathered)
-    samples_per_step = cfg.batch_size * cfg.accum_steps * comm.size
-    wall_s = marks[-1] - marks[cfg.warmup]
-    summary = {**header("summary"),
-               **summarize_steps(steps, samples_per_step),
-               "wall_s": wall_s,
-               "wall_throughput": metrics.throughput(cfg.steps * samples_per_step, wall_s),
-               "wrong": wrong_total,
+    summary = {**run.step_summary(cfg.batch_size * cfg.accum_steps * comm.size),
+               "wrong": sum(g[1] for g in gathered),
                "elements_checked": sum(g[2] for g in gathered),
                **summarize_extras([g[3] for g in gathered]),
                "validated": cfg.validate}
     if step_log is not None:
-        summary.update(summarize_step_log(steps))
-    writer.write(summary)
+        summary.update(summarize_step_log(run.steps))
+    summary = run.write("summary", summary)
     if cfg.timeline:  # every rank's intervals, seconds from that rank's first step start
-        writer.write({**header("trace"), "ranks": [g[4] for g in gathered]})
+        run.write("trace", {"ranks": [g[4] for g in gathered]})
     return summary
 
 
@@ -214,15 +151,9 @@ def accuracy_lines(summaries: list[dict]) -> list[str]:
 
 def compute_label(cfg: Config) -> str:
     """What computes in each step, for the table's title."""
-    if cfg.workload == "resnet":
-        what = f"batch {cfg.batch_size} x {cfg.image_size} px on {cfg.device}"
-    elif cfg.compute_profile:
-        what = f"compute {cfg.compute_profile} x {cfg.compute_scale:g}"
-    else:
-        what = f"compute {cfg.compute_ms:g} ms"
     extra = [f"accum {cfg.accum_steps}"] * (cfg.accum_steps > 1) + \
         [f"{cfg.compression} compression"] * (cfg.compression != "none")
-    return "  ".join([what, *extra])
+    return "  ".join([cfg.label(), *extra])
 
 
 def check(comm, cfg: Config) -> None:
@@ -234,27 +165,22 @@ def check(comm, cfg: Config) -> None:
 
 def study(comm, cfg: Config) -> int:
     """Every requested run, its records and the table; return the wrong elements."""
-    threads = set_torch_threads(comm.local_size)
-    vers = versions(comm.versions())
-    path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size)
-    writer = ResultWriter(path) if comm.rank == 0 else None
-    summaries = [run_one(comm, cfg, strategy_name, algo, buffers, writer, vers, threads)
+    out = Output.open(comm, "allreduce", cfg)
+    summaries = [run_one(out, cfg, strategy_name, algo, buffers)
                  for strategy_name, algo, buffers in runs_of(cfg)]
     wrong = comm.bcast_object(sum(s["wrong"] for s in summaries) if comm.rank == 0 else None)
+    out.close()
     if comm.rank == 0:
-        writer.close()
-        if not cfg.quiet:
-            first = summaries[0]
-            rank0_print(0, format_table(
-                TABLE, [table_row(s) for s in summaries],
-                title=f"commbench.allreduce  workload {first['workload']}  model "
-                      f"{first['model']}  {compute_label(cfg)}  steps "
-                      f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {threads}",
-                footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
-                        "medians over measured steps; busbw = algbw * 2(n-1)/n; wall = "
-                        "samples / wall time of the measured steps, bookkeeping included",
-                        *accuracy_lines(summaries),
-                        f"results: {path}"]))
+        first = summaries[0]
+        out.table(TABLE, [table_row(s) for s in summaries],
+                  title=f"commbench.allreduce  workload {first['workload']}  model "
+                        f"{first['model']}  {compute_label(cfg)}  steps "
+                        f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {out.threads}",
+                  footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
+                          "medians over measured steps; busbw = algbw * 2(n-1)/n; wall = "
+                          "samples / wall time of the measured steps, bookkeeping included",
+                          *accuracy_lines(summaries),
+                          f"results: {out.path}"])
     return wrong
 
 

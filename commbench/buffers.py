@@ -36,9 +36,8 @@ from commbench.timing import now
 
 BUFFER_RULES = ("broadcast", "local")
 
-#: strategies with a buffer rule of their own, whatever ``--buffers`` asks: Horovod's peer,
-#: and the parameter server, whose workers each keep their own buffers
-OWN_RULES = {"horovod": "horovod-initial-broadcast", "ps": "local"}
+#: strategies with a buffer rule of their own, whatever ``--buffers`` asks: Horovod's peer
+OWN_RULES = {"horovod": "horovod-initial-broadcast"}
 
 
 def rule_for(strategy: str, requested: str) -> str:

@@ -1,5 +1,9 @@
 """Command-line flags of ``commbench.allreduce``, grouped, with their checks.
 
+The workload's flags (``WorkloadSpec``, ``add_workload_flags``) and the step
+loop's (``add_run_flags``) are shared with the other tool that trains one,
+``commbench.ps``.
+
 Everything is checked here, on every rank, before any library is
 initialised or any collective runs: a bad flag ends every rank with exit
 status 2 and one line naming the flag. Later issues add flags to
@@ -73,7 +77,34 @@ fraction = _checked(float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 @dataclass
-class Config:
+class WorkloadSpec:
+    """What a workload is built from (``commbench.workloads.make_workload``); every tool
+    that trains one extends or builds it."""
+
+    workload: str = "synthetic"
+    model: str | None = None  # resnet50; resnet18 for the real workload on a CPU
+    batch_size: int | None = None  # 32; 64 for the real workload on a GPU
+    num_classes: int = 1000
+    image_size: int | None = None  # real workload: 64 px on a CPU, 224 on a GPU
+    device: str = "auto"
+    dataset: str = "synthetic"
+    lr: float = 0.01
+    compute_ms: float = 100.0
+    compute_profile: str | None = None
+    compute_scale: float = 1.0
+    seed: int = 0
+
+    def label(self) -> str:
+        """What computes in each step, for a table's title."""
+        if self.workload == "resnet":
+            return f"batch {self.batch_size} x {self.image_size} px on {self.device}"
+        if self.compute_profile:
+            return f"compute {self.compute_profile} x {self.compute_scale:g}"
+        return f"compute {self.compute_ms:g} ms"
+
+
+@dataclass
+class Config(WorkloadSpec):
     strategies: list[str] = field(default_factory=lambda: ["flat"])
     algos: list[str] = field(default_factory=lambda: ["native", "ring"])
     bucket_mb: float = 25.0  # DDP's bucket_cap_mb default
@@ -85,21 +116,9 @@ class Config:
     staleness_lr: bool = False
     staleness_warmup: int = 0
     backend: str = "auto"
-    workload: str = "synthetic"
-    model: str | None = None  # resnet50; resnet18 for the real workload on a CPU
-    batch_size: int | None = None  # 32; 64 for the real workload on a GPU
-    num_classes: int = 1000
-    image_size: int | None = None  # real workload: 64 px on a CPU, 224 on a GPU
-    device: str = "auto"
-    dataset: str = "synthetic"
     buffers: list[str] = field(default_factory=lambda: ["broadcast"])  # DDP's default
-    lr: float = 0.01
-    compute_ms: float = 100.0
-    compute_profile: str | None = None
-    compute_scale: float = 1.0
     steps: int = 20
     warmup: int = 3
-    seed: int = 0
     validate: bool = True
     step_timeout: float | None = None  # seconds; None = auto (commbench.watchdog), 0 = off
     output: str | None = None
@@ -111,13 +130,29 @@ class Config:
         return asdict(self)
 
 
+#: former strategies that are tools of their own now (name -> the tool's module), so that
+#: ``--strategy NAME`` can say where they went
+MOVED_STRATEGIES = {"ps": "commbench.ps"}  # the parameter server runs its own loops
+
+
+def _strategy_list(names: tuple[str, ...]):
+    parse_names = csv_list(names, "--strategy")
+
+    def parse(text: str) -> list[str]:
+        for name in (x.strip() for x in text.split(",")):
+            if name in MOVED_STRATEGIES:
+                raise argparse.ArgumentTypeError(
+                    f"{name} is a tool of its own now: run python -m {MOVED_STRATEGIES[name]} "
+                    "(it takes the same workload flags)")
+        return parse_names(text)
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so --help lists exactly what the registries hold.
     from commbench.buffers import BUFFER_RULES
     from commbench.comm.engine import TRANSFER_PATHS
-    from commbench.models import MODELS
     from commbench.strategies import ALGOS, STRATEGIES
-    from commbench.workloads import WORKLOADS
 
     d = Config()
     p = Parser(
@@ -133,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("synchronisation")
     g.add_argument("--strategy", dest="strategies", metavar="NAME[,NAME]",
-                   type=csv_list(tuple(STRATEGIES), "--strategy"), default=d.strategies,
+                   type=_strategy_list(tuple(STRATEGIES)), default=d.strategies,
                    help=f"strategies to run, one run each: {', '.join(STRATEGIES)}")
     g.add_argument("--algo", dest="algos", metavar="NAME[,NAME]",
                    type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
@@ -162,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--strategy async: step t's all-reduce runs while later steps compute "
                         "and is applied at step t+S; 0 = synchronous")
     g.add_argument("--staleness-lr", action="store_true",
-                   help="--strategy async and ps: scale the learning rate by 1/staleness "
+                   help="--strategy async: scale the learning rate by 1/staleness "
                         "(Zhang et al. 2016)")
     g.add_argument("--staleness-warmup", metavar="N", type=nonneg_int,
                    default=d.staleness_warmup,
@@ -171,6 +206,36 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_flag(g)
 
     g = p.add_argument_group("workload")
+    add_workload_flags(g, d)
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
+                   help="--workload resnet: where forward/backward run (auto = cuda if "
+                        "present)")
+    g.add_argument("--buffers", metavar="RULE[,RULE]", type=csv_list(BUFFER_RULES, "--buffers"),
+                   default=d.buffers,
+                   help="model buffers (BatchNorm statistics), one run each: broadcast = rank "
+                        "0's before every forward, timed as sync (DDP's broadcast_buffers); "
+                        "local = each rank keeps its own (Horovod after its first broadcast); "
+                        "the horovod peer always follows Horovod's rule")
+
+    g = p.add_argument_group("run")
+    add_run_flags(g, steps=d.steps, warmup=d.warmup, seed=d.seed)
+    g.add_argument("--no-validate", dest="validate", action="store_false",
+                   help="skip the correctness pass (known values, closed-form sum)")
+    add_step_timeout_flag(g)
+
+    g = add_output_group(p, "allreduce")
+    g.add_argument("--timeline", action="store_true",
+                   help="also record every rank's phase and collective intervals per step "
+                        "(kind \"trace\" records; python -m analysis.timeline makes a "
+                        "Chrome trace of them)")
+    return p
+
+
+def add_workload_flags(g: argparse._ArgumentGroup, d: WorkloadSpec) -> None:
+    """The workload's flags (``WorkloadSpec``), shared by the tools that train one."""
+    from commbench.models import MODELS
+    from commbench.workloads import WORKLOADS
+
     g.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
                    help="synthetic = a real model's gradient shapes, compute replayed")
     g.add_argument("--model", choices=tuple(MODELS), default=d.model,
@@ -182,20 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--image-size", type=positive_int, default=d.image_size,
                    help="--workload resnet: input pixels per side (default 64 on a CPU, 224 "
                         "on a GPU; at least 32)")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
-                   help="--workload resnet: where forward/backward run (auto = cuda if "
-                        "present)")
-    g.add_argument("--lr", type=nonneg_float, default=d.lr, help="--workload resnet: SGD rate")
+    g.add_argument("--lr", type=nonneg_float, default=d.lr,
+                   help="SGD rate of --workload resnet (and of the parameter server's updates "
+                        "on any workload)")
     g.add_argument("--dataset", choices=("synthetic", "digits"), default=d.dataset,
                    help="--workload resnet: synthetic inputs, or scikit-learn's digits (a real "
                         "labelled set shipped in the package; sets 10 classes, reports "
                         "held-out accuracy)")
-    g.add_argument("--buffers", metavar="RULE[,RULE]", type=csv_list(BUFFER_RULES, "--buffers"),
-                   default=d.buffers,
-                   help="model buffers (BatchNorm statistics), one run each: broadcast = rank "
-                        "0's before every forward, timed as sync (DDP's broadcast_buffers); "
-                        "local = each rank keeps its own (Horovod after its first broadcast); "
-                        "the horovod peer always follows Horovod's rule")
     g.add_argument("--num-classes", type=positive_int, default=d.num_classes,
                    help="classifier width (sets the last layer's gradient size)")
     g.add_argument("--compute-ms", type=nonneg_float, default=d.compute_ms,
@@ -207,22 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compute-scale", type=nonneg_float, default=d.compute_scale,
                    help="multiply the profile's times (0.02 = a device 50x faster)")
 
-    g = p.add_argument_group("run")
-    g.add_argument("--steps", type=positive_int, default=d.steps,
-                   help="measured steps per run")
-    g.add_argument("--warmup", type=nonneg_int, default=d.warmup,
-                   help="warm-up steps before them (recorded, flagged, excluded from summaries)")
-    g.add_argument("--seed", type=nonneg_int, default=d.seed, help="seed for gradient values")
-    g.add_argument("--no-validate", dest="validate", action="store_false",
-                   help="skip the correctness pass (known values, closed-form sum)")
-    add_step_timeout_flag(g)
 
-    g = add_output_group(p, "allreduce")
-    g.add_argument("--timeline", action="store_true",
-                   help="also record every rank's phase and collective intervals per step "
-                        "(kind \"trace\" records; python -m analysis.timeline makes a "
-                        "Chrome trace of them)")
-    return p
+def add_run_flags(g: argparse._ArgumentGroup, steps: int, warmup: int, seed: int) -> None:
+    """``--steps``, ``--warmup`` and ``--seed``, shared by the tools with a step loop."""
+    g.add_argument("--steps", type=positive_int, default=steps,
+                   help="measured steps per run")
+    g.add_argument("--warmup", type=nonneg_int, default=warmup,
+                   help="warm-up steps before them (recorded, flagged, excluded from summaries)")
+    g.add_argument("--seed", type=nonneg_int, default=seed, help="seed for gradient values")
 
 
 def add_backend_flag(group: argparse._ArgumentGroup) -> None:
@@ -292,30 +342,18 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 
 def check_staleness(cfg: Config) -> None:
-    """The async and ps flags: checks that need no communicator (ranks are checked later)."""
+    """The async flags: checks that need no communicator (ranks are checked later)."""
     if "async" in cfg.strategies and cfg.staleness > cfg.steps:
         raise ConfigError(f"--staleness {cfg.staleness}: larger than --steps {cfg.steps}; a run "
                           "of N steps applies N - S updates, so S must be <= N")
-    if "ps" in cfg.strategies:
-        if cfg.backend == "horovod":
-            raise ConfigError("--strategy ps: needs the mpi backend (server loops on mpi4py "
-                              "point-to-point), not --backend horovod; launch with mpirun")
-        if cfg.accum_steps > 1:
-            raise ConfigError("--accum-steps: not supported with --strategy ps (every worker "
-                              "step pushes one gradient)")
 
 
 def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
-    """Fill the defaults that depend on the workload and the device, then check them."""
-    from commbench.workloads.resnet import MIN_IMAGE_SIZE
-
-    if cuda is None:
-        import torch
-
-        cuda = torch.cuda.is_available()
-    real = cfg.workload == "resnet"
+    """Check the strategies against the workload, then fill and check the workload's
+    defaults (``resolve_workload``)."""
     from commbench.strategies import STRATEGIES
 
+    real = cfg.workload == "resnet"
     peers = [s for s in cfg.strategies if STRATEGIES[s].needs_model]
     if peers and not real:
         raise ConfigError(f"--strategy {peers[0]}: wraps a real model, so it needs "
@@ -324,31 +362,43 @@ def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
         raise ConfigError("--compression bf16: Horovod has no bfloat16 compressor (its "
                           "Compression offers none and fp16); use fp16 with --strategy horovod")
     check_staleness(cfg)
-    if cfg.dataset != "synthetic":
+    resolve_workload(cfg, cuda)
+
+
+def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
+    """Fill the defaults that depend on the workload and the device, then check them."""
+    from commbench.workloads.resnet import MIN_IMAGE_SIZE
+
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    real = spec.workload == "resnet"
+    if spec.dataset != "synthetic":
         if not real:
-            raise ConfigError(f"--dataset {cfg.dataset}: needs --workload resnet")
-        cfg.num_classes = 10
-    if cfg.device == "auto":
-        cfg.device = "cuda" if cuda and real else "cpu"
-    if cfg.device == "cuda" and not cuda:
+            raise ConfigError(f"--dataset {spec.dataset}: needs --workload resnet")
+        spec.num_classes = 10
+    if spec.device == "auto":
+        spec.device = "cuda" if cuda and real else "cpu"
+    if spec.device == "cuda" and not cuda:
         raise ConfigError("--device cuda: no CUDA device here")
-    gpu = real and cfg.device == "cuda"
-    if cfg.model is None:
-        cfg.model = "resnet18" if real and not gpu else "resnet50"
-    if cfg.batch_size is None:
-        cfg.batch_size = 64 if gpu else 32
-    if cfg.image_size is None:
-        cfg.image_size = 224 if gpu else 64
-    if real and cfg.image_size < MIN_IMAGE_SIZE:
-        raise ConfigError(f"--image-size: {cfg.image_size} px is too small for a ResNet "
+    gpu = real and spec.device == "cuda"
+    if spec.model is None:
+        spec.model = "resnet18" if real and not gpu else "resnet50"
+    if spec.batch_size is None:
+        spec.batch_size = 64 if gpu else 32
+    if spec.image_size is None:
+        spec.image_size = 224 if gpu else 64
+    if real and spec.image_size < MIN_IMAGE_SIZE:
+        raise ConfigError(f"--image-size: {spec.image_size} px is too small for a ResNet "
                           f"(at least {MIN_IMAGE_SIZE})")
-    if cfg.compute_profile:
+    if spec.compute_profile:
         if real:
             raise ConfigError("--compute-profile: only the synthetic workload replays a "
                               "profile; --workload resnet computes for real")
         from commbench.profile import ProfileError, load
 
         try:
-            load(cfg.compute_profile, cfg.model, cfg.num_classes)
+            load(spec.compute_profile, spec.model, spec.num_classes)
         except ProfileError as e:
             raise ConfigError(str(e)) from None

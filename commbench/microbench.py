@@ -33,14 +33,13 @@ import argparse
 import math
 import sys
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from commbench import SCHEMA_VERSION, watchdog
+from commbench import watchdog
 from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import plan_inter_node_algo
 from commbench.config import (
@@ -55,10 +54,11 @@ from commbench.config import (
     nonneg_int,
     positive_int,
 )
-from commbench.job import run_job, set_torch_threads
+from commbench.job import run_job
 from commbench.metrics import algbw, busbw
-from commbench.report import Column, format_footer, format_header, format_row, rank0_print
-from commbench.results import ResultWriter, default_output, link_info, versions
+from commbench.report import Column, format_footer, format_header, format_row
+from commbench.results import link_info
+from commbench.run import Output
 from commbench.strategies.algos import ALGOS, check_algo, get_algo, wire_dtype
 
 PROG = "commbench.microbench"
@@ -316,16 +316,15 @@ def table_row(rec: dict) -> list:
             rec["algbw"], rec["busbw"], rec["wrong"]]
 
 
-def make_record(comm: Communicator, cfg: MicroConfig, head: dict, size: int, dtype: str,
-                algo: str, per_rank: list[tuple[float, int, dict[str, float]]]) -> dict:
-    """One row's record on rank 0 from every rank's (seconds per call, wrong elements,
+def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, algo: str,
+                per_rank: list[tuple[float, int, dict[str, float]]]) -> dict:
+    """One row's fields on rank 0 from every rank's (seconds per call, wrong elements,
     seconds per call of each phase)."""
     seconds = [s for s, _, _ in per_rank]
     slowest = max(range(len(per_rank)), key=lambda r: seconds[r])
     avg_s = sum(seconds) / len(seconds)
     n = comm.size
     return {
-        **head,
         "size": size,
         "count": size // DTYPES[dtype].itemsize,
         "dtype": dtype,
@@ -345,26 +344,6 @@ def make_record(comm: Communicator, cfg: MicroConfig, head: dict, size: int, dty
         "ranks": {"time_us": [s * 1e6 for s in seconds], "wrong": [w for _, w, _ in per_rank],
                   "phases_us": [{k: v * 1e6 for k, v in ph.items()} for _, _, ph in per_rank]},
         **link_info(),  # the launcher's measured link, so busbw reads as a fraction of it
-    }
-
-
-def record_head(comm: Communicator, cfg: MicroConfig, vers: dict, threads: int) -> dict:
-    """Fields every record of this run shares (DESIGN.md §6)."""
-    topo = comm.topo
-    return {
-        "schema": SCHEMA_VERSION,
-        "kind": "microbench",
-        "run_id": uuid.uuid4().hex[:12],
-        "backend": comm.name,
-        "world_size": topo.size,
-        "nodes": topo.nodes,
-        "local_size": max(topo.local_sizes),
-        "local_sizes": list(topo.local_sizes),
-        "hostnames": list(topo.hostnames),
-        "torch_threads": threads,
-        "versions": vers,
-        "argv": sys.argv,
-        "config": cfg.as_dict(),
     }
 
 
@@ -389,9 +368,10 @@ def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path
     return lines
 
 
-def run_sweep(comm: Communicator, cfg: MicroConfig, writer: ResultWriter | None,
-              head: dict | None, columns: list[Column]) -> list[dict]:
+def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column]) -> list[dict]:
     """Measure every (dtype, size, algo); rank 0 writes and prints rows as they come."""
+    comm = out.comm
+    run = out.run({})  # one run: every row shares its id and header
     algos = {name: get_algo(name) for name in cfg.algos}  # get_algo: the test fault hook too
     wd = watchdog.current()  # a deadline per row
     records: list[dict] = []
@@ -407,11 +387,10 @@ def run_sweep(comm: Communicator, cfg: MicroConfig, writer: ResultWriter | None,
                 wd.end_step()
                 if comm.rank != 0:
                     continue
-                rec = make_record(comm, cfg, head, size, dtype, name, per_rank)
-                writer.write(rec)
+                rec = run.write("microbench",
+                                make_record(comm, cfg, size, dtype, name, per_rank))
                 records.append(rec)
-                if not cfg.quiet:
-                    rank0_print(0, format_row(columns, table_row(rec)))
+                out.print(format_row(columns, table_row(rec)))
             del buf
     return records
 
@@ -423,26 +402,18 @@ def check(comm: Communicator, cfg: MicroConfig) -> None:
 
 def bench(comm: Communicator, cfg: MicroConfig) -> int:
     """The whole size x dtype x algo sweep, its table and records; return wrong elements."""
-    threads = set_torch_threads(comm.local_size)
-    vers = versions(comm.versions())
-    path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, "microbench")
+    out = Output.open(comm, "microbench", cfg)
     columns = table_columns()
-    writer = head = None
-    if comm.rank == 0:
-        writer = ResultWriter(path)
-        head = record_head(comm, cfg, vers, threads)
-        if not cfg.quiet:
-            rank0_print(0, format_header(columns, title=(
-                f"{PROG}  backend {comm.name}  ranks {comm.size}  nodes {comm.topo.nodes}  "
-                f"minBytes {cfg.minbytes}  maxBytes {cfg.maxbytes}  step: "
-                f"{cfg.stepfactor}(factor)  warmup iters: {cfg.warmup_iters}  iters: "
-                f"{cfg.iters}  torch threads/rank {threads}")))
-    records = run_sweep(comm, cfg, writer, head, columns)
+    out.print(format_header(columns, title=(
+        f"{PROG}  backend {comm.name}  ranks {comm.size}  nodes {comm.topo.nodes}  "
+        f"minBytes {cfg.minbytes}  maxBytes {cfg.maxbytes}  step: "
+        f"{cfg.stepfactor}(factor)  warmup iters: {cfg.warmup_iters}  iters: "
+        f"{cfg.iters}  torch threads/rank {out.threads}")))
+    records = run_sweep(out, cfg, columns)
     wrong = comm.bcast_object(sum(r["wrong"] for r in records) if comm.rank == 0 else None)
+    out.close()
     if comm.rank == 0:
-        writer.close()
-        if not cfg.quiet:
-            rank0_print(0, format_footer(footer_lines(comm, cfg, records, path)))
+        out.print(format_footer(footer_lines(comm, cfg, records, out.path)))
     return wrong
 
 

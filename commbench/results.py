@@ -169,22 +169,32 @@ def write_atomic(path: str | Path, text: str) -> None:
         os.close(fd)
 
 
-def run_header(*, kind: str, run_id: str, strategy: str, algo: str | None, backend: str,
-               topo, workload, knobs: dict, config: dict, vers: dict,
-               torch_threads: int) -> dict:
-    """Fields shared by every record of one run."""
+def job_header(*, kind: str, run_id: str, backend: str, topo, vers: dict, torch_threads: int,
+               config: dict) -> dict:
+    """Fields every record of every tool carries: what ran, where, on which versions."""
     return {
         "schema": SCHEMA_VERSION,
         "kind": kind,
         "run_id": run_id,
-        "strategy": strategy,
-        "algo": algo,
         "backend": backend,
         "world_size": topo.size,
         "nodes": topo.nodes,
         "local_size": max(topo.local_sizes),
         "local_sizes": list(topo.local_sizes),
         "hostnames": list(topo.hostnames),
+        "torch_threads": torch_threads,
+        "versions": vers,
+        "argv": sys.argv,
+        "config": config,
+    }
+
+
+def run_fields(*, strategy: str, algo: str | None, workload, knobs: dict) -> dict:
+    """What one training run adds to ``job_header``: the strategy and its knobs, the
+    workload (model, batch, gradient size), the link."""
+    return {
+        "strategy": strategy,
+        "algo": algo,
         "workload": workload.name,
         "model": workload.model,
         "batch_size": workload.batch_size,
@@ -195,8 +205,4 @@ def run_header(*, kind: str, run_id: str, strategy: str, algo: str | None, backe
         "grad_tensors": len(workload.grads),
         **link_info(),
         "knobs": knobs,
-        "torch_threads": torch_threads,
-        "versions": vers,
-        "argv": sys.argv,
-        "config": config,
     }

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 from commbench import metrics
 from commbench.config import (
-    Config,
     ConfigError,
     Parser,
+    WorkloadSpec,
     add_backend_flag,
     add_output_group,
     check_writable,
@@ -54,11 +54,16 @@ from commbench.config import (
     positive_float,
     positive_int,
 )
-from commbench.job import run_job, set_torch_threads
-from commbench.report import Column, format_table, rank0_print
-from commbench.results import ResultWriter, default_output, run_header, versions
+from commbench.job import run_job
+from commbench.paramserver import PSSettings, run_ps, summarize_updates
+from commbench.paramserver import check as check_ps
+from commbench.report import Column
+from commbench.results import run_fields
+from commbench.run import Output
 from commbench.runner import run_steps
+from commbench.strategies import make_strategy
 from commbench.timing import StepTimer
+from commbench.workloads import make_workload
 
 PROG = "commbench.staleness"
 MITIGATIONS = ("none", "lr", "warmup")
@@ -83,15 +88,11 @@ class StudyConfig:
     output_dir: str
     quiet: bool
 
-    def workload_config(self, **over) -> Config:
-        """The ``commbench.allreduce`` configuration the workload and ps are built from."""
-        cfg = Config(workload="resnet", model=self.model, batch_size=self.batch_size,
-                     num_classes=10, image_size=self.image_size, device="cpu",
-                     dataset="digits", lr=self.lr, steps=self.steps, warmup=0,
-                     seed=self.seed, strategies=["async"], algos=["native"])
-        for k, v in over.items():
-            setattr(cfg, k, v)
-        return cfg
+    def workload_spec(self) -> WorkloadSpec:
+        """The workload every run trains: the model on digits, on the CPU."""
+        return WorkloadSpec(workload="resnet", model=self.model, batch_size=self.batch_size,
+                            num_classes=10, image_size=self.image_size, device="cpu",
+                            dataset="digits", lr=self.lr, seed=self.seed)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -168,8 +169,6 @@ def parse_study(argv: list[str] | None = None) -> StudyConfig:
     if cfg.image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"--image-size: {cfg.image_size} px is too small (at least "
                           f"{MIN_IMAGE_SIZE})")
-    if cfg.ps and cfg.backend == "horovod":
-        raise ConfigError("--backend horovod: the ps runs need the mpi backend; pass --no-ps")
     check_writable(Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl",
                    "--output")
     return cfg
@@ -199,11 +198,7 @@ def time_to_accuracy(curve: list[dict], target: float) -> float | None:
 
 
 def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
-    from commbench.strategies import make_strategy
-    from commbench.workloads import make_workload
-
-    wcfg = cfg.workload_config()
-    workload = make_workload(wcfg, comm.rank, comm.size)
+    workload = make_workload(cfg.workload_spec(), comm.rank, comm.size)
     strategy = make_strategy("async", comm, workload.grads, staleness=s,
                              staleness_lr=mitigation == "lr",
                              staleness_warmup=cfg.staleness_warmup if mitigation == "warmup"
@@ -231,16 +226,13 @@ def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
 
 
 def _run_ps(comm, cfg: StudyConfig, mitigation: str):
-    from commbench.strategies.ps import run_ps, summarize_updates
-    from commbench.workloads import make_workload
-
     workers = comm.size - 1
     steps = math.ceil(cfg.steps * comm.size / workers)
-    wcfg = cfg.workload_config(steps=steps, strategies=["ps"])
-    workload = make_workload(wcfg, max(comm.rank - 1, 0), workers)
+    workload = make_workload(cfg.workload_spec(), max(comm.rank - 1, 0), workers)
     every = max(1, round(cfg.eval_every * comm.size))  # the same samples between evaluations
-    res = run_ps(comm, wcfg, workload, staleness_lr=mitigation == "lr", eval_every=every,
-                 evaluate=workload.evaluate)
+    settings = PSSettings(lr=cfg.lr, steps=steps, staleness_lr=mitigation == "lr",
+                          eval_every=every)
+    res = run_ps(comm, settings, workload, evaluate=workload.evaluate)
     if comm.rank != 0:
         return None
     acc_at = {e["update"]: e["accuracy"] for e in res.evals}
@@ -266,63 +258,51 @@ TABLE = [Column("strategy", "", 9), Column("s", "", 4), Column("mitigation", "",
 
 
 def study(comm, cfg: StudyConfig) -> int:
-    threads = set_torch_threads(comm.local_size)
-    vers = versions(comm.versions())
-    path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, tool="staleness")
-    writer = ResultWriter(path) if comm.rank == 0 else None
+    out = Output.open(comm, "staleness", cfg)
     rows, sync_thru = [], None
     for strategy, s, mitigation in runs_of(cfg):
-        out = (_run_async(comm, cfg, s, mitigation) if strategy == "async"
-               else _run_ps(comm, cfg, mitigation))
+        result = (_run_async(comm, cfg, s, mitigation) if strategy == "async"
+                  else _run_ps(comm, cfg, mitigation))
         if comm.rank != 0:
             continue
-        workload, knobs, curve, wall, samples, extra = out
-        import uuid
-
-        head = run_header(kind="train_step", run_id=uuid.uuid4().hex[:12], strategy=strategy,
-                          algo=None, backend=comm.name, topo=comm.topo, workload=workload,
-                          knobs=knobs, config=cfg.as_dict(), vers=vers, torch_threads=threads)
+        workload, knobs, curve, wall, samples, extra = result
+        run = out.run(run_fields(strategy=strategy, algo=None, workload=workload, knobs=knobs))
         for p in curve:
-            writer.write({**head, "staleness_config": s, "mitigation": mitigation, **p})
+            run.write("train_step", {"staleness_config": s, "mitigation": mitigation, **p})
         accs = [p["accuracy"] for p in curve if p["accuracy"] is not None]
         stale = [p["staleness"] for p in curve if p["staleness"] is not None]
         thru = samples / wall if wall > 0 else None
         if strategy == "async" and s == 0 and mitigation == "none":
             sync_thru = thru
-        summary = {**head, "kind": "staleness_summary", "staleness_config": s,
-                   "mitigation": mitigation, "target_accuracy": cfg.target_accuracy,
-                   "time_to_accuracy_s": time_to_accuracy(curve, cfg.target_accuracy),
-                   "final_accuracy": accs[-1] if accs else None,
-                   "best_accuracy": max(accs) if accs else None,
-                   "final_loss": curve[-1]["loss"] if curve else None,
-                   "wall_s": wall, "samples": samples, "throughput": thru,
-                   "throughput_vs_sync": thru / sync_thru if thru and sync_thru else None,
-                   "staleness_mean": sum(stale) / len(stale) if stale else None,
-                   "staleness_stats": metrics.summarize(stale), **extra}
-        writer.write(summary)
+        summary = run.write("staleness_summary", {
+            "staleness_config": s, "mitigation": mitigation,
+            "target_accuracy": cfg.target_accuracy,
+            "time_to_accuracy_s": time_to_accuracy(curve, cfg.target_accuracy),
+            "final_accuracy": accs[-1] if accs else None,
+            "best_accuracy": max(accs) if accs else None,
+            "final_loss": curve[-1]["loss"] if curve else None,
+            "wall_s": wall, "samples": samples, "throughput": thru,
+            "throughput_vs_sync": thru / sync_thru if thru and sync_thru else None,
+            "staleness_mean": sum(stale) / len(stale) if stale else None,
+            "staleness_stats": metrics.summarize(stale), **extra})
         rows.append([strategy, "-" if s is None else s, mitigation, summary["final_accuracy"],
                      summary["best_accuracy"], summary["time_to_accuracy_s"], wall, thru,
                      summary["throughput_vs_sync"], summary["staleness_mean"]])
-    if comm.rank == 0:
-        writer.close()
-        if not cfg.quiet:
-            rank0_print(0, format_table(
-                TABLE, rows,
-                title=f"{PROG}  model {cfg.model}  digits  ranks {comm.size}  steps {cfg.steps}"
-                      f"  batch {cfg.batch_size}/rank  lr {cfg.lr:g}  target "
-                      f"{cfg.target_accuracy:g}",
-                footer=["to target: wall time until held-out accuracy first >= target "
-                        "(n/a: never); vs sync: throughput / async s=0",
-                        f"ps: rank 0 serves, {comm.size - 1} workers; results: {path}"]))
+    out.close()
+    out.table(TABLE, rows,
+              title=f"{PROG}  model {cfg.model}  digits  ranks {comm.size}  steps {cfg.steps}"
+                    f"  batch {cfg.batch_size}/rank  lr {cfg.lr:g}  target "
+                    f"{cfg.target_accuracy:g}",
+              footer=["to target: wall time until held-out accuracy first >= target "
+                      "(n/a: never); vs sync: throughput / async s=0",
+                      f"ps: rank 0 serves, {comm.size - 1} workers; results: {out.path}"])
     return 0
 
 
 def check(comm, cfg: StudyConfig) -> None:
     if cfg.ps:
-        from commbench.strategies.ps import PSStrategy
-
         try:
-            PSStrategy.check(comm, "native")
+            check_ps(comm)
         except ValueError as e:
             raise ValueError(f"{e} (or pass --no-ps)") from None
 

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commbench.config import MOVED_STRATEGIES
 from commbench.results import write_atomic
 from launch import commands
 from launch.execute import run
@@ -112,6 +113,12 @@ def make_sweep(sweep: dict, grid: dict) -> Sweep:
         if not values:
             raise SweepError(f"grid.{k}: empty list")
         checked[k] = [_check_value(f"grid.{k}", v, GRID_KEYS[k][0]) for v in values]
+    for value in checked.get("strategy", []):
+        for name in value.split(","):
+            if name.strip() in MOVED_STRATEGIES:
+                raise SweepError(f"grid.strategy: {name.strip()} is a program of its own now: "
+                                 f"set sweep.program = \"{MOVED_STRATEGIES[name.strip()]}\" "
+                                 "(--program) and leave strategy out of the grid")
     s = Sweep(**{k: v for k, v in sweep.items()}, grid=checked)
     for p in s.points():
         ranks, nodes, slots = p.get("ranks"), p.get("nodes"), p.get("slots")

@@ -1,5 +1,6 @@
-"""Stale updates: async applies step t-s's mean exactly, s = 0 is synchronous, ps converges,
-records carry the schedule, bad input exits 2, and the convergence study runs end to end."""
+"""Stale updates: async applies step t-s's mean exactly, s = 0 is synchronous, the parameter
+server (python -m commbench.ps) converges, records carry the schedule, bad input exits 2, and
+the convergence study runs end to end."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ DIGITS = ["--workload", "resnet", "--model", "smallcnn", "--dataset", "digits",
           "--image-size", "32", "--batch-size", "32"]
 
 
-def _job(np_, tmp_path, extra, launcher="mpirun"):
+def _job(np_, tmp_path, extra, launcher="mpirun", tool="commbench.allreduce"):
     out = tmp_path / "r.jsonl"
-    res = launch(launcher, np_, [PY, "-m", "commbench.allreduce", *extra, "--output", str(out)])
+    res = launch(launcher, np_, [PY, "-m", tool, *extra, "--output", str(out)])
     assert res.returncode == 0, res.stdout + res.stderr
     recs = read_jsonl(out)
     return ({r["strategy"]: r for r in recs if r["kind"] == "summary"},
@@ -112,9 +113,9 @@ def test_ps_converges_on_digits(tmp_path, np_):
     (staleness 0-4 depends on scheduling); 0.01 with twice the updates gave
     0.94-0.96 in three runs on 4 ranks."""
     steps = 360 // (np_ - 1)
-    summ, steps_recs, updates = _job(np_, tmp_path, [*DIGITS, "--strategy", "ps", "--lr",
-                                                     "0.01", "--steps", str(steps),
-                                                     "--warmup", "1"])
+    summ, steps_recs, updates = _job(np_, tmp_path, [*DIGITS, "--lr", "0.01", "--steps",
+                                                     str(steps), "--warmup", "1"],
+                                     tool="commbench.ps")
     s = summ["ps"]
     assert s["final_accuracy"] > 0.8, s["final_accuracy"]
     assert len(updates) == (steps + 1) * (np_ - 1) == s["updates"]
@@ -126,6 +127,23 @@ def test_ps_converges_on_digits(tmp_path, np_):
     assert s["staleness_mean"] > 0  # workers did not wait for each other
     assert s["throughput"] > 0 and 0 < s["server_busy_share"] <= 1
     assert len(steps_recs) == steps + 1 and all(r["comm_s"] > 0 for r in steps_recs)
+
+
+@pytest.mark.horovod
+def test_ps_runs_on_horovods_mpi_controller_and_is_refused_on_gloo(tmp_path):
+    """The server and workers talk through the Communicator: under Horovod that is mpi4py
+    on a duplicate of MPI_COMM_WORLD, which Gloo does not have."""
+    args = ["--model", "resnet18", "--compute-ms", "20", "--steps", "3", "--warmup", "0"]
+    summ, steps_recs, updates = _job(3, tmp_path, args, launcher="horovodrun",
+                                     tool="commbench.ps")
+    s = summ["ps"]
+    assert s["backend"] == "horovod" and s["versions"]["horovod_controller"] == "mpi"
+    assert len(updates) == 3 * 2 == s["updates"] and len(steps_recs) == 3
+    out = tmp_path / "gloo.jsonl"
+    res = launch("horovodrun-gloo", 2, [PY, "-m", "commbench.ps", *args, "--output", str(out)])
+    assert res.returncode != 0, res.stdout + res.stderr  # horovodrun turns 2 into 1
+    assert "needs point-to-point messages" in res.stdout + res.stderr
+    assert not out.exists()
 
 
 @pytest.mark.mpi
@@ -158,18 +176,25 @@ def test_staleness_study_writes_curves_and_summaries(tmp_path):
 # --- bad input ---------------------------------------------------------------------------
 
 BAD = [
-    (["--strategy", "async", "--staleness", "-1"], "--staleness"),
-    (["--strategy", "async", "--staleness", "x"], "--staleness"),
-    (["--strategy", "async", "--staleness", "5", "--steps", "4"], "--staleness 5"),
-    (["--strategy", "ps", "--backend", "horovod"], "--strategy ps"),
-    (["--strategy", "ps"], "at least 2 ranks"),  # one process: a singleton MPI job
+    ("commbench.allreduce", ["--strategy", "async", "--staleness", "-1"], "--staleness"),
+    ("commbench.allreduce", ["--strategy", "async", "--staleness", "x"], "--staleness"),
+    ("commbench.allreduce", ["--strategy", "async", "--staleness", "5", "--steps", "4"],
+     "--staleness 5"),
+    # the parameter server is a tool of its own now: the old flag says where it went
+    ("commbench.allreduce", ["--strategy", "ps"], "python -m commbench.ps"),
+    ("commbench.allreduce", ["--strategy", "flat,ps"], "python -m commbench.ps"),
+    ("commbench.ps", [], "at least 2 ranks"),  # one process: a singleton MPI job
+    ("commbench.ps", ["--strategy", "ps"], "--strategy"),
+    ("commbench.ps", ["--accum-steps", "2"], "--accum-steps"),
+    ("commbench.ps", ["--steps", "0"], "--steps"),
+    ("commbench.ps", ["--compression", "fp8"], "--compression"),
 ]
 
 
-@pytest.mark.parametrize("argv,cause", BAD)
-def test_bad_input_exits_2_with_one_line(tmp_path, argv, cause):
+@pytest.mark.parametrize("tool,argv,cause", BAD)
+def test_bad_input_exits_2_with_one_line(tmp_path, tool, argv, cause):
     out = tmp_path / "r.jsonl"
-    res = subprocess.run([PY, "-m", "commbench.allreduce", *argv, "--output", str(out)],
+    res = subprocess.run([PY, "-m", tool, *argv, "--output", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]

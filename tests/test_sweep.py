@@ -39,6 +39,7 @@ def test_grid_checks():
         ({}, {"nodes": [2], "slots": [2], "ranks": [5]}, "more than 2 nodes x 2 slots"),
         ({}, {"nodes": [2], "slots": [1], "rate": ["quick"]}, "grid.rate"),
         ({}, {"nodes": [2]}, "nodes and slots go together"),
+        ({}, {"strategy": ["flat", "async,ps"]}, 'sweep.program = "commbench.ps"'),
     ]:
         with pytest.raises(SweepError, match=msg):
             make_sweep(sweep, grid)

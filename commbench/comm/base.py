@@ -200,6 +200,19 @@ class Communicator(abc.ABC):
         """
 
     @abc.abstractmethod
+    def send(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> None:
+        """Send ``tensor`` to ``dest``; return once ``tensor`` may be changed again."""
+
+    @abc.abstractmethod
+    def recv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> None:
+        """Receive into ``tensor`` from ``source``; return once it has arrived."""
+
+    @abc.abstractmethod
+    def recv_any(self, tensor: torch.Tensor, tag: int = 0) -> int:
+        """Receive into ``tensor`` the first message with ``tag`` from any rank; return
+        that rank (a server serving whichever client is ready: ``commbench.paramserver``)."""
+
+    @abc.abstractmethod
     def subgroup(self, ranks: list[int]) -> Group | None:
         """The group of ``ranks`` (in that order); None on ranks outside it.
 

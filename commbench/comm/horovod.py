@@ -266,6 +266,21 @@ class HorovodCommunicator(Communicator):
 
         return p2p_irecv(self._p2p(), tensor, source, tag)
 
+    def send(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> None:
+        from commbench.comm.mpi import as_buffer
+
+        self._p2p().Send(as_buffer(tensor), dest, tag)
+
+    def recv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> None:
+        from commbench.comm.mpi import as_buffer
+
+        self._p2p().Recv(as_buffer(tensor), source, tag)
+
+    def recv_any(self, tensor: torch.Tensor, tag: int = 0) -> int:
+        from commbench.comm.mpi import p2p_recv_any
+
+        return p2p_recv_any(self._mpi, self._p2p(), tensor, tag)
+
     def barrier(self) -> None:
         self.hvd.barrier()
 

@@ -100,6 +100,13 @@ def p2p_irecv(mpi_comm: Any, t: torch.Tensor, source: int, tag: int) -> Handle:
     return _MpiHandle(mpi_comm.Irecv(buf, source, tag), buf)
 
 
+def p2p_recv_any(MPI: Any, mpi_comm: Any, t: torch.Tensor, tag: int) -> int:
+    """Blocking receive into ``t`` from whichever rank sends with ``tag`` first; its rank."""
+    status = MPI.Status()
+    mpi_comm.Recv(as_buffer(t), source=MPI.ANY_SOURCE, tag=tag, status=status)
+    return status.Get_source()
+
+
 class MpiCommunicator(Communicator, Group):
     name = "mpi"
 
@@ -174,6 +181,15 @@ class MpiCommunicator(Communicator, Group):
 
     def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
         return p2p_irecv(self.comm, tensor, source, tag)
+
+    def send(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> None:
+        self.comm.Send(as_buffer(tensor), dest, tag)
+
+    def recv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> None:
+        self.comm.Recv(as_buffer(tensor), source, tag)
+
+    def recv_any(self, tensor: torch.Tensor, tag: int = 0) -> int:
+        return p2p_recv_any(self._MPI, self.comm, tensor, tag)
 
     def barrier(self) -> None:
         self.comm.Barrier()

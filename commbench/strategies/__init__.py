@@ -1,7 +1,9 @@
 """Synchronisation strategies, registered by name (one module each).
 
 A new strategy is one module with a ``Strategy`` subclass plus one line in
-``STRATEGIES``.
+``STRATEGIES``. A strategy imports no tool and no workload
+(``tests/test_import_contract.py``); the parameter server, which runs its own
+loops rather than a step's sync, is a tool: ``python -m commbench.ps``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from commbench.strategies.bucketed import BucketedStrategy
 from commbench.strategies.flat import FlatStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
 from commbench.strategies.peers import DDPStrategy, HorovodStrategy
-from commbench.strategies.ps import PSStrategy
 from commbench.strategies.stale import AsyncStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -29,7 +30,6 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "horovod": HorovodStrategy,  # hvd.DistributedOptimizer (real workload only)
     "ddp": DDPStrategy,  # torch DistributedDataParallel on Gloo (real workload only)
     "async": AsyncStrategy,  # bounded staleness s (module stale: async is a keyword)
-    "ps": PSStrategy,  # parameter server on rank 0 (mpi backend; own run path)
 }
 
 

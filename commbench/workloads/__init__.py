@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from commbench.config import WorkloadSpec
 from commbench.workloads.resnet import ResNetWorkload
 from commbench.workloads.synthetic import SyntheticWorkload
 
@@ -20,9 +21,8 @@ WORKLOADS: dict[str, Callable[..., object]] = {
 }
 
 
-
-def make_workload(cfg, rank: int, world_size: int = 1):
-    """Build ``cfg.workload`` for ``rank`` with the knobs that workload takes."""
+def make_workload(cfg: WorkloadSpec, rank: int, world_size: int = 1):
+    """Build ``cfg.workload`` for ``rank`` (of ``world_size`` sharing the data set)."""
     if cfg.workload == "resnet":
         return ResNetWorkload(cfg.model, rank, seed=cfg.seed, batch_size=cfg.batch_size,
                               num_classes=cfg.num_classes, image_size=cfg.image_size,

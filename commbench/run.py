@@ -1,0 +1,207 @@
+"""What every tool writes and how: one results file, runs, step records, summaries, a table.
+
+``commbench.job.run_job`` gives every tool the same life (flags, backend,
+checks, abort, exit status); inside a tool's body this module gives every
+tool the same records, so ``commbench.allreduce``, ``commbench.microbench``,
+``commbench.staleness`` and ``commbench.ps`` differ only in what they run:
+
+1. ``Output.open``: torch threads per rank, library versions, the results
+   file (``--output``, else ``<output_dir>/<tool>-<time>-<backend>-np<N>.jsonl``)
+   and its writer on rank 0.
+2. ``Output.run``: one run (a strategy, a sweep), with its id and the header
+   every one of its records carries: ``results.job_header`` plus the fields
+   the tool adds (``results.run_fields``; allreduce adds its buffer rule and
+   reads its strategy's knobs again at each record).
+3. ``Run.step``: a step's per-rank samples gathered to rank 0, reduced to the
+   step's record (``runner.step_record``: the slowest rank's step) and
+   written at once, so a job killed later keeps every finished step. A tool
+   whose ranks are not in step (the parameter server) hands rank 0 the
+   samples itself (``Run.record_step``).
+4. ``Run.step_summary``: median, p5/p95 and count of every step field over
+   the measured steps (``runner.summarize_steps``) and the wall clock of the
+   measured steps on rank 0, bookkeeping between steps included (a strategy
+   whose transfers run on while step records are gathered is judged by it).
+   ``rank_extras`` / ``summarize_extras``: each rank's peak memory, state
+   checksums and held-out accuracy at the end of a run, for its summary.
+5. ``Output.close``, then ``Output.table`` on rank 0 (unless ``--quiet``).
+"""
+
+from __future__ import annotations
+
+import resource
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from commbench import metrics
+from commbench.comm.base import Communicator
+from commbench.job import set_torch_threads
+from commbench.report import Column, format_table, rank0_print
+from commbench.results import ResultWriter, default_output, job_header, link_info, versions
+from commbench.runner import step_record, summarize_steps
+from commbench.timing import StepSample, now
+
+
+class ToolConfig(Protocol):
+    """What the run layer reads of a tool's configuration."""
+
+    output: str | None
+    output_dir: str
+    quiet: bool
+
+    def as_dict(self) -> dict: ...
+
+
+#: ``amend(record, attachments)``: a tool's additions to a step record, from what each rank
+#: attached to its sample (rank order)
+Amend = Callable[[dict, list[Any]], None]
+
+
+class Output:
+    """One tool invocation's results file and what all its runs share."""
+
+    def __init__(self, comm: Communicator, cfg: ToolConfig, path: str | Path, threads: int,
+                 vers: dict) -> None:
+        self.comm = comm
+        self.cfg = cfg
+        self.path = path
+        self.threads = threads
+        self.versions = vers
+        self._writer = ResultWriter(path) if comm.rank == 0 else None
+
+    @classmethod
+    def open(cls, comm: Communicator, tool: str, cfg: ToolConfig) -> Output:
+        """Share the cores out among the ranks of a host, read the versions, name the file
+        (nothing is created before the first record)."""
+        threads = set_torch_threads(comm.local_size)
+        vers = versions(comm.versions())
+        path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, tool)
+        return cls(comm, cfg, path, threads, vers)
+
+    def header(self, kind: str, run_id: str) -> dict:
+        return job_header(kind=kind, run_id=run_id, backend=self.comm.name,
+                          topo=self.comm.topo, vers=self.versions,
+                          torch_threads=self.threads, config=self.cfg.as_dict())
+
+    def run(self, fields: dict, live: Callable[[], dict] | None = None) -> Run:
+        """A new run whose records all carry ``fields`` besides the job's header, and
+        ``live()``'s fields, read at each record: what may change as the run goes (a
+        strategy's knobs: async reports the buffers it has allocated so far).
+
+        Its wall clock starts now: make it just before the run's step loop.
+        """
+        return Run(self, fields, live)
+
+    def write(self, record: dict) -> None:
+        """Append ``record`` to the file (rank 0 only: the other ranks hold no writer)."""
+        if self._writer is None:
+            raise RuntimeError(f"rank {self.comm.rank}: records are written on rank 0 only")
+        self._writer.write(record)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+    def print(self, text: str) -> None:
+        """Print on rank 0 unless ``--quiet``."""
+        if not self.cfg.quiet:
+            rank0_print(self.comm.rank, text)
+
+    def table(self, columns: list[Column], rows: list[list], title: str,
+              footer: list[str]) -> None:
+        self.print(format_table(columns, rows, title=title, footer=footer))
+
+
+class Run:
+    """The records of one run: a shared header, step records as steps end, a summary."""
+
+    def __init__(self, out: Output, fields: dict,
+                 live: Callable[[], dict] | None = None) -> None:
+        self.out = out
+        self.run_id = uuid.uuid4().hex[:12]
+        self.fields = fields
+        self._live = live
+        #: rank 0: the step records written so far (without the header)
+        self.steps: list[dict] = []
+        link = link_info()  # interface bytes are compared with the link's rate in that unit
+        self._wire_gbps = link["link_wire_gbps"] or link["link_gbps"]
+        self._marks = [now()]  # rank 0: the run's start, then the end of each step's record
+
+    def header(self, kind: str) -> dict:
+        live = self._live() if self._live is not None else {}
+        return {**self.out.header(kind, self.run_id), **self.fields, **live}
+
+    def write(self, kind: str, fields: dict) -> dict:
+        """Write one record of ``kind`` (rank 0); return it."""
+        record = {**self.header(kind), **fields}
+        self.out.write(record)
+        return record
+
+    def step(self, sample: StepSample, attachment: Any = None,
+             amend: Amend | None = None) -> None:
+        """Gather this step's samples (and what each rank attached) to rank 0, which writes
+        the step's record now. Collective: every rank calls it after every step."""
+        per_rank = self.out.comm.gather_object((sample, attachment))
+        if per_rank is not None:
+            self.record_step([p[0] for p in per_rank], [p[1] for p in per_rank], amend)
+
+    def record_step(self, samples: Sequence[StepSample], attachments: list[Any],
+                    amend: Amend | None = None) -> dict:
+        """Rank 0: the record of one step of ``samples`` (one per rank taking part), amended
+        by the tool, written; return it."""
+        rec = step_record(samples, len(samples), self._wire_gbps)
+        if amend is not None:
+            amend(rec, attachments)
+        self.steps.append(rec)
+        self.write("step", rec)
+        self._marks.append(now())
+        return rec
+
+    def step_summary(self, samples_per_step: int, wall_clock: bool = True) -> dict:
+        """Rank 0: statistics of the measured steps recorded so far; with ``wall_clock``,
+        ``wall_s`` (rank 0's time from the last warm-up step's record to the last step's)
+        and ``wall_throughput`` (samples over it)."""
+        out = summarize_steps(self.steps, samples_per_step)
+        if wall_clock:
+            wall_s = self._marks[-1] - self._marks[out["warmup_steps"]]
+            out["wall_s"] = wall_s
+            out["wall_throughput"] = metrics.throughput(
+                out["measured_steps"] * samples_per_step, wall_s)
+        return out
+
+
+CHECKSUMS = ("param_checksum", "buffer_checksum", "state_checksum")
+
+
+def rank_extras(workload) -> dict:
+    """Per-rank facts for the summary: peak memory, and checksums of parameters, buffers
+    and both (``state_checksum``: equal on every rank when they are in lock-step)."""
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if getattr(workload, "device", None) is not None and workload.device.type == "cuda":
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(workload.device) / 2**20
+    if hasattr(workload, "parameter_checksum"):
+        out["param_checksum"] = workload.parameter_checksum()
+        out["buffer_checksum"] = workload.buffer_checksum()
+        out["state_checksum"] = out["param_checksum"] + out["buffer_checksum"]
+    accuracy = workload.evaluate() if hasattr(workload, "evaluate") else None
+    if accuracy is not None:
+        out["final_accuracy"] = accuracy
+    return out
+
+
+def summarize_extras(per_rank: list[dict]) -> dict:
+    """Max over ranks of each memory figure, and every rank's value under ``*_ranks``."""
+    out: dict = {}
+    for key in per_rank[0]:
+        vals = [e[key] for e in per_rank]
+        out[f"{key}_ranks"] = vals
+        if key == "final_accuracy":
+            # rank 0's model; under --buffers local the others evaluated other buffers
+            out[key] = vals[0]
+            out["final_accuracy_spread"] = max(vals) - min(vals)
+        elif key not in CHECKSUMS:
+            out[key] = max(vals)
+    return out

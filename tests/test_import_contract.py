@@ -1,0 +1,71 @@
+"""The layering contract, read from the source: a strategy imports no tool and no workload.
+
+Tools run strategies on workloads, so a strategy that imports either closes
+an import cycle (allreduce -> strategies -> ps -> allreduce was one) and ties
+a sync algorithm to one tool's run sequence. Imports inside functions count.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+#: the tools (``python -m commbench.X``), what only tools build on (the run layer, the
+#: parameter server's loops) and the workloads
+FORBIDDEN = ("commbench.allreduce", "commbench.microbench", "commbench.staleness",
+             "commbench.ps", "commbench.run", "commbench.paramserver", "commbench.workloads")
+STRATEGIES = sorted((ROOT / "commbench" / "strategies").glob("*.py"))
+
+
+def imports_of(source: str, module: str) -> set[str]:
+    """Every module named by an import in ``source`` (of ``module``, for relative imports);
+    ``from a import b`` names ``a`` and ``a.b``, as ``b`` may be a module."""
+    package = module.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x / from ..a import b
+                parts = package.split(".")
+                parent = ".".join(parts[:len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def forbidden(names: set[str]) -> list[str]:
+    return sorted(n for n in names for f in FORBIDDEN if n == f or n.startswith(f + "."))
+
+
+def test_every_strategy_module_is_checked():
+    assert {p.name for p in STRATEGIES} >= {"__init__.py", "base.py", "flat.py", "stale.py"}
+    assert "ps.py" not in {p.name for p in STRATEGIES}  # the parameter server is a tool
+
+
+@pytest.mark.parametrize("path", STRATEGIES, ids=lambda p: p.name)
+def test_no_strategy_imports_a_tool_or_a_workload(path: Path):
+    module = "commbench.strategies." + path.stem
+    assert forbidden(imports_of(path.read_text(), module)) == []
+
+
+@pytest.mark.parametrize("source,found", [
+    ("def f():\n    from commbench.allreduce import run_one\n",
+     ["commbench.allreduce", "commbench.allreduce.run_one"]),
+    ("import commbench.workloads.synthetic as s\n", ["commbench.workloads.synthetic"]),
+    ("from commbench import ps\n", ["commbench.ps"]),
+    ("from .. import staleness\n", ["commbench.staleness"]),
+    ("from ..workloads import make_workload\n",
+     ["commbench.workloads", "commbench.workloads.make_workload"]),
+    ("from commbench.paramserver import run_ps\n",
+     ["commbench.paramserver", "commbench.paramserver.run_ps"]),
+    ("import commbench.strategies.base\nfrom commbench.runner import run_steps\n", []),
+])
+def test_the_check_sees_every_form_of_import(source, found):
+    assert forbidden(imports_of(source, "commbench.strategies.x")) == found
