@@ -4,7 +4,8 @@ For each layout (nodes x ranks per node; default 2x1, 2x2, 2x4, 4x2, links
 shaped to 1 Gbit/s) and each transfer path of the background engine
 (``--transfer``, default ``thread``) it runs two jobs of
 ``commbench.allreduce`` (ResNet-18's gradients, 300 ms of replayed compute,
-25 MB buckets, 6 measured steps after 1 warm-up), each on a fresh emulated
+25 MB buckets, 6 measured steps after 2 warm-up: as many as the
+largest staleness, so async's pipeline is full when the wall clock starts), each on a fresh emulated
 cluster that measures its link first (``python -m launch.cluster run``):
 
 1. ``--strategy flat,async,bucketed --staleness 1``: the baseline and the two
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet18")
     p.add_argument("--compute-ms", type=float, default=300.0)
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2,
+                   help="warm-up steps; at least the largest staleness (2), so async's "
+                        "pipeline is full when the wall clock starts")
     p.add_argument("--outdir", type=Path, default=None,
                    help="where the jobs' records go (default: results/async-speedup-<time>)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

@@ -131,6 +131,15 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
     return summary
 
 
+def pipeline_lines(cfg: Config) -> list[str]:
+    """Warn where async's wall clock starts with its pipeline part-empty (``Run.step_summary``)."""
+    if "async" in cfg.strategies and cfg.warmup < cfg.staleness:
+        return [f"note: async's wall throughput is flattered: --warmup {cfg.warmup} < "
+                f"--staleness {cfg.staleness} leaves its first measured steps nothing to wait "
+                "for; use --warmup >= --staleness"]
+    return []
+
+
 def accuracy_lines(summaries: list[dict]) -> list[str]:
     """Held-out accuracy per run, saying whose model it is."""
     out = []
@@ -179,7 +188,7 @@ def study(comm, cfg: Config) -> int:
                   footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
                           "medians over measured steps; busbw = algbw * 2(n-1)/n; wall = "
                           "samples / wall time of the measured steps, bookkeeping included",
-                          *accuracy_lines(summaries),
+                          *accuracy_lines(summaries), *pipeline_lines(cfg),
                           f"results: {out.path}"])
     return wrong
 

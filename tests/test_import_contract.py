@@ -1,8 +1,14 @@
-"""The layering contract, read from the source: a strategy imports no tool and no workload.
+"""The layering contract, read from the source.
 
-Tools run strategies on workloads, so a strategy that imports either closes
-an import cycle (allreduce -> strategies -> ps -> allreduce was one) and ties
-a sync algorithm to one tool's run sequence. Imports inside functions count.
+- A strategy imports no tool and no workload: tools run strategies on
+  workloads, so a strategy that imports either closes an import cycle
+  (allreduce -> strategies -> ps -> allreduce was one) and ties a sync
+  algorithm to one tool's run sequence.
+- A communicator imports no strategy.
+- ``analysis/`` and ``launch/`` never import ``commbench.comm``: they read
+  result files and start processes, and must work where MPI is absent.
+
+Imports inside functions count.
 """
 
 from __future__ import annotations
@@ -53,6 +59,27 @@ def test_every_strategy_module_is_checked():
 def test_no_strategy_imports_a_tool_or_a_workload(path: Path):
     module = "commbench.strategies." + path.stem
     assert forbidden(imports_of(path.read_text(), module)) == []
+
+
+def _modules(*dirs: str) -> list[Path]:
+    return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+@pytest.mark.parametrize("path", _modules("commbench/comm"), ids=lambda p: p.name)
+def test_communicators_import_no_strategy(path: Path):
+    names = imports_of(path.read_text(), _module_name(path))
+    assert [n for n in names if n.startswith("commbench.strategies")] == []
+
+
+@pytest.mark.parametrize("path", _modules("analysis", "launch"),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_analysis_and_launch_import_no_communicator(path: Path):
+    names = imports_of(path.read_text(), _module_name(path))
+    assert [n for n in names if n == "commbench.comm" or n.startswith("commbench.comm.")] == []
 
 
 @pytest.mark.parametrize("source,found", [
