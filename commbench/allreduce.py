@@ -67,7 +67,8 @@ BUFFER_LABEL = {"broadcast": "bcast", "local": "local", "ddp-broadcast": "ddp-bc
 def table_row(s: dict) -> list:
     st = s["stats"]
     ms = 1e3
-    return [s["strategy"], s["algo"] or "-", BUFFER_LABEL.get(s.get("buffer_rule"), "-"),
+    buffers = BUFFER_LABEL.get(s.get("buffer_rule"), "-") if s.get("buffer_bytes") else "-"
+    return [s["strategy"], s["algo"] or "-", buffers,
             s["backend"], s["world_size"], s["nodes"],
             s["grad_bytes"] / 1e6, st["step_s"]["median"] * ms, st["step_s"]["p5"] * ms,
             st["step_s"]["p95"] * ms, st["compute_s"]["median"] * ms,
