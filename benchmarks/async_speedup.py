@@ -4,7 +4,7 @@ For each layout (nodes x ranks per node; default 2x1, 2x2, 2x4, 4x2, links
 shaped to 1 Gbit/s) and each transfer path of the background engine
 (``--transfer``, default ``thread``) it runs two jobs of
 ``commbench.allreduce`` (ResNet-18's gradients, 300 ms of replayed compute,
-25 MB buckets, 6 measured steps after 2 warm-up: as many as the
+25 MB buckets, 16 measured steps after 2 warm-up: as many as the
 largest staleness, so async's pipeline is full when the wall clock starts), each on a fresh emulated
 cluster that measures its link first (``python -m launch.cluster run``):
 
@@ -24,7 +24,7 @@ machine measures the machine.
 Run it from the repository root, as root (the cluster needs network
 namespaces), with nothing else measuring::
 
-    python -m benchmarks.async_speedup                          # ~8 min on 2 cores
+    python -m benchmarks.async_speedup                          # ~8 min on 2 cores (estimate)
     python -m benchmarks.async_speedup --dry-run                # print the commands only
     python -m benchmarks.async_speedup --layouts 2x4 --transfer thread,ring
 """
@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", default="1gbit", help="link rate per node (tc syntax)")
     p.add_argument("--model", default="resnet18")
     p.add_argument("--compute-ms", type=float, default=300.0)
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=16,
+                   help="measured steps; 6 left async S=2 short of steady state (1.41, "
+                        "1.57 and 0.98x flat in three runs on 2x4; 1.35 with 16)")
     p.add_argument("--warmup", type=int, default=2,
                    help="warm-up steps; at least the largest staleness (2), so async's "
                         "pipeline is full when the wall clock starts")
