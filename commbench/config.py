@@ -77,6 +77,19 @@ fraction = _checked(float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 @dataclass
+class JobOutput:
+    """The backend and where records go: what every tool's configuration carries."""
+
+    backend: str = "auto"
+    output: str | None = None
+    output_dir: str = "results"
+    quiet: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
 class WorkloadSpec:
     """What a workload is built from (``commbench.workloads.make_workload``); every tool
     that trains one extends or builds it."""

@@ -33,7 +33,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +44,7 @@ from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import plan_inter_node_algo
 from commbench.config import (
     ConfigError,
+    JobOutput,
     Parser,
     add_backend_flag,
     add_output_group,
@@ -112,7 +113,7 @@ def message_sizes(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
 
 
 @dataclass
-class MicroConfig:
+class MicroConfig(JobOutput):
     minbytes: int = 8
     maxbytes: int = 32 << 20  # nccl-tests' default top size
     stepfactor: int = 2
@@ -121,13 +122,6 @@ class MicroConfig:
     warmup_iters: int = 5
     step_timeout: float | None = None  # seconds per row; None = auto, 0 = off (watchdog)
     algos: list[str] = field(default_factory=lambda: list(ALGOS))
-    backend: str = "auto"
-    output: str | None = None
-    output_dir: str = "results"
-    quiet: bool = False
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from commbench import paramserver
 from commbench.config import (
+    JobOutput,
     Parser,
     WorkloadSpec,
     add_backend_flag,
@@ -54,20 +55,13 @@ PROG = "commbench.ps"
 
 
 @dataclass
-class PSConfig(WorkloadSpec):
+class PSConfig(WorkloadSpec, JobOutput):
     #: the server's messages are host memory (the mpi backend is not CUDA-aware)
     device: str = "cpu"
     compression: str = "none"
     staleness_lr: bool = False
     steps: int = 20  # per worker
     warmup: int = 3
-    backend: str = "auto"
-    output: str | None = None
-    output_dir: str = "results"
-    quiet: bool = False
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def settings(self) -> PSSettings:
         return PSSettings(lr=self.lr, steps=self.steps, warmup=self.warmup,
