@@ -20,7 +20,7 @@ import sys
 
 from commbench.buffers import OWN_RULES, BufferSync, rule_for
 from commbench.comm.engine import check_transfer_path
-from commbench.config import Config, parse_config
+from commbench.config import Config, check_slow_rank, parse_config
 from commbench.job import run_job
 from commbench.report import Column
 from commbench.results import run_fields
@@ -167,6 +167,7 @@ def compute_label(cfg: Config) -> str:
 
 
 def check(comm, cfg: Config) -> None:
+    check_slow_rank(cfg, comm.size)
     for strategy_name, algo, _ in runs_of(cfg):
         STRATEGIES[strategy_name].check(comm, algo or "native")
     if "async" in cfg.strategies or ("bucketed" in cfg.strategies and cfg.progress == "thread"):

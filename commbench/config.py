@@ -76,6 +76,20 @@ positive_float = _checked(float, "a number", lambda v: 0 < v < math.inf,
 fraction = _checked(float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
 
 
+def slow_rank(text: str) -> tuple[int, float]:
+    """``--slow-rank R:F``: rank R's replayed compute times F (> 0)."""
+    rank, sep, factor = text.partition(":")
+    try:
+        r, f = int(rank), float(factor)
+    except ValueError:
+        r, f = -1, math.nan
+    if not sep or r < 0:
+        raise argparse.ArgumentTypeError(f"expected RANK:FACTOR (e.g. 1:2), got {text!r}")
+    if not 0 < f < math.inf:
+        raise argparse.ArgumentTypeError(f"factor must be a finite number > 0, got {factor!r}")
+    return r, f
+
+
 @dataclass
 class JobOutput:
     """The backend and where records go: what every tool's configuration carries."""
@@ -105,15 +119,21 @@ class WorkloadSpec:
     compute_ms: float = 100.0
     compute_profile: str | None = None
     compute_scale: float = 1.0
+    slow_rank: tuple[int, float] | None = None  # (rank, factor on its replayed compute)
+    compute_jitter: float = 0.0  # coefficient of variation of each step's replayed compute
     seed: int = 0
 
     def label(self) -> str:
         """What computes in each step, for a table's title."""
         if self.workload == "resnet":
             return f"batch {self.batch_size} x {self.image_size} px on {self.device}"
-        if self.compute_profile:
-            return f"compute {self.compute_profile} x {self.compute_scale:g}"
-        return f"compute {self.compute_ms:g} ms"
+        what = (f"compute {self.compute_profile} x {self.compute_scale:g}"
+                if self.compute_profile else f"compute {self.compute_ms:g} ms")
+        if self.slow_rank is not None:
+            what += f"  rank {self.slow_rank[0]} x {self.slow_rank[1]:g}"
+        if self.compute_jitter:
+            what += f"  jitter cv {self.compute_jitter:g}"
+        return what
 
 
 @dataclass
@@ -277,6 +297,13 @@ def add_workload_flags(g: argparse._ArgumentGroup, d: WorkloadSpec) -> None:
                         "instead of --compute-ms")
     g.add_argument("--compute-scale", type=nonneg_float, default=d.compute_scale,
                    help="multiply the profile's times (0.02 = a device 50x faster)")
+    g.add_argument("--slow-rank", metavar="R:F", type=slow_rank, default=d.slow_rank,
+                   help="synthetic workload: a straggler on purpose, rank R's replayed compute "
+                        "takes F times as long")
+    g.add_argument("--compute-jitter", metavar="CV", type=nonneg_float,
+                   default=d.compute_jitter,
+                   help="synthetic workload: draw each rank's compute per step around its "
+                        "mean with this coefficient of variation (gamma, seeded per rank)")
 
 
 def add_run_flags(g: argparse._ArgumentGroup, steps: int, warmup: int, seed: int) -> None:
@@ -364,18 +391,26 @@ def check_staleness(cfg: Config) -> None:
 def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
     """Check the strategies against the workload, then fill and check the workload's
     defaults (``resolve_workload``)."""
-    from commbench.strategies import STRATEGIES
 
-    real = cfg.workload == "resnet"
-    peers = [s for s in cfg.strategies if STRATEGIES[s].needs_model]
-    if peers and not real:
-        raise ConfigError(f"--strategy {peers[0]}: wraps a real model, so it needs "
-                          "--workload resnet; the synthetic workload has no model to hook")
     if "horovod" in cfg.strategies and cfg.compression == "bf16":
         raise ConfigError("--compression bf16: Horovod has no bfloat16 compressor (its "
                           "Compression offers none and fp16); use fp16 with --strategy horovod")
     check_staleness(cfg)
     resolve_workload(cfg, cuda)
+
+
+def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = None) -> None:
+    """``--slow-rank R:F`` must name a rank of the job that computes (``computing``,
+    default every rank); checked on every rank once the job's size is known."""
+    if spec.slow_rank is None:
+        return
+    r = spec.slow_rank[0]
+    computing = range(ranks) if computing is None else computing
+    if r not in computing:
+        what = (f"the job has ranks 0-{ranks - 1}" if r >= ranks
+                else f"rank {r} computes nothing here (ranks {computing.start}-"
+                     f"{computing.stop - 1} do)")
+        raise ConfigError(f"--slow-rank {r}:{spec.slow_rank[1]:g}: {what}")
 
 
 def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
@@ -387,6 +422,11 @@ def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
 
         cuda = torch.cuda.is_available()
     real = spec.workload == "resnet"
+    for flag, given in (("--slow-rank", spec.slow_rank is not None),
+                        ("--compute-jitter", spec.compute_jitter > 0)):
+        if given and real:
+            raise ConfigError(f"{flag}: only replayed compute can be slowed on purpose; "
+                              "use --workload synthetic (--compute-ms or --compute-profile)")
     if spec.dataset != "synthetic":
         if not real:
             raise ConfigError(f"--dataset {spec.dataset}: needs --workload resnet")

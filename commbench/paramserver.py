@@ -62,7 +62,7 @@ from commbench import metrics
 from commbench.comm.base import Communicator
 from commbench.strategies.base import COMPRESSIONS
 from commbench.timing import StepSample, StepTimer, now
-from commbench.workloads import ResNetWorkload
+from commbench.workloads import Workload
 
 SERVER = 0
 TAG_HDR, TAG_GRAD, TAG_PARAM = 11, 12, 13
@@ -102,12 +102,10 @@ def _flat_views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.
     return views
 
 
-def model_params(workload) -> list[torch.Tensor]:
-    """The tensors the server updates: the real model's, or stand-ins of the gradients'
-    shapes for the synthetic workload (updated all the same, so the cost is real)."""
-    if isinstance(workload, ResNetWorkload):
-        return list(workload.params)
-    return [torch.nn.Parameter(torch.zeros_like(g)) for g in workload.grads]
+def model_params(workload: Workload) -> list[torch.Tensor]:
+    """The tensors the server updates: the model's (the replayed workload's too, updated
+    all the same, so the cost is real)."""
+    return list(workload.params)
 
 
 @dataclass
@@ -125,7 +123,7 @@ class PSResult:
 def _server(comm: Communicator, workload, settings: PSSettings,
             evaluate: Callable[[], float | None] | None) -> PSResult:
     params = model_params(workload)
-    opt = (workload.opt if isinstance(workload, ResNetWorkload)
+    opt = (workload.opt if workload.real
            else torch.optim.SGD(params, lr=settings.lr, momentum=0.9))
     workers = comm.size - 1
     base_lr = opt.param_groups[0]["lr"]
@@ -199,7 +197,7 @@ def _worker(comm: Communicator, workload, settings: PSSettings) -> PSResult:
     nbytes = numel * (wire.itemsize + pbuf.element_size())
     res = PSResult()
     timer = StepTimer()
-    real = isinstance(workload, ResNetWorkload)
+    real = workload.real
 
     def ignore(_i: int) -> None:
         pass

@@ -39,6 +39,7 @@ from commbench.config import (
     add_output_group,
     add_run_flags,
     add_workload_flags,
+    check_slow_rank,
     check_writable,
     help_formatter,
     resolve_workload,
@@ -165,7 +166,7 @@ def serve(comm, cfg: PSConfig) -> int:
     """The run, its records and the table; nothing is validated (tests check convergence)."""
     out = Output.open(comm, "ps", cfg)
     # worker w trains on shard w of the data; the server builds worker 0's (unused)
-    workload = make_workload(cfg, max(comm.rank - 1, 0), comm.size - 1)
+    workload = make_workload(cfg, max(comm.rank - 1, 0), comm.size - 1, job_rank=comm.rank)
     res = run_ps(comm, cfg.settings(), workload)
     extra = rank_extras(workload) if comm.rank == SERVER else None
     gathered = comm.gather_object((res, extra))
@@ -191,6 +192,7 @@ def serve(comm, cfg: PSConfig) -> int:
 
 def check(comm, cfg: PSConfig) -> None:
     paramserver.check(comm)
+    check_slow_rank(cfg, comm.size, computing=range(1, comm.size))  # rank 0 serves
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,13 +188,12 @@ def rank_extras(workload) -> dict:
     """Per-rank facts for the summary: peak memory, and checksums of parameters, buffers
     and both (``state_checksum``: equal on every rank when they are in lock-step)."""
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if getattr(workload, "device", None) is not None and workload.device.type == "cuda":
+    if workload.device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(workload.device) / 2**20
-    if hasattr(workload, "parameter_checksum"):
-        out["param_checksum"] = workload.parameter_checksum()
-        out["buffer_checksum"] = workload.buffer_checksum()
-        out["state_checksum"] = out["param_checksum"] + out["buffer_checksum"]
-    accuracy = workload.evaluate() if hasattr(workload, "evaluate") else None
+    out["param_checksum"] = workload.parameter_checksum()
+    out["buffer_checksum"] = workload.buffer_checksum()
+    out["state_checksum"] = out["param_checksum"] + out["buffer_checksum"]
+    accuracy = workload.evaluate()
     if accuracy is not None:
         out["final_accuracy"] = accuracy
     return out

@@ -60,6 +60,7 @@ def test_replay_follows_the_profile(profile_file):
         seen: list[tuple[int, float]] = []
         timer = StepTimer()
         timer.begin_step(0, False)
+        wl.forward(timer)
         t0 = now()
         wl.backward(timer, lambda i, seen=seen, t0=t0: seen.append((i, now() - t0)))
         sample = timer.end_step()

@@ -27,8 +27,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "flat": FlatStrategy,
     "bucketed": BucketedStrategy,
     "hierarchical": HierarchicalStrategy,
-    "horovod": HorovodStrategy,  # hvd.DistributedOptimizer (real workload only)
-    "ddp": DDPStrategy,  # torch DistributedDataParallel on Gloo (real workload only)
+    "horovod": HorovodStrategy,  # hvd.DistributedOptimizer on the workload's model
+    "ddp": DDPStrategy,  # torch DistributedDataParallel on Gloo
     "async": AsyncStrategy,  # bounded staleness s (module stale: async is a keyword)
 }
 

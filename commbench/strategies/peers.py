@@ -1,9 +1,16 @@
 """Peers in the same harness: Horovod's and PyTorch DDP's own gradient sync.
 
-They run on the real workload only (``--workload resnet``): both hook a real
-model, so on the synthetic workload the job refuses them with exit status 2.
-The step timer is the same as for the project's strategies, so their exposed
-sync compares directly.
+Both wrap the workload's model and optimizer unchanged, on either workload:
+the replayed one (``--workload synthetic``) is an ``nn.Module`` whose backward
+accumulates each parameter's gradient at its replayed time, so their hooks on
+the gradient accumulators fire during backward as on a real model
+(``workloads.synthetic``). The step timer is the same as for the project's
+strategies, so their exposed sync compares directly. Each records how much of
+its sync started inside backward: ``grads_hooked_in_backward`` (Horovod: the
+gradients whose all-reduce its hooks had started before ``synchronize()``;
+it reduces the rest inside ``synchronize()``) and
+``buckets_before_last_grad`` (DDP: the buckets whose all-reduce started
+before backward produced its last gradient), both of the last measured step.
 
 ``horovod`` wraps the workload's SGD in ``hvd.DistributedOptimizer``
 (``op=Average``, ``backward_passes_per_step = --accum-steps``,
@@ -91,6 +98,7 @@ class HorovodStrategy(Strategy):
         workload.opt = _PreSynchronized(self.opt)
         self.accum_steps = accum_steps
         self._first: float | None = None
+        self._hooked = 0
 
     def begin_step(self, timer) -> None:
         super().begin_step(timer)
@@ -102,6 +110,8 @@ class HorovodStrategy(Strategy):
 
     def finish(self) -> None:
         t = self.timer.clock()
+        # handles Horovod's gradient hooks started during backward (the rest it starts now)
+        self._hooked = sum(1 for h in self.opt._handles.values() if h[0] is not None)
         self.opt.synchronize()
         self.timer.comm(self._first if self._first is not None else t, self.timer.clock(),
                         self.nbytes)
@@ -113,7 +123,8 @@ class HorovodStrategy(Strategy):
 
     def knobs(self) -> dict:
         env = {k.lower(): os.environ.get(k, v) for k, v in HOROVOD_DEFAULTS.items()}
-        return {**super().knobs(), "backward_passes_per_step": self.accum_steps, **env}
+        return {**super().knobs(), "backward_passes_per_step": self.accum_steps, **env,
+                "grads_hooked_in_backward": self._hooked}
 
 
 def _gloo_group(comm: Communicator):
@@ -160,11 +171,15 @@ class DDPStrategy(Strategy):
         self.ddp.register_comm_hook(None, self._hook)
         workload.net = self.ddp
         workload.sync_in_backward = True
+        self.workload = workload
         self._buckets = self._step_buckets = 0
+        self._bucket_starts: list[float] = []
+        self._early = 0
 
     def begin_step(self, timer) -> None:
         super().begin_step(timer)
         self._buckets = 0
+        self._bucket_starts = []
 
     def _reduce(self, buf: torch.Tensor) -> torch.futures.Future:
         """Mean of ``buf`` over ranks, in place, as a future (DDP's default hook's arithmetic)."""
@@ -185,6 +200,7 @@ class DDPStrategy(Strategy):
 
     def _hook(self, _state, bucket):  # DDP rejects a return annotation that is a string
         self._buckets += 1
+        self._bucket_starts.append(now())
         return self._reduce(bucket.buffer())
 
     def micro_batch(self, last: bool):
@@ -193,6 +209,8 @@ class DDPStrategy(Strategy):
     def finish(self) -> None:
         """DDP has already synchronised inside backward."""
         self._step_buckets = self._buckets
+        last = self.workload._last_ready
+        self._early = sum(1 for t in self._bucket_starts if t < last)
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         # DDP's reducer runs only inside backward; the same hook arithmetic on the
@@ -206,4 +224,5 @@ class DDPStrategy(Strategy):
 
     def knobs(self) -> dict:
         return {**super().knobs(), "bucket_cap_mb": self.bucket_mb,
-                "broadcast_buffers": self.broadcast_buffers, "buckets_per_step": self._step_buckets}
+                "broadcast_buffers": self.broadcast_buffers, "buckets_per_step": self._step_buckets,
+                "buckets_before_last_grad": self._early}

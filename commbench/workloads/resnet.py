@@ -6,13 +6,8 @@ own synthetic batch (``--batch-size`` images of ``--image-size`` pixels,
 backward and an SGD update. With ``--dataset digits`` the batches are real
 labelled images instead (``commbench.workloads.data``): each rank walks its
 own shard of the training split, and ``evaluate`` gives held-out accuracy.
-Gradients are announced to the strategy the moment autograd has accumulated
-them (``register_post_accumulate_grad_hook``), in the order backward really
-produces them. Time spent inside those hooks is
-the strategy's, not compute's, and is taken out of the backward phase.
-
-The gradient tensors are allocated once and reused (``zero_`` instead of
-``None``), so strategies can keep views of them across steps.
+Gradients are announced as ``workloads.base`` describes; time spent inside
+the announcing hooks is taken out of the backward phase.
 """
 
 from __future__ import annotations
@@ -23,13 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from commbench.models import build_model
-from commbench.timing import now
+from commbench.workloads.base import Workload
 
 MIN_IMAGE_SIZE = 32  # five stride-2 stages: 32 px leaves a 1x1 map for the last stage
 
 
-class ResNetWorkload:
+class ResNetWorkload(Workload):
     name = "resnet"
+    real = True
 
     def __init__(self, model: str, rank: int, seed: int = 0, batch_size: int = 32,
                  num_classes: int = 1000, image_size: int = 64, lr: float = 0.01,
@@ -37,23 +33,12 @@ class ResNetWorkload:
         if image_size < MIN_IMAGE_SIZE:
             raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
                              f"got {image_size}")
-        self.model = model
-        self.batch_size = batch_size
         self.image_size = image_size
         self.device = torch.device(device)
         torch.manual_seed(seed)  # the same initial weights on every rank
-        self.net = build_model(model, num_classes, device=self.device)
-        self.params = list(self.net.parameters())
-        self.param_names = [n for n, _ in self.net.named_parameters()]
-        for p in self.params:
-            p.grad = torch.zeros_like(p)
-        self.grads = [p.grad for p in self.params]
-        #: BatchNorm running statistics: updated in forward, reduced by no gradient sync
-        #: (``commbench.buffers`` decides whether rank 0's are broadcast)
-        self.buffers = list(self.net.buffers())
-        self.numel = sum(p.numel() for p in self.params)
-        self.nbytes = sum(p.numel() * p.element_size() for p in self.params)
-        self.opt = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
+        net = build_model(model, num_classes, device=self.device)
+        super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
+                         batch_size)
         self.dataset = dataset
         self.test = None
         if dataset == "synthetic":
@@ -70,18 +55,6 @@ class ResNetWorkload:
             self.test = (vx.to(self.device), vy.to(self.device))
             self._cursor = 0
             self._next_batch()
-        self._order: list[int] = []
-        self._seen_order: list[int] | None = None
-        self._on_ready: Callable[[int], None] | None = None
-        self._progress: Callable[[], None] | None = None
-        self._hook_s = 0.0
-        self._last_ready = 0.0
-        #: set by a peer (DDP) that waits for its all-reduces inside ``loss.backward()``:
-        #: backward compute then ends at the last gradient's hook, the rest is sync
-        self.sync_in_backward = False
-        self.loss: torch.Tensor | None = None
-        for i, p in enumerate(self.params):
-            p.register_post_accumulate_grad_hook(self._hook(i))
         self._learn_backward_order()
 
     def _learn_backward_order(self) -> None:
@@ -100,28 +73,6 @@ class ResNetWorkload:
         for g in self.grads:
             g.zero_()
         self.net.train()
-
-    def _hook(self, i: int):
-        def hook(_param: torch.Tensor) -> None:
-            t = now()
-            self._order.append(i)
-            if self._on_ready is not None:
-                self._on_ready(i)
-            if self._progress is not None:
-                self._progress()
-            self._last_ready = now()
-            self._hook_s += self._last_ready - t
-        return hook
-
-    @property
-    def backward_order(self) -> list[int]:
-        """Order in which backward produced the gradients (reverse registration before the
-        first backward has run)."""
-        return self._seen_order or list(reversed(range(len(self.params))))
-
-    def _sync_device(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def _next_batch(self) -> None:
         x, y = self._train
@@ -156,28 +107,10 @@ class ResNetWorkload:
 
     def backward(self, timer, on_ready: Callable[[int], None],
                  progress: Callable[[], None] | None = None, accumulate: bool = False) -> None:
-        self._on_ready, self._progress = on_ready, progress
-        self._order, self._hook_s = [], 0.0
-        t = now()
-        self.loss.backward()
-        self._sync_device()
-        end = self._last_ready if self.sync_in_backward else now()
+        t, end = self._run_backward(on_ready, progress)
         timer.add_compute(end - t - self._hook_s, "backward")
-        self._on_ready = self._progress = None
-        if self._seen_order is None and len(self._order) == len(self.params):
-            self._seen_order = list(self._order)
 
     def optimizer_step(self, timer) -> None:
         with timer.compute("optimizer"):
             self.opt.step()
             self._sync_device()
-
-    def parameter_checksum(self) -> float:
-        """Sum of all parameters, to compare ranks after training."""
-        with torch.no_grad():
-            return float(sum(p.double().sum() for p in self.params))
-
-    def buffer_checksum(self) -> float:
-        """Sum of all buffers (BatchNorm statistics), to compare ranks after training."""
-        with torch.no_grad():
-            return float(sum(b.double().sum() for b in self.buffers))

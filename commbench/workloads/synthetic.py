@@ -1,128 +1,223 @@
-"""Synthetic workload: a real model's gradient shapes, compute replayed as a timed wait.
+"""Synthetic workload: a real model's parameters, its compute replayed as timed waits.
 
-The gradients have exactly the parameter shapes of the chosen model (taken from
-``commbench.models`` on the meta device, the same definitions the real
-workload trains). Forward and backward compute is stood in by sleeping for
-``compute_ms`` in total, so the CPU stays free as it does while a GPU
-computes: one third forward, two thirds backward (the usual ratio for
-convolutional nets), the backward share spread over tensors in proportion to
-their size. Gradients become ready one tensor at a time in backward order
-(last layer first), each filled with a per-rank deterministic value.
+The model (``ReplayNet``) has exactly the chosen model's parameters, names
+and shapes (from ``commbench.models`` on the meta device, the same
+definitions the real workload trains), but no activations: its forward is a
+chain of one autograd function per parameter, each taking that parameter as
+an explicit input, and its backward waits for each parameter's replayed time
+and hands autograd a gradient. So autograd accumulates every gradient into
+``param.grad`` one at a time during ``loss.backward()``, and everything that
+hooks a parameter's gradient accumulator fires then: the project's
+strategies (``workloads.base``), Horovod's ``DistributedOptimizer`` and
+DDP's reducer alike. The optimizer is plain SGD on the real parameters.
 
-With a compute profile (``commbench.profile``: recorded from the real model,
-on this CPU or on a GPU) the replay follows it instead: forward and optimizer
-take their profiled times and gradient ``i`` becomes ready at its profiled
-time after the start of backward, in the profiled order, all scaled by
-``compute_scale`` (0.02 models a device 50x faster than where the profile was
-recorded).
+Compute is stood in by sleeping (the GIL and the CPU are released, as while a
+GPU computes): ``--compute-ms`` in total, one third forward, two thirds
+backward spread over tensors in proportion to their size, in reverse
+registration order. With a compute profile (``commbench.profile``, recorded
+from the real model on this CPU or on a GPU) the replay follows it instead:
+forward and optimizer take their profiled times and gradient ``i`` becomes
+ready at its profiled time after the start of backward, in the profiled
+order, all scaled by ``compute_scale`` (0.02 models a device 50x faster than
+where the profile was recorded).
 
 The replay models a device that computes independently of the host: layer
-``i`` of backward is done at ``t0 + sum(d_0..d_i)`` whatever the host did in
-between, so host-side work in ``on_ready`` hooks is hidden while there is
-slack and shows as exposed sync once it runs past the device.
+``i`` of backward is done at ``t0 + ready_i`` whatever the host did in
+between, so host-side work in gradient hooks is hidden while there is slack
+and shows as exposed sync once it runs past the device.
+
+Each rank's gradient for tensor ``i`` is a per-(seed, rank, tensor) constant.
+Stragglers on purpose: ``slow`` multiplies this rank's replayed times
+(F on rank R under ``--slow-rank R:F``), and ``jitter`` draws each step's factor from a gamma
+distribution with mean 1 and that coefficient of variation (``--compute-jitter``,
+seeded per rank).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from commbench.models import parameter_shapes
 from commbench.timing import now
+from commbench.workloads.base import Workload
 
 FORWARD_FRACTION = 1.0 / 3.0
 POLL_S = 0.0005  # how often progress() runs during replayed compute
 
 
-def _wait_until(deadline: float, progress: Callable[[], None] | None) -> None:
-    if progress is None:
-        left = deadline - now()
-        if left > 0:
-            time.sleep(left)
-        return
+def _wait_until(deadline: float, progress: Callable[[], None] | None) -> float:
+    """Sleep (driving ``progress`` every POLL_S) until ``deadline``; return the seconds slept."""
+    slept = 0.0
     while True:
-        progress()
-        left = deadline - now()
+        if progress is not None:
+            progress()
+        t = now()
+        left = deadline - t
         if left <= 0:
-            return
-        time.sleep(min(left, POLL_S))
+            return slept
+        time.sleep(left if progress is None else min(left, POLL_S))
+        slept += now() - t
 
 
-class SyntheticWorkload:
+class ReplayClock:
+    """Backward's schedule for one step: when each gradient is due, and what the host slept."""
+
+    def __init__(self, ready_s: list[float], grads: list[torch.Tensor]) -> None:
+        self.ready_s = ready_s
+        self.grads = grads  # what backward hands autograd for each parameter
+        self.factor = 1.0
+        self.t0 = 0.0
+        self.slept = 0.0
+        self.progress: Callable[[], None] | None = None
+
+    def deadline(self, i: int) -> float:
+        return self.t0 + self.ready_s[i] * self.factor
+
+    def wait_for(self, i: int) -> torch.Tensor:
+        self.slept += _wait_until(self.deadline(i), self.progress)
+        return self.grads[i]
+
+
+class _ReplayLayer(torch.autograd.Function):
+    """One parameter's share of the replay: forward passes ``h`` on; backward waits
+    until the parameter's gradient is due and returns it, so autograd accumulates it
+    into ``param.grad`` (and fires every hook on its accumulator) at that moment."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, param: torch.Tensor, clock: ReplayClock, i: int):
+        ctx.clock, ctx.i = clock, i
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx, grad_h: torch.Tensor):
+        return grad_h, ctx.clock.wait_for(ctx.i), None, None
+
+
+class ReplayNet(torch.nn.Module):
+    """A model's parameters (names, shapes, registration order) without its layers.
+
+    Parameters start at zero (the same on every rank without a broadcast; the
+    replay's loss does not depend on their values). ``forward`` chains one
+    ``_ReplayLayer`` per parameter so that backward reaches them in ``order``.
+    """
+
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], order: list[int],
+                 clock: ReplayClock) -> None:
+        super().__init__()
+        self._params: list[torch.nn.Parameter] = []
+        for name, shape in shapes:
+            *path, leaf = name.split(".")
+            owner: torch.nn.Module = self
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, torch.nn.Module())
+                owner = getattr(owner, part)
+            p = torch.nn.Parameter(torch.zeros(shape))
+            owner.register_parameter(leaf, p)
+            self._params.append(p)
+        self._chain = list(reversed(order))  # applied last-first: backward walks ``order``
+        self.clock = clock
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for i in self._chain:
+            h = _ReplayLayer.apply(h, self._params[i], self.clock, i)
+        return h
+
+
+def compute_factor(slow: float, jitter: float, rng: random.Random) -> float:
+    """This rank's factor on its replayed times for one step (draws from ``rng``)."""
+    f = slow
+    if jitter > 0:  # gamma(k, theta) with mean k*theta = 1 and CV = 1/sqrt(k)
+        k = 1.0 / jitter ** 2
+        f *= rng.gammavariate(k, 1.0 / k)
+    return f
+
+
+class SyntheticWorkload(Workload):
     name = "synthetic"
+    real = False
 
     def __init__(self, model: str, compute_ms: float, rank: int, seed: int = 0,
                  batch_size: int = 32, num_classes: int = 1000, profile: dict | None = None,
-                 compute_scale: float = 1.0) -> None:
+                 compute_scale: float = 1.0, lr: float = 0.01,
+                 slow: float = 1.0, jitter: float = 0.0) -> None:
         if compute_ms < 0:
             raise ValueError("compute_ms must be >= 0")
+        if slow <= 0:
+            raise ValueError(f"--slow-rank: factor must be > 0, got {slow}")
+        if jitter < 0:
+            raise ValueError(f"--compute-jitter must be >= 0, got {jitter}")
         shapes = parameter_shapes(model, num_classes)
-        self.model = model
-        self.batch_size = batch_size
-        self.param_names = [n for n, _ in shapes]
-        self.grads = [torch.empty(s, dtype=torch.float32) for _, s in shapes]
-        self.buffers: list[torch.Tensor] = []  # replay has no BatchNorm statistics to sync
         sizes = [math.prod(s) for _, s in shapes]
-        self.numel = sum(sizes)
-        self.nbytes = self.numel * 4
+        numel = sum(sizes)
         self.optimizer_s = 0.0
         if profile is None:
             total = compute_ms / 1000.0
             self.forward_s = total * FORWARD_FRACTION
             backward = total - self.forward_s
-            self._order = list(reversed(range(len(shapes))))
-            durations = {i: backward * sizes[i] / self.numel for i in self._order}
-            acc, self._ready_s = 0.0, [0.0] * len(shapes)
-            for i in self._order:
-                acc += durations[i]
-                self._ready_s[i] = acc
+            order = list(reversed(range(len(shapes))))
+            acc, ready_s = 0.0, [0.0] * len(shapes)
+            for i in order:
+                acc += backward * sizes[i] / numel
+                ready_s[i] = acc
         else:
-            index = {n: i for i, n in enumerate(self.param_names)}
+            index = {n: i for i, n in enumerate(n for n, _ in shapes)}
             self.forward_s = profile["forward_s"] * compute_scale
             self.optimizer_s = profile["optimizer_s"] * compute_scale
-            self._order = [index[n] for n in profile["backward_order"]]
-            self._ready_s = [g["ready_s"] * compute_scale for g in profile["grads"]]
-        # One value per (seed, rank, tensor): cheap to write, differs between ranks.
+            order = [index[n] for n in profile["backward_order"]]
+            ready = {g["name"]: g["ready_s"] for g in profile["grads"]}
+            ready_s = [ready[n] * compute_scale for n, _ in shapes]
+        # One value per (seed, rank, tensor): cheap to write, differs between ranks. Each
+        # is handed to autograd as a stride-0 view, so accumulating it is one pass.
         gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
-        self._values = (torch.rand(len(shapes), generator=gen) + 0.5).tolist()
-
-    @property
-    def backward_order(self) -> list[int]:
-        return list(self._order)
+        values = (torch.rand(len(shapes), generator=gen) + 0.5).tolist()
+        #: each tensor's gradient on this rank (every element of tensor ``i`` holds ``[i]``)
+        self.grad_values = values
+        grads = [torch.full((), v).expand(s) for v, (_, s) in zip(values, shapes)]
+        self.clock = ReplayClock(ready_s, grads)
+        net = ReplayNet(shapes, order, self.clock)
+        super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr), batch_size)
+        self._seen_order = order  # known: no backward needs to run to learn it
+        self._input = torch.zeros(1)
+        self.slow, self.jitter = slow, jitter
+        self._rng = random.Random(seed * 1_000_003 + rank)
+        self.factor = 1.0
 
     def forward(self, timer, progress: Callable[[], None] | None = None,
                 accumulate: bool = False) -> None:
         t0 = now()
-        _wait_until(t0 + self.forward_s, progress)
+        if not accumulate:  # a new step: draw its compute factor
+            self.factor = compute_factor(self.slow, self.jitter, self._rng)
+            for g in self.grads:
+                g.zero_()
+        self.loss = self.net(self._input).sum()
+        _wait_until(t0 + self.forward_s * self.factor, progress)
         timer.add_compute(now() - t0, "forward")
 
     def backward(self, timer, on_ready: Callable[[int], None],
-                 progress: Callable[[], None] | None = None,
-                 accumulate: bool = False) -> None:
-        """Replay backward; ``accumulate`` adds to the gradients instead of setting them."""
-        t0 = now()
-        host_busy = 0.0
-        deadline = t0
-        for i in self._order:
-            deadline = max(deadline, t0 + self._ready_s[i])
-            t = now()
-            if accumulate:
-                self.grads[i].add_(self._values[i])
-            else:
-                self.grads[i].fill_(self._values[i])
-            host_busy += now() - t
-            _wait_until(deadline, progress)
-            on_ready(i)
-        # The device finishes at the last deadline unless producing the
-        # gradients itself took longer; hook time beyond that is sync.
-        timer.add_compute(max(deadline - t0, host_busy), "backward")
+                 progress: Callable[[], None] | None = None, accumulate: bool = False) -> None:
+        """Replay backward: gradient ``i`` is accumulated at ``t0 + ready_i`` (or later,
+        if the host was busy past it)."""
+        c = self.clock
+        c.factor, c.slept, c.progress = self.factor, 0.0, progress
+        c.t0 = now()  # deadlines count from here, whatever the host does in between
+        t, end = self._run_backward(on_ready, progress)
+        c.progress = None
+        due = max((c.ready_s[i] for i in self._seen_order), default=0.0) * self.factor
+        # The device finishes at the last deadline unless the host's own share of
+        # backward (accumulating the gradients) took longer; hook time beyond that is sync.
+        host = end - t - self._hook_s - c.slept
+        timer.add_compute(max(due, host), "backward")
 
     def optimizer_step(self, timer) -> None:
-        """No weights to update; a profile's optimizer time is replayed as a wait."""
-        if self.optimizer_s > 0:
-            t0 = now()
-            _wait_until(t0 + self.optimizer_s, None)
-            timer.add_compute(now() - t0, "optimizer")
+        """SGD on the real parameters; a profile's optimizer time is replayed as a floor."""
+        t0 = now()
+        self.opt.step()
+        _wait_until(t0 + self.optimizer_s * self.factor, None)
+        timer.add_compute(now() - t0, "optimizer")

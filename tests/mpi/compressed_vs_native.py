@@ -87,7 +87,7 @@ def main() -> int:
 
     # Accumulation: k micro-batches, one sync of their sum.
     wl = SyntheticWorkload("resnet18", 0.0, r, seed=3)
-    per_rank = comm.allgather_object(list(wl._values))
+    per_rank = comm.allgather_object(list(wl.grad_values))
     for k in (1, 3):
         strat = make_strategy("flat", comm, wl.grads, algo="native")
         timer = StepTimer()

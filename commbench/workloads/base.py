@@ -1,0 +1,137 @@
+"""The interface both workloads implement, and the step machinery they share.
+
+A workload is a model (``net``, an ``nn.Module``), its optimizer (``opt``) and
+the gradient tensors (``grads``, one per parameter, in parameter order),
+allocated once and reused (``zero_`` instead of ``None``) so strategies can
+keep views of them across steps. The runner drives a step in three calls:
+``forward``, ``backward`` (which announces gradient ``i`` through
+``on_ready(i)`` the moment autograd has accumulated it, in the order backward
+really produces them, and calls ``progress()`` so non-blocking collectives
+can advance) and ``optimizer_step``.
+
+Gradients are announced by ``register_post_accumulate_grad_hook`` on every
+parameter, in both workloads: Horovod's ``DistributedOptimizer`` and DDP hook
+the same parameters' gradient accumulators, so the peers (``strategies.peers``)
+wrap ``net`` and ``opt`` unchanged whichever workload built them. Time spent
+inside the announcing hooks is the strategy's, not compute's.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+
+from commbench.timing import now
+
+
+class Workload(abc.ABC):
+    """A model trained one step at a time (``commbench.runner.run_steps``)."""
+
+    #: the ``--workload`` name
+    name: ClassVar[str]
+    #: whether the model computes for real (its loss and held-out accuracy mean something)
+    real: ClassVar[bool]
+    image_size: int | None = None
+    device = torch.device("cpu")
+
+    def __init__(self, model: str, net: torch.nn.Module, opt: torch.optim.Optimizer,
+                 batch_size: int) -> None:
+        self.model = model
+        self.batch_size = batch_size
+        self.net = net
+        self.opt = opt
+        self.params = list(net.parameters())
+        self.param_names = [n for n, _ in net.named_parameters()]
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.grads = [p.grad for p in self.params]
+        #: model buffers (BatchNorm statistics): reduced by no gradient sync
+        #: (``commbench.buffers`` decides whether rank 0's are broadcast)
+        self.buffers = list(net.buffers())
+        self.numel = sum(p.numel() for p in self.params)
+        self.nbytes = sum(p.numel() * p.element_size() for p in self.params)
+        self.loss: torch.Tensor | None = None
+        #: set by a peer (DDP) that waits for its all-reduces inside ``loss.backward()``:
+        #: backward compute then ends at the last gradient's hook, the rest is sync
+        self.sync_in_backward = False
+        self._order: list[int] = []
+        self._seen_order: list[int] | None = None
+        self._on_ready: Callable[[int], None] | None = None
+        self._progress: Callable[[], None] | None = None
+        self._hook_s = 0.0
+        self._last_ready = 0.0
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(self._hook(i))
+
+    def _hook(self, i: int):
+        def hook(_param: torch.Tensor) -> None:
+            t = now()
+            self._order.append(i)
+            if self._on_ready is not None:
+                self._on_ready(i)
+            if self._progress is not None:
+                self._progress()
+            self._last_ready = now()
+            self._hook_s += self._last_ready - t
+        return hook
+
+    @property
+    def backward_order(self) -> list[int]:
+        """Order in which backward produces the gradients (reverse registration before
+        the first backward has run)."""
+        return list(self._seen_order or reversed(range(len(self.params))))
+
+    def _run_backward(self, on_ready: Callable[[int], None],
+                      progress: Callable[[], None] | None) -> tuple[float, float]:
+        """``loss.backward()`` with the gradients announced; return (start, end).
+
+        The end is the last gradient's hook where a peer waits for its all-reduces
+        inside backward (``sync_in_backward``), else when backward returned.
+        """
+        self._on_ready, self._progress = on_ready, progress
+        self._order, self._hook_s = [], 0.0
+        t = now()
+        try:
+            self.loss.backward()
+            self._sync_device()
+        finally:
+            self._on_ready = self._progress = None
+        end = self._last_ready if self.sync_in_backward else now()
+        if self._seen_order is None and len(self._order) == len(self.params):
+            self._seen_order = list(self._order)
+        return t, end
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @abc.abstractmethod
+    def forward(self, timer, progress: Callable[[], None] | None = None,
+                accumulate: bool = False) -> None:
+        """Forward pass and loss; ``accumulate`` keeps earlier micro-batches' gradients."""
+
+    @abc.abstractmethod
+    def backward(self, timer, on_ready: Callable[[int], None],
+                 progress: Callable[[], None] | None = None, accumulate: bool = False) -> None:
+        """Backward pass, announcing each gradient through ``on_ready``."""
+
+    @abc.abstractmethod
+    def optimizer_step(self, timer) -> None:
+        """The optimizer's update of the parameters (gradients hold the mean by then)."""
+
+    def evaluate(self) -> float | None:
+        """Held-out accuracy, where the workload has a labelled data set."""
+        return None
+
+    def parameter_checksum(self) -> float:
+        """Sum of all parameters, to compare ranks after training."""
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self.params))
+
+    def buffer_checksum(self) -> float:
+        """Sum of all buffers (BatchNorm statistics), to compare ranks after training."""
+        with torch.no_grad():
+            return float(sum(b.double().sum() for b in self.buffers))
