@@ -50,18 +50,15 @@ FORWARD_FRACTION = 1.0 / 3.0
 POLL_S = 0.0005  # how often progress() runs during replayed compute
 
 
-def _wait_until(deadline: float, progress: Callable[[], None] | None) -> float:
-    """Sleep (driving ``progress`` every POLL_S) until ``deadline``; return the seconds slept."""
-    slept = 0.0
+def _wait_until(deadline: float, progress: Callable[[], None] | None) -> None:
+    """Sleep (driving ``progress`` every POLL_S) until ``deadline``."""
     while True:
         if progress is not None:
             progress()
-        t = now()
-        left = deadline - t
+        left = deadline - now()
         if left <= 0:
-            return slept
+            return
         time.sleep(left if progress is None else min(left, POLL_S))
-        slept += now() - t
 
 
 class ReplayClock:
@@ -72,15 +69,23 @@ class ReplayClock:
         self.grads = grads  # what backward hands autograd for each parameter
         self.factor = 1.0
         self.t0 = 0.0
-        self.slept = 0.0
         self.progress: Callable[[], None] | None = None
+        #: host seconds spent accumulating the gradients handed back (the replay's own
+        #: work: from each function's return to its gradient's announcing hook)
+        self.host = 0.0
+        self._returned = 0.0
 
     def deadline(self, i: int) -> float:
         return self.t0 + self.ready_s[i] * self.factor
 
     def wait_for(self, i: int) -> torch.Tensor:
-        self.slept += _wait_until(self.deadline(i), self.progress)
+        _wait_until(self.deadline(i), self.progress)
+        self._returned = now()
         return self.grads[i]
+
+    def accumulated(self) -> None:
+        """Gradient accumulated (called by its announcing hook, before the strategy's)."""
+        self.host += now() - self._returned
 
 
 class _ReplayLayer(torch.autograd.Function):
@@ -205,15 +210,23 @@ class SyntheticWorkload(Workload):
         """Replay backward: gradient ``i`` is accumulated at ``t0 + ready_i`` (or later,
         if the host was busy past it)."""
         c = self.clock
-        c.factor, c.slept, c.progress = self.factor, 0.0, progress
+        c.factor, c.host, c.progress = self.factor, 0.0, progress
         c.t0 = now()  # deadlines count from here, whatever the host does in between
-        t, end = self._run_backward(on_ready, progress)
+        self._run_backward(on_ready, progress)
         c.progress = None
         due = max((c.ready_s[i] for i in self._seen_order), default=0.0) * self.factor
-        # The device finishes at the last deadline unless the host's own share of
-        # backward (accumulating the gradients) took longer; hook time beyond that is sync.
-        host = end - t - self._hook_s - c.slept
-        timer.add_compute(max(due, host), "backward")
+        # The device finishes at the last deadline unless the replay's own host work
+        # (accumulating the gradients) took longer; time in the strategies' hooks (or a
+        # peer's, inside backward) beyond that is sync.
+        timer.add_compute(max(due, c.host), "backward")
+
+    def _hook(self, i: int):
+        announce = super()._hook(i)
+
+        def hook(param: torch.Tensor) -> None:
+            self.clock.accumulated()
+            announce(param)
+        return hook
 
     def optimizer_step(self, timer) -> None:
         """SGD on the real parameters; a profile's optimizer time is replayed as a floor."""
