@@ -53,3 +53,15 @@ def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread in this process, as a rank gets (idle OpenMP threads spin on a busy
+    machine and slow replayed backward's own work)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -14,15 +14,7 @@ from commbench.workloads.synthetic import compute_factor
 from tests.conftest import PY, launch, read_jsonl
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread, as a rank gets (idle OpenMP threads spin on a busy machine)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _step(wl: SyntheticWorkload, accumulate: bool = False):

@@ -52,11 +52,15 @@ def test_profile_records_every_gradient(profile_file):
     assert all(0 < t <= prof["backward_s"] for t in ready.values())
 
 
-def test_replay_follows_the_profile(profile_file):
+def test_replay_follows_the_profile(profile_file, one_torch_thread):
     prof = load(profile_file, "resnet18", 10)
     for scale in (1.0, 0.5):
         wl = SyntheticWorkload("resnet18", 0, rank=0, num_classes=10, profile=prof,
                                compute_scale=scale)
+        warm = StepTimer()
+        warm.begin_step(0, True)
+        wl.forward(warm)
+        wl.backward(warm, lambda i: None)  # first backward: autograd's own warm-up
         seen: list[tuple[int, float]] = []
         timer = StepTimer()
         timer.begin_step(0, False)
