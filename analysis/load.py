@@ -30,7 +30,8 @@ from typing import Any
 from commbench import SCHEMA_VERSION
 
 #: the versions this reader reads: fields of 1 mean the same in 2, which only adds
-#: ``sync_wait_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``, ``straggler_rank``
+#: ``sync_wait_s``, ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
+#: ``straggler_rank``
 READABLE_SCHEMAS = frozenset({1, SCHEMA_VERSION})
 
 

@@ -154,7 +154,11 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
     Wait vs transfer (``wait_vs_transfer``): ``sync_transfer_s``, the
     critical-path rank's ``sync_wait_s`` (every rank's under ``ranks``) and the
     number of collectives matched; ``ranks.collectives`` is how many each rank
-    timed. Where nothing overlapped the step's compute (flat, hierarchical),
+    timed. Ranks of a synchronous step end together, so which one is critical
+    is close to chance: with a straggler its ``sync_wait_s`` is ~0 in some
+    steps and ~the imbalance in others (as its ``exposed_sync_s`` is);
+    ``sync_wait_max_s``, the most any rank waited, is the steady measure of
+    time lost to a straggler. Where nothing overlapped the step's compute (flat, hierarchical),
     ``exposed_sync_s`` is about ``sync_wait_s + sync_transfer_s`` (plus packing
     the buffer); where collectives overlapped backward (bucketed, async, DDP)
     the two count hidden time too, and explain exposed sync only in part.
@@ -184,6 +188,7 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
         "wait_s": max(s.wait_s for s in per_rank),
         "sync_transfer_s": split["sync_transfer_s"],
         "sync_wait_s": waits[crit] if waits is not None else None,
+        "sync_wait_max_s": max(waits) if waits is not None else None,
         "collectives": split["collectives"],
         "imbalance_s": imbalance_s,
         "straggler_rank": straggler,
@@ -202,7 +207,8 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
 
 SUMMARY_FIELDS = ("step_s", "compute_s", "forward_s", "backward_s", "optimizer_s", "comm_s",
                   "buffer_sync_s", "exposed_sync_s", "sync_share", "overlap", "busbw_gbps",
-                  "wait_s", "sync_wait_s", "sync_transfer_s", "imbalance_s", "throughput",
+                  "wait_s", "sync_wait_s", "sync_wait_max_s", "sync_transfer_s", "imbalance_s",
+                  "throughput",
                   "link_bytes", "link_efficiency")
 
 

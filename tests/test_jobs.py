@@ -145,13 +145,14 @@ def test_wait_and_transfer_in_records_and_table(tmp_path):
         assert r["sync_transfer_s"] > 0 and r["sync_wait_s"] >= 0
         assert all(w >= 0 for w in r["ranks"]["sync_wait_s"])
         assert r["sync_wait_s"] == r["ranks"]["sync_wait_s"][r["critical_rank"]]
+        assert r["sync_wait_max_s"] == max(r["ranks"]["sync_wait_s"])
         # transfer is the shortest rank's time in the collectives, within the critical
         # rank's comm time (the engine runs buckets one after another)
         assert r["sync_transfer_s"] <= r["comm_s"] + 1e-9
         assert r["imbalance_s"] >= 0 and r["straggler_rank"] in (None, 0, 1)
     for s in summaries.values():
         assert s["schema"] == 2
-        for f in ("sync_wait_s", "sync_transfer_s", "imbalance_s"):
+        for f in ("sync_wait_s", "sync_wait_max_s", "sync_transfer_s", "imbalance_s"):
             assert s[f] >= 0 and s["stats"][f]["count"] == 3
         assert "straggler_rank" in s
 
@@ -180,4 +181,5 @@ def test_a_straggler_shows_as_wait_not_transfer(tmp_path):
         assert r["ranks"]["sync_wait_s"][1] < 0.5 * r["imbalance_s"]
     # without a straggler the waits are small next to the straggler's
     assert even["straggler_rank"] is None
-    assert even["stats"]["sync_wait_s"]["max"] < 0.5 * summary["imbalance_s"]
+    assert summary["sync_wait_max_s"] > 0.5 * summary["imbalance_s"]
+    assert even["stats"]["sync_wait_max_s"]["max"] < 0.5 * summary["imbalance_s"]

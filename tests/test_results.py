@@ -97,6 +97,7 @@ def test_step_record_splits_collectives_into_transfer_and_wait():
     # wait = own - transfer, summed: rank 0 0.35 + 0, rank 1 0 + 0.02, rank 2 0.30 + 0.20
     assert r["ranks"]["sync_wait_s"] == pytest.approx([0.35, 0.02, 0.50])
     assert r["sync_wait_s"] == pytest.approx(0.35)  # the critical-path rank's
+    assert r["sync_wait_max_s"] == pytest.approx(0.50)
     assert r["ranks"]["collectives"] == [2, 2, 2]
     assert r["imbalance_s"] == pytest.approx(0.35) and r["straggler_rank"] == 1
     assert r["wait_s"] == 0.0  # the pre-step barrier's, a different thing
@@ -115,6 +116,7 @@ def test_unmatched_or_missing_collectives_give_no_split():
     mismatched = step_record([timed(0.2, [0.1, 0.2]), timed(0.5, [0.3])], world_size=2)
     assert mismatched["sync_transfer_s"] is None and mismatched["sync_wait_s"] is None
     assert mismatched["collectives"] is None and mismatched["ranks"]["sync_wait_s"] is None
+    assert mismatched["sync_wait_max_s"] is None
     assert mismatched["ranks"]["collectives"] == [2, 1]
     assert mismatched["straggler_rank"] == 1  # compute is still known
     none = step_record([timed(0.2, []), timed(0.2, [])], world_size=2)  # e.g. Horovod's peer
