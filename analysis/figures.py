@@ -228,19 +228,49 @@ def scaling(records: Sequence[dict]) -> Result:
 
 
 def overlap(records: Sequence[dict]) -> Result:
+    """Comm time and exposed sync per strategy; exposed sync stacked as wait + transfer.
+
+    The exposed bar's first part is the slowest rank's wait for later ranks inside
+    the step's collectives (``sync_wait_s``, capped at exposed sync), the rest is
+    exposed sync less that: transfer, plus packing the buffers. A marker shows the
+    measured wait + transfer sums: on the bar's end where nothing overlapped, past
+    it by the hidden part where collectives overlapped compute. Records without the
+    split (schema 1, Horovod's peer) keep a plain exposed bar.
+    """
     recs = [r for r in summaries(records)
             if not math.isnan(stat(r, "comm_s")) and not math.isnan(stat(r, "exposed_sync_s"))]
     if not recs:
         return None, "no allreduce summaries with comm and exposed sync times"
     groups = series(recs)
     labels = list(groups)
-    comm = [_med([stat(r, "comm_s") for r in groups[k]]) * 1e3 for k in labels]
-    exposed = [_med([stat(r, "exposed_sync_s") for r in groups[k]]) * 1e3 for k in labels]
+
+    def med(field: str) -> list[float]:
+        return [_med([stat(r, field) for r in groups[k]]) * 1e3 for k in labels]
+
+    comm, exposed = med("comm_s"), med("exposed_sync_s")
+    wait, transfer = med("sync_wait_s"), med("sync_transfer_s")
     # horizontal bars: one row per strategy, however many there are
     fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * len(labels)))
     ys = range(len(labels))
     ax.barh([y - 0.2 for y in ys], comm, height=0.4, label="comm time (collective in flight)")
-    ax.barh([y + 0.2 for y in ys], exposed, height=0.4, label="exposed sync (not hidden)")
+    split = [not math.isnan(w) and not math.isnan(t) for w, t in zip(wait, transfer)]
+    waited = [min(w, e) if ok else 0.0 for w, e, ok in zip(wait, exposed, split)]
+    row = [y + 0.2 for y in ys]
+    if any(split):
+        ax.barh([y for y, ok in zip(row, split) if ok],
+                [w for w, ok in zip(waited, split) if ok], height=0.4, color="tab:red",
+                label="exposed sync: wait for slower ranks")
+        ax.barh([y for y, ok in zip(row, split) if ok],
+                [e - w for e, w, ok in zip(exposed, waited, split) if ok], height=0.4,
+                left=[w for w, ok in zip(waited, split) if ok], color="tab:orange",
+                label="exposed sync: transfer and the rest (exposed - wait)")
+        ax.plot([w + t for w, t, ok in zip(wait, transfer, split) if ok],
+                [y for y, ok in zip(row, split) if ok], "k|", ms=12,
+                label="wait + transfer (sums over the step's collectives)")
+    if not all(split):
+        ax.barh([y for y, ok in zip(row, split) if not ok],
+                [e for e, ok in zip(exposed, split) if not ok], height=0.4, color="tab:orange",
+                label="exposed sync (not hidden; no wait/transfer split)")
     for y, c, e in zip(ys, comm, exposed):
         ov = metrics.overlap(e / 1e3, c / 1e3)
         if not math.isnan(ov):
@@ -250,8 +280,10 @@ def overlap(records: Sequence[dict]) -> Result:
     ax.invert_yaxis()
     ax.set_ylabel("strategy")
     ax.set_xlabel("time per step (ms, median)")
-    ax.set_xlim(0, max(comm + exposed) * 1.2)
-    return _finish(fig, [ax], "Exposed sync vs comm time (overlap = 1 - exposed / comm)"), None
+    ends = comm + exposed + [w + t for w, t, ok in zip(wait, transfer, split) if ok]
+    ax.set_xlim(0, max(ends) * 1.2)
+    return _finish(fig, [ax], "Exposed sync vs comm time (overlap = 1 - exposed / comm); "
+                              "exposed = wait + transfer only where nothing overlapped"), None
 
 
 def busbw_vs_size(records: Sequence[dict]) -> Result:

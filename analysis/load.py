@@ -7,9 +7,12 @@ happens to files in practice, and say which file and line is at fault:
 - a missing path, a directory without ``*.jsonl`` files, an empty file;
 - a truncated last line (a run killed, or still running, mid-write): skipped
   with a warning, so a partial file still plots;
-- a malformed line elsewhere, a record of another schema version than this
-  reader's, or files of two schema versions mixed: refused, because a plot of
-  records read with the wrong meaning would be silently wrong.
+- a malformed line elsewhere, a record of a schema version this reader does
+  not know, or files of such a version mixed with others: refused, because a
+  plot of records read with the wrong meaning would be silently wrong.
+  Versions in ``READABLE_SCHEMAS`` may be mixed: version 2 only added fields
+  to version 1 (wait vs transfer), which a version-1 record lacks and the
+  figures then leave out.
 
 Only the standard library and ``commbench.SCHEMA_VERSION`` are imported: the
 analysis never needs MPI.
@@ -25,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from commbench import SCHEMA_VERSION
+
+#: the versions this reader reads: fields of 1 mean the same in 2, which only adds
+#: ``sync_wait_s``, ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
+#: ``straggler_rank``
+READABLE_SCHEMAS = frozenset({1, SCHEMA_VERSION})
 
 
 class LoadError(Exception):
@@ -91,19 +99,22 @@ def read_file(path: Path, warnings: list[str]) -> list[dict]:
 
 
 def check_schemas(records: Sequence[dict]) -> None:
-    """Refuse records of another schema version, and mixes of versions, naming file:line."""
+    """Refuse records of a schema version not in ``READABLE_SCHEMAS``, and mixes with
+    such a version, naming file:line."""
     seen: dict[Any, dict] = {}
     for r in records:
         seen.setdefault(r["schema"], r)
-    if len(seen) > 1:
+    unknown = [v for v in seen if v not in READABLE_SCHEMAS]
+    if unknown and len(seen) > 1:
         where = "; ".join(f"schema {v} at {r['_file']}:{r['_line']}" for v, r in seen.items())
         raise LoadError(f"mixed schema versions ({where}): analyse each version's files "
                         f"separately")
-    for version, r in seen.items():
-        if version != SCHEMA_VERSION:
-            raise LoadError(f"{r['_file']}:{r['_line']}: schema version {version!r}, but this "
-                            f"analysis reads version {SCHEMA_VERSION}: use the commbench "
-                            f"version that wrote it")
+    for version in unknown:
+        r = seen[version]
+        readable = ", ".join(map(str, sorted(READABLE_SCHEMAS)))
+        raise LoadError(f"{r['_file']}:{r['_line']}: schema version {version!r}, but this "
+                        f"analysis reads versions {readable}: use the commbench "
+                        f"version that wrote it")
 
 
 def load(paths: Iterable[str | Path]) -> Loaded:

@@ -2,5 +2,10 @@
 
 __version__ = "0.1.0"
 
-# Bumped whenever a record field changes meaning or disappears; readers check it.
-SCHEMA_VERSION = 1
+# Bumped whenever a record field changes meaning or disappears, or fields are added;
+# readers check it (``analysis.load.READABLE_SCHEMAS``).
+#   1: the first records.
+#   2: wait vs transfer inside the step: sync_transfer_s, sync_wait_s, sync_wait_max_s,
+#      collectives, imbalance_s, straggler_rank (ranks.sync_wait_s, ranks.collectives);
+#      only added.
+SCHEMA_VERSION = 2

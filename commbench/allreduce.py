@@ -52,7 +52,8 @@ TABLE = [
     Column("ranks", "", 5), Column("nodes", "", 5), Column("size", "MB", 8, ".1f"),
     Column("step", "ms", 8, ".1f"), Column("p5", "ms", 8, ".1f"), Column("p95", "ms", 8, ".1f"),
     Column("compute", "ms", 8, ".1f"), Column("comm", "ms", 8, ".1f"),
-    Column("exposed", "ms", 8, ".1f"), Column("sync", "share", 7, ".3f"),
+    Column("exposed", "ms", 8, ".1f"), Column("wait", "ms", 8, ".1f"),
+    Column("transfer", "ms", 8, ".1f"), Column("sync", "share", 7, ".3f"),
     Column("p5", "share", 7, ".3f"), Column("p95", "share", 7, ".3f"),
     Column("busbw", "GB/s", 7, ".3f"), Column("wall", "smp/s", 8, ".1f"),
     Column("#wrong", "", 7),
@@ -64,6 +65,12 @@ BUFFER_LABEL = {"broadcast": "bcast", "local": "local", "ddp-broadcast": "ddp-bc
                 "ddp-local": "local", "horovod-initial-broadcast": "hvd-init"}
 
 
+def _ms(stats: dict, name: str) -> float | None:
+    """The median of ``name`` in ms; None (n/a) where no step had it (Horovod's peer)."""
+    st = stats.get(name)
+    return st["median"] * 1e3 if st and st["count"] else None
+
+
 def table_row(s: dict) -> list:
     st = s["stats"]
     ms = 1e3
@@ -73,6 +80,7 @@ def table_row(s: dict) -> list:
             s["grad_bytes"] / 1e6, st["step_s"]["median"] * ms, st["step_s"]["p5"] * ms,
             st["step_s"]["p95"] * ms, st["compute_s"]["median"] * ms,
             st["comm_s"]["median"] * ms, st["exposed_sync_s"]["median"] * ms,
+            _ms(st, "sync_wait_s"), _ms(st, "sync_transfer_s"),
             st["sync_share"]["median"], st["sync_share"]["p5"], st["sync_share"]["p95"],
             s["busbw_gbps"], s.get("wall_throughput"), s["wrong"]]
 
@@ -190,6 +198,11 @@ def study(comm, cfg: Config) -> int:
                   footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
                           "medians over measured steps; busbw = algbw * 2(n-1)/n; wall = "
                           "samples / wall time of the measured steps, bookkeeping included",
+                          "wait, transfer: per collective, transfer = the shortest duration "
+                          "over ranks, wait = the slowest rank's own minus that; sums per step",
+                          "exposed = wait + transfer (+ packing buffers) only where nothing "
+                          "overlapped (flat, hierarchical); n/a: no per-collective times "
+                          "(horovod)",
                           *accuracy_lines(summaries), *pipeline_lines(cfg),
                           f"results: {out.path}"])
     return wrong

@@ -6,6 +6,12 @@ optimizer update. Inside it the workload marks compute spans and strategies
 mark the intervals during which a gradient collective was in flight; comm
 time is the union of those intervals. Only this rank's clock is ever used.
 
+Each whole collective's duration on this rank is also kept, in issue order
+(``collective_s``): ``commbench.runner.step_record`` splits it, over ranks,
+into transfer (the shortest duration) and each rank's wait (its own minus
+that). A strategy times a collective from when it really started on this
+rank (the transfer engine's ``start`` stamp, not when it was queued).
+
 ``NullTimer`` has the same interface and does nothing: the instrumentation
 overhead benchmark runs the same loop with each.
 """
@@ -43,6 +49,10 @@ class StepSample:
     buffer_sync_s: float = 0.0  # broadcast of model buffers (--buffers broadcast); in exposed sync
     #: seconds per phase of the step's all-reduces (hierarchical, ring: commbench.comm.phases)
     comm_phases: dict[str, float] = field(default_factory=dict)
+    #: each whole collective's duration on this rank, in issue order (sorted by start):
+    #: the fused buffer, a bucket, a two-level all-reduce (its phases are parts, not
+    #: collectives of their own), async's transfer at the step that waits for it
+    collective_s: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +75,7 @@ class StepTimer:
         self._wait = 0.0
         self._buffer_sync = 0.0
         self._phase_s: dict[str, float] = {}
+        self._collectives: list[tuple[float, float]] = []  # (start, duration)
 
     def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
         self._intervals.clear()
@@ -73,6 +84,7 @@ class StepTimer:
         self._calls = self._bytes = 0
         self._buffer_sync = 0.0
         self._phase_s = {}
+        self._collectives = []
         self._step, self._warmup, self._wait = step, warmup, wait_s
         self._t0 = now()
 
@@ -91,11 +103,25 @@ class StepTimer:
 
     clock = staticmethod(now)
 
-    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
-        """Record that a collective of ``nbytes`` was in flight from ``start`` to ``end``."""
+    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1,
+             whole: bool = True) -> None:
+        """Record that a collective of ``nbytes`` was in flight from ``start`` to ``end``.
+
+        ``whole``: the interval is one collective's whole flight on this rank, so its
+        duration is also kept for wait vs transfer (``collective``). False for a part
+        of a flight (async's windows inside a step), a marker, or a span that is not
+        one collective (Horovod's ``synchronize``).
+        """
         self._intervals.append((start, end))
         self._calls += calls
         self._bytes += nbytes
+        if whole:
+            self.collective(start, end)
+
+    def collective(self, start: float, end: float) -> None:
+        """Keep one collective's duration for wait vs transfer, without adding comm time
+        (for a flight whose in-step parts ``comm`` already recorded: async)."""
+        self._collectives.append((start, end - start))
 
     def buffer_sync(self, start: float, end: float, nbytes: int = 0) -> None:
         """Record a broadcast of model buffers: sync, but not a gradient collective, so it
@@ -124,7 +150,10 @@ class StepTimer:
             comm_calls=self._calls, comm_bytes=self._bytes,
             forward_s=self._phases["forward"], backward_s=self._phases["backward"],
             optimizer_s=self._phases["optimizer"], buffer_sync_s=self._buffer_sync,
-            comm_phases=dict(self._phase_s))
+            comm_phases=dict(self._phase_s),
+            # issue order: starts follow it on every rank, completions need not (DDP's Gloo
+            # may finish buckets out of order)
+            collective_s=[d for _, d in sorted(self._collectives, key=lambda c: c[0])])
 
 
 _NULL_CTX = contextlib.nullcontext()
@@ -148,7 +177,11 @@ class NullTimer:
     def clock() -> float:
         return 0.0
 
-    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
+    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1,
+             whole: bool = True) -> None:
+        pass
+
+    def collective(self, start: float, end: float) -> None:
         pass
 
     def buffer_sync(self, start: float, end: float, nbytes: int = 0) -> None:
@@ -192,8 +225,9 @@ class TracingStepTimer(StepTimer):
         end = now() - self._origin
         self.steps[-1]["phases"].append([phase, end - seconds, end])
 
-    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1) -> None:
-        super().comm(start, end, nbytes, calls)
+    def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1,
+             whole: bool = True) -> None:
+        super().comm(start, end, nbytes, calls, whole)
         self.steps[-1]["comm"].append([start - self._origin, end - self._origin, nbytes])
 
     def comm_phase(self, name: str, start: float, end: float) -> None:

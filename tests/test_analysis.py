@@ -129,8 +129,51 @@ def test_overlap_figure_bars_per_strategy(drawn):
     assert ax.get_xlabel() == "time per step (ms, median)" and ax.get_ylabel() == "strategy"
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert any(t.startswith("bucketed") for t in ticks) and any(t.startswith("flat") for t in ticks)
-    assert set(_legend(figs["overlap"])) == {"comm time (collective in flight)",
-                                            "exposed sync (not hidden)"}
+    assert set(_legend(figs["overlap"])) == {
+        "comm time (collective in flight)", "exposed sync: wait for slower ranks",
+        "exposed sync: transfer and the rest (exposed - wait)",
+        "wait + transfer (sums over the step's collectives)"}
+
+
+def _summary(strategy: str, schema: int = 2, **ms: float) -> dict:
+    """A hand-made summary: ``ms`` are medians in ms (comm, exposed, wait, transfer)."""
+    names = {"comm": "comm_s", "exposed": "exposed_sync_s", "wait": "sync_wait_s",
+             "transfer": "sync_transfer_s"}
+    return {"kind": "summary", "schema": schema, "strategy": strategy, "algo": None,
+            **{names[k]: v / 1e3 for k, v in ms.items()}}
+
+
+def test_overlap_stacks_exposed_sync_as_wait_and_transfer():
+    recs = [_summary("flat", comm=40, exposed=60, wait=20, transfer=40),
+            _summary("bucketed", comm=30, exposed=10, wait=15, transfer=30),  # overlapped
+            _summary("horovod", comm=50, exposed=30)]  # no per-collective times
+    fig, why = figures.overlap(recs)
+    assert why is None
+    ax = fig.axes[0]
+    bars = {c.get_label(): [(p.get_y() + p.get_height() / 2, p.get_x(), p.get_width())
+                            for p in c.patches] for c in ax.containers}
+    ticks = [t.get_text() for t in ax.get_yticklabels()]  # bucketed, flat, horovod
+    row = {t: i + 0.2 for i, t in enumerate(ticks)}
+    wait = {y: w for y, _, w in bars["exposed sync: wait for slower ranks"]}
+    rest = {y: (x, w) for y, x, w in bars["exposed sync: transfer and the rest (exposed - wait)"]}
+    assert wait[row["flat"]] == pytest.approx(20) and rest[row["flat"]] == pytest.approx((20, 40))
+    # a wait longer than exposed sync (hidden behind compute) fills the bar, no more
+    assert wait[row["bucketed"]] == pytest.approx(10) and rest[row["bucketed"]][1] == 0
+    plain = bars["exposed sync (not hidden; no wait/transfer split)"]
+    assert [(y, w) for y, _, w in plain] == [(pytest.approx(row["horovod"]), pytest.approx(30))]
+    marks = _series(ax)["wait + transfer (sums over the step's collectives)"]
+    assert sorted(marks[0]) == pytest.approx([45, 60])
+
+
+def test_schema_1_and_2_records_load_together(tmp_path):
+    old, new = tmp_path / "v1.jsonl", tmp_path / "v2.jsonl"
+    old.write_text(json.dumps(_summary("flat", schema=1, comm=40, exposed=60)) + "\n")
+    new.write_text(json.dumps(_summary("flat", comm=40, exposed=60, wait=1, transfer=39))
+                   + "\n")
+    loaded = load.load([old, new])
+    assert sorted(r["schema"] for r in loaded.records) == [1, 2]
+    fig, _ = figures.overlap(loaded.records)
+    assert fig is not None
 
 
 def test_busbw_figure_has_one_line_per_algorithm(drawn):

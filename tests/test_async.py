@@ -102,6 +102,10 @@ def test_records_carry_staleness_applied_wait_and_sync_share(tmp_path):
         assert r["apply_wait_s"] >= 0 and len(r["ranks"]["apply_wait_s"]) == 2
         assert 0 <= r["sync_share"] <= 1 and r["comm_bytes"] == s["grad_bytes"] // 2
         assert r["step_s"] == pytest.approx(r["compute_s"] + r["exposed_sync_s"])
+        # wait vs transfer: the transfer waited for at this step (none in the first s)
+        assert r["collectives"] == (1 if due else None)
+        assert (r["sync_transfer_s"] > 0 and r["sync_wait_s"] >= 0) if due else \
+            r["sync_transfer_s"] is None
 
 
 @pytest.mark.mpi

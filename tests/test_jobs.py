@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
-from tests.conftest import PY, launch, read_jsonl
+from tests.conftest import PY, ROOT, launch, read_jsonl
 
 ARGS = ["--model", "resnet18", "--steps", "3", "--warmup", "1", "--compute-ms", "20",
         "--algo", "native,ring"]
@@ -119,3 +121,65 @@ def test_a_wrong_element_fails_the_run(tmp_path, algo):
     assert "wrong elements in validation" in res.stderr
     summary = read_jsonl(out)[-1]
     assert summary["kind"] == "summary" and summary["wrong"] >= 1
+
+
+# -- wait vs transfer inside the step ----------------------------------------------------
+
+def _allreduce(tmp_path, name: str, args: list[str]) -> list[dict]:
+    out = tmp_path / f"{name}.jsonl"
+    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", *args, "--output", str(out)],
+                 timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return read_jsonl(out)
+
+
+@pytest.mark.mpi
+def test_wait_and_transfer_in_records_and_table(tmp_path):
+    recs = _allreduce(tmp_path, "r", ["--steps", "3", "--warmup", "1",
+                                      "--strategy", "flat,bucketed", "--model", "resnet18"])
+    summaries = {(s["strategy"], s["algo"]): s for s in recs if s["kind"] == "summary"}
+    assert {"flat", "bucketed"} == {k[0] for k in summaries}
+    for r in (r for r in recs if r["kind"] == "step"):
+        n = summaries[(r["strategy"], r["algo"])]["knobs"].get("buckets", 1)
+        assert r["collectives"] == n and r["ranks"]["collectives"] == [n, n]
+        assert r["sync_transfer_s"] > 0 and r["sync_wait_s"] >= 0
+        assert all(w >= 0 for w in r["ranks"]["sync_wait_s"])
+        assert r["sync_wait_s"] == r["ranks"]["sync_wait_s"][r["critical_rank"]]
+        assert r["sync_wait_max_s"] == max(r["ranks"]["sync_wait_s"])
+        # transfer is the shortest rank's time in the collectives, within the critical
+        # rank's comm time (the engine runs buckets one after another)
+        assert r["sync_transfer_s"] <= r["comm_s"] + 1e-9
+        assert r["imbalance_s"] >= 0 and r["straggler_rank"] in (None, 0, 1)
+    for s in summaries.values():
+        assert s["schema"] == 2
+        for f in ("sync_wait_s", "sync_wait_max_s", "sync_transfer_s", "imbalance_s"):
+            assert s[f] >= 0 and s["stats"][f]["count"] == 3
+        assert "straggler_rank" in s
+
+
+def _has_slow_rank() -> bool:
+    res = subprocess.run([PY, "-m", "commbench.allreduce", "--help"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    return "--slow-rank" in res.stdout
+
+
+@pytest.mark.mpi
+def test_a_straggler_shows_as_wait_not_transfer(tmp_path):
+    if not _has_slow_rank():
+        pytest.skip("commbench.allreduce has no --slow-rank yet")
+    args = ["--steps", "4", "--warmup", "1", "--strategy", "flat", "--algo", "native",
+            "--model", "resnet18", "--compute-ms", "50"]
+    slow = _allreduce(tmp_path, "slow", [*args, "--slow-rank", "1:3"])
+    even = _allreduce(tmp_path, "even", args)[-1]
+    summary = slow[-1]
+    steps = [r for r in slow if r["kind"] == "step" and not r["warmup"]]
+    # rank 1 computes 150 ms against rank 0's 50: rank 0 waits for it in the all-reduce
+    assert summary["straggler_rank"] == 1 and summary["imbalance_s"] > 0.05
+    for r in steps:
+        assert r["straggler_rank"] == 1
+        assert r["ranks"]["sync_wait_s"][0] > 0.5 * r["imbalance_s"]
+        assert r["ranks"]["sync_wait_s"][1] < 0.5 * r["imbalance_s"]
+    # without a straggler the waits are small next to the straggler's
+    assert even["straggler_rank"] is None
+    assert summary["sync_wait_max_s"] > 0.5 * summary["imbalance_s"]
+    assert even["stats"]["sync_wait_max_s"]["max"] < 0.5 * summary["imbalance_s"]

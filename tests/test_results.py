@@ -77,3 +77,81 @@ def test_null_timer_has_the_same_interface():
     n.add_compute(1.0, "backward")
     n.comm(0, 1)
     assert n.end_step() is None and n.clock() == 0.0
+
+
+def timed(compute_s, durations, step_s=1.0):
+    """A sample whose step timed collectives of ``durations`` (in issue order)."""
+    s = sample(0, step_s, compute_s)
+    s.collective_s = list(durations)
+    return s
+
+
+def test_step_record_splits_collectives_into_transfer_and_wait():
+    # rank 1 computes longest: it arrives last at every collective, so waits for nobody
+    per_rank = [timed(0.20, [0.50, 0.10], step_s=1.00), timed(0.55, [0.15, 0.12], step_s=0.99),
+                timed(0.25, [0.45, 0.30], step_s=0.98)]
+    r = step_record(per_rank, world_size=3)
+    assert r["critical_rank"] == 0 and r["collectives"] == 2
+    # transfer_k = min over ranks: 0.15 and 0.10
+    assert r["sync_transfer_s"] == pytest.approx(0.25)
+    # wait = own - transfer, summed: rank 0 0.35 + 0, rank 1 0 + 0.02, rank 2 0.30 + 0.20
+    assert r["ranks"]["sync_wait_s"] == pytest.approx([0.35, 0.02, 0.50])
+    assert r["sync_wait_s"] == pytest.approx(0.35)  # the critical-path rank's
+    assert r["sync_wait_max_s"] == pytest.approx(0.50)
+    assert r["ranks"]["collectives"] == [2, 2, 2]
+    assert r["imbalance_s"] == pytest.approx(0.35) and r["straggler_rank"] == 1
+    assert r["wait_s"] == 0.0  # the pre-step barrier's, a different thing
+
+
+def test_no_straggler_below_the_imbalance_threshold_or_on_one_rank():
+    r = step_record([timed(1.00, [0.1]), timed(1.08, [0.1])], world_size=2)
+    assert r["imbalance_s"] == pytest.approx(0.08) and r["straggler_rank"] is None
+    assert r["sync_wait_s"] == 0.0 and r["sync_transfer_s"] == pytest.approx(0.1)
+    one = step_record([timed(1.0, [0.3])], world_size=1)
+    assert one["imbalance_s"] == 0.0 and one["straggler_rank"] is None
+    assert one["sync_transfer_s"] == 0.3 and one["sync_wait_s"] == 0.0
+
+
+def test_unmatched_or_missing_collectives_give_no_split():
+    mismatched = step_record([timed(0.2, [0.1, 0.2]), timed(0.5, [0.3])], world_size=2)
+    assert mismatched["sync_transfer_s"] is None and mismatched["sync_wait_s"] is None
+    assert mismatched["collectives"] is None and mismatched["ranks"]["sync_wait_s"] is None
+    assert mismatched["sync_wait_max_s"] is None
+    assert mismatched["ranks"]["collectives"] == [2, 1]
+    assert mismatched["straggler_rank"] == 1  # compute is still known
+    none = step_record([timed(0.2, []), timed(0.2, [])], world_size=2)  # e.g. Horovod's peer
+    assert none["sync_transfer_s"] is None and none["collectives"] is None
+
+
+def test_summary_carries_wait_transfer_and_straggler_medians():
+    steps = [step_record([timed(0.2, [0.4]), timed(0.5, [0.1])], 2) for _ in range(3)]
+    steps[0]["warmup"] = True
+    steps.append(step_record([timed(0.2, [0.2]), timed(0.2, [0.2])], 2))
+    s = summarize_steps(steps, samples_per_step=2)
+    assert s["measured_steps"] == 3
+    assert s["sync_transfer_s"] == pytest.approx(0.1)  # median of 0.1, 0.1, 0.2
+    assert s["sync_wait_s"] == pytest.approx(0.3)  # critical rank 0 (step_s ties: first)
+    assert s["imbalance_s"] == pytest.approx(0.3)
+    assert s["straggler_rank"] == 1
+
+
+def test_timer_keeps_whole_collectives_in_issue_order():
+    t = StepTimer()
+    t.begin_step(0, warmup=False)
+    t.comm(2.0, 2.5, nbytes=10)  # completed first, issued second
+    t.comm(1.0, 3.0, nbytes=10)
+    t.comm(1.5, 1.6, nbytes=0, calls=0, whole=False)  # a part of a flight: comm time only
+    t.collective(0.5, 0.9)  # a whole flight whose parts were recorded earlier
+    s = t.end_step()
+    assert s.collective_s == pytest.approx([0.4, 2.0, 0.5])
+    assert s.comm_calls == 2 and s.comm_s == pytest.approx(2.0)
+    t.begin_step(1, warmup=False)
+    assert t.end_step().collective_s == []
+
+
+def test_null_timer_takes_the_collective_calls():
+    n = NullTimer()
+    n.begin_step(0, False)
+    n.comm(0, 1, 10, calls=0, whole=False)
+    n.collective(0, 1)
+    assert n.end_step() is None

@@ -109,12 +109,19 @@ class HorovodStrategy(Strategy):
             self._first = self.timer.clock()
 
     def finish(self) -> None:
+        """``synchronize()``; comm time from the first ready gradient to its end.
+
+        That span is not one collective (Horovod fuses and runs the all-reduces on its
+        own thread and exposes no per-collective times), so it gives no wait vs
+        transfer split: ``sync_wait_s``/``sync_transfer_s`` are None for this peer;
+        ``imbalance_s`` and ``straggler_rank``, from compute, are recorded.
+        """
         t = self.timer.clock()
         # handles Horovod's gradient hooks started during backward (the rest it starts now)
         self._hooked = sum(1 for h in self.opt._handles.values() if h[0] is not None)
         self.opt.synchronize()
         self.timer.comm(self._first if self._first is not None else t, self.timer.clock(),
-                        self.nbytes)
+                        self.nbytes, whole=False)
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         # With no handles pending, synchronize() all-reduces every gradient the way
@@ -182,7 +189,12 @@ class DDPStrategy(Strategy):
         self._bucket_starts = []
 
     def _reduce(self, buf: torch.Tensor) -> torch.futures.Future:
-        """Mean of ``buf`` over ranks, in place, as a future (DDP's default hook's arithmetic)."""
+        """Mean of ``buf`` over ranks, in place, as a future (DDP's default hook's arithmetic).
+
+        The bucket is timed from when DDP hands it over (Gloo does not say when its
+        thread began it, so time queued behind an earlier bucket counts) to its
+        completion: one whole collective, for wait vs transfer.
+        """
         start = now()
         send = buf.to(self._cast) if self._cast is not None else buf
         send.div_(self.comm.size)

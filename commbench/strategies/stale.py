@@ -44,7 +44,10 @@ Comm time per step is the part of each transfer's flight (from when the
 engine began it, not when it was queued behind another, to its end) that
 falls inside the step up to the end of ``finish``; bytes and calls count at
 the step that issued the transfer. ``apply_wait_s`` is the time ``finish``
-blocked on the all-reduce from s steps ago.
+blocked on the all-reduce from s steps ago. For wait vs transfer
+(``commbench.runner.wait_vs_transfer``) a transfer's whole flight (engine
+start to end) counts at the step that waits for it, step t+s on every rank;
+the first s steps wait for none and have no split.
 
 Args:
     comm: the communicator.
@@ -167,7 +170,7 @@ class AsyncStrategy(FlatStrategy):
         handle = self._engine.submit(buf)
         tr = _InFlight(step, slot, handle, logged_until=handle.queued)
         # bytes and call count at the issuing step
-        self.timer.comm(handle.queued, handle.queued, self.nbytes)
+        self.timer.comm(handle.queued, handle.queued, self.nbytes, whole=False)
         self._queue.append(tr)
         return tr
 
@@ -200,7 +203,7 @@ class AsyncStrategy(FlatStrategy):
             lo = max(tr.logged_until, self._step_t0, start)
             hi = min(end if end is not None else end_of_window, end_of_window)
             if hi > lo:
-                self.timer.comm(lo, hi, 0, calls=0)
+                self.timer.comm(lo, hi, 0, calls=0, whole=False)
             tr.logged_until = max(tr.logged_until, hi)
 
     def finish(self) -> None:
@@ -215,6 +218,9 @@ class AsyncStrategy(FlatStrategy):
                 raise RuntimeError(f"async: step {oldest.step}'s gradient was skipped")
             entry["apply_wait_s"] = self._wait(oldest)
             self._log_comm(now())
+            # its whole flight, for wait vs transfer, at the step that waits for it:
+            # the same step on every rank
+            self.timer.collective(oldest.handle.start, oldest.handle.end)
             self._queue.popleft()
             scale = self.lr_scale(s)
             self._apply(oldest, scale)
