@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,8 @@ from commbench.cores import (
 from commbench.job import set_torch_threads
 from commbench.results import job_header
 from commbench.run import Output
+from launch.cluster import ClusterSpec, launch_argv
+from tests.conftest import ROOT
 
 # -- the thread rule ------------------------------------------------------------------
 
@@ -81,6 +85,42 @@ def test_started_busy_is_load_above_three_quarters_of_the_cores():
     assert started_busy(1.6, 2) is True
     assert started_busy(1.5, 2) is False  # not above
     assert started_busy(None, 2) is None and started_busy(1.0, None) is None
+
+
+# -- the launchers that put several nodes on one machine -----------------------------
+
+
+def _entrypoint():
+    """docker/entrypoint.py (a script in the image, not a package module)."""
+    name = "commbench_docker_entrypoint"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "docker" / "entrypoint.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_emulated_cluster_tells_every_rank_the_machines_ranks_and_leaves_them_unbound():
+    spec = ClusterSpec(nodes=2, slots=2, name="cbt")
+    for launcher in ("mpirun", "horovodrun"):
+        argv = launch_argv(spec, launcher, 3, ["prog"])
+        assert f"{MACHINE_RANKS_ENV}=3" in argv, argv
+    argv = launch_argv(spec, "mpirun", 3, ["prog"])
+    assert argv[argv.index(MACHINE_RANKS_ENV) - 1] == "-x"  # forwarded to the other nodes
+    assert argv[argv.index("hwloc_base_binding_policy") + 1] == "none"
+
+
+def test_compose_cluster_counts_all_ranks_but_real_hosts_count_their_own():
+    ep = _entrypoint()
+    s = ep.read_settings({"WORKERS": "2", "SLOTS": "1", "LAUNCHER": "mpirun"})
+    assert ep.machine_env(s) == {MACHINE_RANKS_ENV: "2"}
+    argv = ep.job_argv(s, {**ep.machine_env(s)})
+    assert argv[argv.index(MACHINE_RANKS_ENV) - 1] == "-x"
+    assert argv[argv.index("hwloc_base_binding_policy") + 1] == "none"
+    real = ep.read_settings({"HOSTS": "hostA:2,hostB:2", "LAUNCHER": "mpirun"})
+    assert ep.machine_env(real) == {}
+    assert "hwloc_base_binding_policy" not in ep.job_argv(real, {})
 
 
 # -- the header and the closing record -------------------------------------------------
