@@ -14,8 +14,12 @@ happens to files in practice, and say which file and line is at fault:
   to version 1 (wait vs transfer), which a version-1 record lacks and the
   figures then leave out.
 
-Only the standard library and ``commbench.SCHEMA_VERSION`` are imported: the
-analysis never needs MPI.
+Each job's ``job_end`` record gives its runs' records ``loadavg_end``, and
+every record gets ``started_busy`` (``mark_machine_load``): the analysis and
+the report flag runs that started on a busy machine.
+
+Only the standard library, ``commbench.SCHEMA_VERSION`` and ``commbench.cores``
+are imported: the analysis never needs MPI.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench import SCHEMA_VERSION
+from commbench.cores import started_busy
 
 #: the versions this reader reads: fields of 1 mean the same in 2, which only adds
 #: ``sync_wait_s``, ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
@@ -127,6 +132,36 @@ def load(paths: Iterable[str | Path]) -> Loaded:
         names = ", ".join(str(f) for f in out.files)
         raise LoadError(f"no complete records in {names}")
     check_schemas(out.records)
+    mark_machine_load(out.records)
+    return out
+
+
+# -- the machine's load --------------------------------------------------------------
+
+def mark_machine_load(records: Sequence[dict]) -> None:
+    """On every record of a job: ``loadavg_end`` from the job's ``job_end`` record, and
+    ``started_busy``, whether the job started with the 1-minute load above
+    ``BUSY_LOAD_FRACTION`` x ``cores`` (others were running: its timings are not its
+    own); None where the records carry no load (written before it was kept)."""
+    ends = {r.get("job_id"): r.get("loadavg_end") for r in records
+            if r.get("kind") == "job_end" and r.get("job_id")}
+    for r in records:
+        if r.get("kind") != "job_end" and r.get("job_id") in ends:
+            r.setdefault("loadavg_end", ends[r["job_id"]])
+        r["started_busy"] = started_busy(r.get("loadavg_start"), r.get("cores"))
+
+
+def busy_runs(records: Sequence[dict]) -> list[dict]:
+    """One record per run (its first) that started on a busy machine (``started_busy``)."""
+    seen: set = set()
+    out = []
+    for r in records:
+        key = (r.get("_file"), r.get("run_id"))
+        if r.get("kind") == "job_end" or key in seen:
+            continue
+        seen.add(key)
+        if started_busy(r.get("loadavg_start"), r.get("cores")):
+            out.append(r)
     return out
 
 

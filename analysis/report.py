@@ -2,7 +2,8 @@
 
     python -m analysis.report results/ -o report/       # report/README.md + report/figures/
 
-The page holds every figure ``analysis.plot`` can draw from the results (and
+The page flags the runs that started on a busy machine (``analysis.load``),
+then holds every figure ``analysis.plot`` can draw from the results (and
 says which it skipped), the fitted cost model with its prediction errors and
 its extrapolation (when microbenchmark records are present), and a table of
 the seed claims (shared/DESIGN.md §1): what was measured here, what the model
@@ -15,13 +16,49 @@ import sys
 from pathlib import Path
 
 from analysis.cli import UsageError, parser, run, warn
-from analysis.load import load
+from analysis.load import busy_runs, load, mark_machine_load
+from commbench.cores import BUSY_LOAD_FRACTION
 
 PROG = "analysis.report"
 
 
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def machine_load_lines(records: list[dict]) -> list[str]:
+    """The report's flag for runs that started on a busy machine (``analysis.load``)."""
+    mark_machine_load(records)  # done by load(); again for records from elsewhere
+    runs = {(r.get("_file"), r.get("run_id")) for r in records if r.get("kind") != "job_end"}
+    with_load = {(r.get("_file"), r.get("run_id")) for r in records
+                 if r.get("kind") != "job_end" and r.get("started_busy") is not None}
+    busy = busy_runs(records)
+    lines = ["## Machine load", ""]
+    if not with_load:
+        return [*lines, "No run records the machine's load (records written before "
+                "`loadavg_start` was kept).", ""]
+    rule = (f"the 1-minute load average as the job started was above "
+            f"{BUSY_LOAD_FRACTION:g} × the cores")
+    if not busy:
+        missing = len(runs) - len(with_load)
+        return [*lines, f"No run started on a busy machine ({rule}) among the "
+                f"{len(with_load)} runs that record it"
+                + (f"; {missing} {'run records' if missing == 1 else 'runs record'} no load"
+                   if missing else "") + ".", ""]
+    lines += [f"**{len(busy)} of {len(with_load)} runs started on a busy machine** ({rule}: "
+              "others were running, so their compute and timings are not their own; "
+              "rerun them on an idle machine before comparing):", "",
+              "| file | run | strategy | ranks | load at start | cores | load at end | "
+              "torch threads/rank | thread rule |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in busy:
+        end = r.get("loadavg_end")
+        lines.append(f"| `{_cell(r.get('_file'))}` | {_cell(r.get('run_id'))} | "
+                     f"{_cell(r.get('strategy') or r.get('kind'))} | {r.get('world_size')} | "
+                     f"{r['loadavg_start']:.2f} | {r.get('cores')} | "
+                     f"{'n/a' if end is None else f'{end:.2f}'} | {r.get('torch_threads')} | "
+                     f"{_cell(r.get('thread_rule'))} |")
+    return [*lines, ""]
 
 
 def build(records: list[dict], out: Path, native_is: dict[str, str] | None = None,
@@ -39,6 +76,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
     if sources:
         lines += [f"Results: {', '.join(f'`{s}`' for s in sources)} "
                   f"({len(records)} records).", ""]
+    lines += machine_load_lines(records)
     lines += ["## Figures", ""]
     for name, fig in drawn.items():
         save(fig, figdir / name)

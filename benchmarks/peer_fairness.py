@@ -139,10 +139,13 @@ def verdicts(by_job: dict[str, list[dict]]) -> list[str]:
         b = base.get(s["strategy"])
         if b is None:
             continue
-        out.append(f"straggler, {s['strategy']}: transfer {ratio(s.get('sync_transfer_s'), b.get('sync_transfer_s'))}"
-                   f"x the run without; wait {ms(s.get('sync_wait_s')) or 0:.0f} ms vs "
-                   f"{ms(b.get('sync_wait_s')) or 0:.0f} ms; without a straggler wait / "
-                   f"transfer = {ratio(b.get('sync_wait_s'), b.get('sync_transfer_s'))}")
+        tr = ratio(s.get("sync_transfer_s"), b.get("sync_transfer_s"))
+        out.append(f"straggler, {s['strategy']}: transfer {tr}x the run without; most any "
+                   f"rank waited {ms(s.get('sync_wait_max_s')) or 0:.0f} ms vs "
+                   f"{ms(b.get('sync_wait_max_s')) or 0:.0f} ms without (imbalance "
+                   f"{ms(s.get('imbalance_s')) or 0:.0f} ms, straggler rank "
+                   f"{s.get('straggler_rank')}); without a straggler median wait / transfer = "
+                   f"{ratio(b.get('sync_wait_s'), b.get('sync_transfer_s'))}")
     return out
 
 

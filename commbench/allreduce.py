@@ -194,7 +194,8 @@ def study(comm, cfg: Config) -> int:
         out.table(TABLE, [table_row(s) for s in summaries],
                   title=f"commbench.allreduce  workload {first['workload']}  model "
                         f"{first['model']}  {compute_label(cfg)}  steps "
-                        f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {out.threads}",
+                        f"{cfg.steps} (+{cfg.warmup} warm-up)  torch threads/rank {out.threads} "
+                        f"({out.thread_plan.rule})",
                   footer=[f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
                           "medians over measured steps; busbw = algbw * 2(n-1)/n; wall = "
                           "samples / wall time of the measured steps, bookkeeping included",

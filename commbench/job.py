@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -31,24 +30,20 @@ import torch
 from commbench import __version__, faults, watchdog
 from commbench.comm import Communicator, detect_backend, launcher_rank, make_communicator
 from commbench.config import ConfigError
+from commbench.cores import ThreadPlan, thread_plan
 from commbench.report import rank0_print
 
 #: flags only rank 0 acts on (where it writes, whether it prints): ranks may differ in them
 RANK0_ONLY_FIELDS = frozenset({"output", "output_dir", "quiet"})
 
 
-def cores_available() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def set_torch_threads(local_size: int) -> int:
-    """One thread per rank when ranks outnumber cores, else share the cores out."""
-    threads = max(1, cores_available() // max(1, local_size))
-    torch.set_num_threads(threads)
-    return threads
+def set_torch_threads(local_size: int, environ: Mapping[str, str] | None = None
+                      ) -> ThreadPlan:
+    """Set torch's threads by ``commbench.cores.thread_plan`` (the cores of the machine
+    shared among its ranks); return the plan, rule included."""
+    plan = thread_plan(local_size, environ)
+    torch.set_num_threads(plan.threads)
+    return plan
 
 
 def config_fingerprint(cfg: Any) -> dict:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench import SCHEMA_VERSION, __version__
+from commbench.cores import ThreadPlan
 
 
 def _clean(x: Any) -> Any:
@@ -169,12 +170,19 @@ def write_atomic(path: str | Path, text: str) -> None:
         os.close(fd)
 
 
-def job_header(*, kind: str, run_id: str, backend: str, topo, vers: dict, torch_threads: int,
-               config: dict) -> dict:
-    """Fields every record of every tool carries: what ran, where, on which versions."""
+def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
+               torch_threads: int, config: dict, job_id: str | None = None,
+               threads: ThreadPlan | None = None, cores: int | None = None,
+               loadavg_start: float | None = None) -> dict:
+    """Fields every record of every tool carries: what ran, where, on which versions, and
+    the machine's share (``commbench.cores``): ``torch_threads`` per rank and by which
+    ``thread_rule`` (the ``rank_cores`` rank 0 may run on shared among ``machine_ranks``
+    ranks), and rank 0's machine's ``cores`` and 1-minute load average as the job
+    started, ``loadavg_start`` (its ``job_end`` record adds the load at the end)."""
     return {
         "schema": SCHEMA_VERSION,
         "kind": kind,
+        "job_id": job_id,
         "run_id": run_id,
         "backend": backend,
         "world_size": topo.size,
@@ -183,6 +191,11 @@ def job_header(*, kind: str, run_id: str, backend: str, topo, vers: dict, torch_
         "local_sizes": list(topo.local_sizes),
         "hostnames": list(topo.hostnames),
         "torch_threads": torch_threads,
+        "thread_rule": threads.rule if threads else None,
+        "machine_ranks": threads.machine_ranks if threads else None,
+        "rank_cores": threads.cores if threads else None,
+        "cores": cores,
+        "loadavg_start": loadavg_start,
         "versions": vers,
         "argv": sys.argv,
         "config": config,

@@ -5,9 +5,10 @@ checks, abort, exit status); inside a tool's body this module gives every
 tool the same records, so ``commbench.allreduce``, ``commbench.microbench``,
 ``commbench.staleness`` and ``commbench.ps`` differ only in what they run:
 
-1. ``Output.open``: torch threads per rank, library versions, the results
-   file (``--output``, else ``<output_dir>/<tool>-<time>-<backend>-np<N>.jsonl``)
-   and its writer on rank 0.
+1. ``Output.open``: the machine's 1-minute load as the job starts, torch
+   threads per rank (``commbench.cores``: the cores shared among the ranks on
+   the machine), library versions, the results file (``--output``, else
+   ``<output_dir>/<tool>-<time>-<backend>-np<N>.jsonl``) and its writer on rank 0.
 2. ``Output.run``: one run (a strategy, a sweep), with its id and the header
    every one of its records carries: ``results.job_header`` plus the fields
    the tool adds (``results.run_fields``; allreduce adds its buffer rule and
@@ -23,7 +24,9 @@ tool the same records, so ``commbench.allreduce``, ``commbench.microbench``,
    whose transfers run on while step records are gathered is judged by it).
    ``rank_extras`` / ``summarize_extras``: each rank's peak memory, state
    checksums and held-out accuracy at the end of a run, for its summary.
-5. ``Output.close``, then ``Output.table`` on rank 0 (unless ``--quiet``).
+5. ``Output.close``: a ``job_end`` record (the job's header and ``loadavg_end``,
+   the load as the job ends) when the job wrote any; then ``Output.table`` on
+   rank 0 (unless ``--quiet``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 
 from commbench import metrics
 from commbench.comm.base import Communicator
+from commbench.cores import ThreadPlan, load_average, machine_cores
 from commbench.job import set_torch_threads
 from commbench.report import Column, format_table, rank0_print
 from commbench.results import ResultWriter, default_output, job_header, link_info, versions
@@ -63,28 +67,44 @@ Amend = Callable[[dict, list[Any]], None]
 class Output:
     """One tool invocation's results file and what all its runs share."""
 
-    def __init__(self, comm: Communicator, cfg: ToolConfig, path: str | Path, threads: int,
-                 vers: dict) -> None:
+    def __init__(self, comm: Communicator, cfg: ToolConfig, path: str | Path,
+                 threads: ThreadPlan, vers: dict, loadavg_start: float | None) -> None:
         self.comm = comm
         self.cfg = cfg
         self.path = path
-        self.threads = threads
+        self.thread_plan = threads
+        self.threads = threads.threads
         self.versions = vers
+        self.loadavg_start = loadavg_start
+        self.cores = machine_cores()
+        #: joins every record of this job to its ``job_end`` record (one file may hold
+        #: several jobs: ``--output`` appends)
+        self.job_id = uuid.uuid4().hex[:12]
         self._writer = ResultWriter(path) if comm.rank == 0 else None
+        self._closed = False
 
     @classmethod
     def open(cls, comm: Communicator, tool: str, cfg: ToolConfig) -> Output:
-        """Share the cores out among the ranks of a host, read the versions, name the file
-        (nothing is created before the first record)."""
+        """Read the machine's load before this job's own work, share the cores out among
+        the ranks on the machine, read the versions, name the file (nothing is created
+        before the first record).
+
+        The load is rank 0's machine's (every rank's, on the emulated and the container
+        cluster); it is read after start-up (imports, backend), whose few seconds move a
+        1-minute average little.
+        """
+        loadavg_start = load_average()
         threads = set_torch_threads(comm.local_size)
         vers = versions(comm.versions())
         path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, tool)
-        return cls(comm, cfg, path, threads, vers)
+        return cls(comm, cfg, path, threads, vers, loadavg_start)
 
-    def header(self, kind: str, run_id: str) -> dict:
+    def header(self, kind: str, run_id: str | None) -> dict:
         return job_header(kind=kind, run_id=run_id, backend=self.comm.name,
                           topo=self.comm.topo, vers=self.versions,
-                          torch_threads=self.threads, config=self.cfg.as_dict())
+                          torch_threads=self.threads, config=self.cfg.as_dict(),
+                          job_id=self.job_id, threads=self.thread_plan, cores=self.cores,
+                          loadavg_start=self.loadavg_start)
 
     def run(self, fields: dict, live: Callable[[], dict] | None = None) -> Run:
         """A new run whose records all carry ``fields`` besides the job's header, and
@@ -102,8 +122,15 @@ class Output:
         self._writer.write(record)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        """Rank 0: end the file with the ``job_end`` record (no run; ``loadavg_end``, the
+        load as the job ends, its own ranks' work included) if the job wrote any."""
+        if self._writer is None or self._closed:
+            return
+        self._closed = True
+        if self._writer.count:
+            self._writer.write({**self.header("job_end", None),
+                                "loadavg_end": load_average()})
+        self._writer.close()
 
     def print(self, text: str) -> None:
         """Print on rank 0 unless ``--quiet``."""

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from commbench.cores import MACHINE_RANKS_ENV
 from launch import commands, linktest
 from launch.cluster import ClusterError, parse_rate
 
@@ -104,6 +105,7 @@ class Settings:
     iface: str
     keygen: bool
     timeout: float
+    real_hosts: bool = False  # HOSTS named them: not containers on this machine
 
     @property
     def slots(self) -> int:
@@ -163,6 +165,7 @@ def read_settings(env: dict[str, str]) -> Settings:
         iface=env.get("IFACE", "").strip() or "eth0",
         keygen=env.get("KEYGEN", "1").strip() != "0",
         timeout=float(_int(env, "JOB_TIMEOUT", 3600, 1)),
+        real_hosts=bool(env.get("HOSTS", "").strip()),
     )
 
 
@@ -266,6 +269,14 @@ def measure_link(s: Settings, seconds: float = 2.0) -> dict:
                             lambda argv: ssh(b, s.ssh_port, argv), a, LINK_PORT, seconds)
 
 
+def machine_env(s: Settings) -> dict[str, str]:
+    """COMMBENCH_MACHINE_RANKS for the ranks: the compose cluster's nodes are containers on
+    one machine and share its cores, so every rank takes cores // all ranks torch threads
+    (``commbench.cores``); real hosts (HOSTS) each have their own, and the ranks on a
+    host are its node's ranks."""
+    return {} if s.real_hosts else {MACHINE_RANKS_ENV: str(s.ranks)}
+
+
 def job_argv(s: Settings, env: dict[str, str]) -> list[str]:
     """The launch command for the study across the nodes (horovodrun or mpirun)."""
     hosts = ",".join(f"{h}:{n}" for h, n in s.hosts)
@@ -276,6 +287,10 @@ def job_argv(s: Settings, env: dict[str, str]) -> list[str]:
         mca["mpi_yield_when_idle"] = "1"
     if s.ssh_port != 22:
         mca["plm_rsh_args"] = f"-p {s.ssh_port}"
+    if s.launcher == "mpirun" and not s.real_hosts:
+        # Each container's daemon binds its ranks from core 0 up, not knowing the other
+        # containers share the cores: leave placement to the kernel (horovodrun does).
+        mca["hwloc_base_binding_policy"] = "none"
     if s.launcher == "mpirun":
         mca.update({"oob_tcp_if_include": s.iface, "btl_tcp_if_include": s.iface,
                     "btl": "self,vader,tcp", "pml": "ob1"})
@@ -324,7 +339,8 @@ def launcher(env: dict[str, str]) -> int:
                            "first and give every node the same folder")
     wait_for_nodes(s)
     job_env = {**env, "COMMBENCH_LINK_IFACE": s.iface, "PYTHONUNBUFFERED": "1",
-               "COMMBENCH_LINK_SHAPING": f"{s.rate_gbps:g}gbit" if s.rate_gbps else "none"}
+               "COMMBENCH_LINK_SHAPING": f"{s.rate_gbps:g}gbit" if s.rate_gbps else "none",
+               **machine_env(s)}
     if s.link_test and len(s.hosts) > 1:
         link = measure_link(s)
         job_env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"

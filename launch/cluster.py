@@ -43,6 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from commbench.cores import MACHINE_RANKS_ENV
 from launch import linktest
 
 STATE_DIR = Path(os.environ.get("COMMBENCH_CLUSTER_DIR", "/run/commbench-cluster"))
@@ -398,12 +399,16 @@ def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str
     """The command that runs ``program`` on ``np`` ranks of the cluster with ``launcher``.
 
     The link reference goes to every rank as COMMBENCH_LINK_* variables,
-    which commbench writes into its records.
+    which commbench writes into its records. Every node is on this machine, so
+    all ``np`` ranks share its cores: COMMBENCH_MACHINE_RANKS says so, and each
+    rank takes cores // np torch threads, not cores // its node's ranks
+    (``commbench.cores``).
     """
     from launch import commands
 
     env = {"COMMBENCH_LINK_SHAPING": f"{spec.rate_gbps:g}gbit" if spec.rate_gbps else "none",
-           "COMMBENCH_LINK_IFACE": "eth0"}  # every node's link, counted per step
+           "COMMBENCH_LINK_IFACE": "eth0",  # every node's link, counted per step
+           MACHINE_RANKS_ENV: str(np)}
     if link:
         env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"
         if link.get("wire_gbps"):

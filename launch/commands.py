@@ -75,6 +75,11 @@ def emulated_mca(spec) -> dict[str, str]:
         "btl_tcp_if_include": spec.subnet,
         "btl": "self,vader,tcp",
         "pml": "ob1",
+        # Each node's daemon sees the whole machine and binds its ranks from core 0 up
+        # (Open MPI's default for 2 ranks or fewer per node), not knowing the other
+        # nodes did the same: 2 nodes x 1 rank on 2 cores ran both ranks on core 0.
+        # Leave placement to the kernel, as on a shared machine (horovodrun does too).
+        "hwloc_base_binding_policy": "none",
     }
     if spec.nodes * spec.slots > (os.cpu_count() or 1):
         # All emulated nodes share this machine's cores, but each node's slots look

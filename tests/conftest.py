@@ -51,8 +51,11 @@ def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
     assert ok_line in res.stdout, res.stdout
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_jsonl(path: Path, job_end: bool = False) -> list[dict]:
+    """The records of a results file; the ``job_end`` record that closes each job (no run,
+    no run fields) only with ``job_end``."""
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in recs if job_end or r.get("kind") != "job_end"]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from commbench.cores import RULE_MACHINE
 from launch import commands
 from launch.cluster import (
     ClusterError,
@@ -105,6 +106,30 @@ def test_job_across_two_nodes(tmp_path, launcher):
     steps = [r for r in recs if r["kind"] == "step"]
     assert all(r["link_bytes"] > 0.5 * r["grad_bytes"] for r in steps)
     assert all(0 < r["link_efficiency"] < 1.5 for r in steps)
+
+
+@pytest.mark.mpi
+def test_emulated_nodes_share_the_machines_cores(tmp_path):
+    """2 nodes x 1 rank on one machine: each rank takes cores // 2 threads (1 on 2 cores),
+    not cores // its node's 1 rank, and says by which rule; the job records the load."""
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([PY, "-m", "launch.cluster", "run", "--name", NAME, "--nodes", "2",
+                          "--slots", "1", "--rate", "1gbit", "--no-link-test", "--timeout",
+                          "200", "--", *PROG, "--algo", "native", "--output", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    recs = read_jsonl(out, job_end=True)
+    runs, ends = recs[:-1], recs[-1:]
+    assert runs and all(r["nodes"] == 2 and r["local_size"] == 1 for r in runs)
+    cores = os.cpu_count()
+    for r in recs:
+        assert r["torch_threads"] == max(1, cores // 2), r
+        assert r["thread_rule"] == RULE_MACHINE and r["machine_ranks"] == 2
+        # unbound: each node's Open MPI would have bound its one rank to core 0
+        assert r["rank_cores"] == cores == r["cores"] and r["loadavg_start"] >= 0
+    assert [e["kind"] for e in ends] == ["job_end"] and ends[0]["loadavg_end"] >= 0
+    assert {r["job_id"] for r in recs} == {ends[0]["job_id"]}
+    assert f"torch threads/rank {max(1, cores // 2)} ({RULE_MACHINE})" in res.stdout
 
 
 def test_shaped_link_measures_within_ten_percent():

@@ -13,7 +13,6 @@ from commbench.workloads import SyntheticWorkload, Workload
 from commbench.workloads.synthetic import compute_factor
 from tests.conftest import PY, launch, read_jsonl
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

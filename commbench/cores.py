@@ -1,0 +1,126 @@
+"""Compute on shared cores: how many torch threads a rank gets, and how busy the machine was.
+
+Every rank of a job runs its forward and backward passes on torch's intra-op
+threads. Share the cores out among the ranks that run *on the same physical
+machine*, not only among the ranks of the same (emulated) node: the emulated
+cluster (``launch.cluster``) and the container cluster (``docker/``) put
+several nodes on one machine, each node sees only its own ranks, and on a
+2-core machine 2 nodes x 1 rank each took 2 threads, four compute threads on
+two cores, and computed about 4x slower than 2 ranks on one host.
+
+The rule, written once (``thread_plan``):
+
+1. A launcher that knows how many ranks of the job run on this machine
+   (all of them, for the emulated and the container cluster) exports
+   ``COMMBENCH_MACHINE_RANKS`` to every rank; threads = cores // that
+   (rule ``"machine ranks from the launcher"``).
+2. Otherwise the ranks of this node are the ranks of this machine (a real
+   cluster, or one host): threads = cores // local ranks
+   (rule ``"ranks on this node"``).
+3. At least one thread, when ranks outnumber cores.
+
+The cores shared out are those the rank may run on (its CPU affinity): a
+launcher that binds each rank to its own cores has shared them out already.
+Open MPI's daemons bind from core 0 up on every node, and on emulated nodes
+of one machine they all pick the same cores, so ``launch`` starts those jobs
+unbound (``hwloc_base_binding_policy none``).
+
+Load: each job records the machine's cores and its 1-minute load average as
+it starts and as it ends (``load_average``). A job that started with the load
+above ``BUSY_LOAD_FRACTION`` x cores shared the machine with other work, so
+its compute and its timings are not its own; ``started_busy`` says so, and
+the analysis flags such runs.
+
+Only the standard library: the launchers and the analysis import this too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: set by launchers that start several nodes on one machine: the job's ranks on this machine
+MACHINE_RANKS_ENV = "COMMBENCH_MACHINE_RANKS"
+RULE_MACHINE = "machine ranks from the launcher"
+RULE_NODE = "ranks on this node"
+
+#: a job that starts with a 1-minute load above this share of the cores ran beside other work
+BUSY_LOAD_FRACTION = 0.75
+
+
+def cores_available() -> int:
+    """Cores this process may run on (its CPU affinity), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine_cores() -> int:
+    """The machine's cores: what its load average is compared with (a rank that an MPI
+    launcher bound to one core still shares the machine's load)."""
+    return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable and waiting tasks); None if unknown."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # no /proc/loadavg, or not Unix
+        return None
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Torch threads per rank, and why."""
+
+    threads: int
+    rule: str           # RULE_MACHINE or RULE_NODE
+    machine_ranks: int  # the ranks the cores were shared among
+    cores: int          # the cores this rank may run on (its CPU affinity)
+
+
+def machine_ranks(environ: Mapping[str, str] | None = None) -> int | None:
+    """``COMMBENCH_MACHINE_RANKS`` as a whole number >= 1, None when unset or empty.
+
+    Raises ValueError naming the variable for any other value.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(MACHINE_RANKS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MACHINE_RANKS_ENV}={raw!r}: give the number of ranks of this job "
+                         "on this machine (a whole number >= 1), or unset it")
+    return value
+
+
+def thread_plan(local_size: int, environ: Mapping[str, str] | None = None,
+                cores: int | None = None) -> ThreadPlan:
+    """Threads per rank by the rule above, for a rank with ``local_size`` ranks on its node.
+
+    A launcher's count below the node's own ranks cannot be right (the node's ranks
+    are on this machine): the larger of the two is used.
+    """
+    cores = cores_available() if cores is None else cores
+    local = max(1, local_size)
+    from_launcher = machine_ranks(environ)
+    if from_launcher is None:
+        ranks, rule = local, RULE_NODE
+    else:
+        ranks, rule = max(from_launcher, local), RULE_MACHINE
+    return ThreadPlan(threads=max(1, cores // ranks), rule=rule, machine_ranks=ranks,
+                      cores=cores)
+
+
+def started_busy(loadavg_start: float | None, cores: int | None) -> bool | None:
+    """True when a job started with the load above ``BUSY_LOAD_FRACTION`` x cores (others
+    were running); None when either figure is missing (records from before they were kept)."""
+    if loadavg_start is None or not cores:
+        return None
+    return loadavg_start > BUSY_LOAD_FRACTION * cores
