@@ -42,6 +42,10 @@ from dataclasses import dataclass
 
 #: set by launchers that start several nodes on one machine: the job's ranks on this machine
 MACHINE_RANKS_ENV = "COMMBENCH_MACHINE_RANKS"
+#: the 1-minute load average a launcher read before starting the job (``launch.cluster``
+#: reads it before its link test); without it rank 0 reads the load at its start-up,
+#: which then includes the job's own start-up
+LOADAVG_ENV = "COMMBENCH_LOADAVG_BEFORE"
 RULE_MACHINE = "machine ranks from the launcher"
 RULE_NODE = "ranks on this node"
 
@@ -69,6 +73,18 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except (OSError, AttributeError):  # no /proc/loadavg, or not Unix
         return None
+
+
+def load_before_job(environ: Mapping[str, str] | None = None) -> tuple[float | None, str]:
+    """(the load the job started with, where it was read): the launcher's reading before
+    the job (``LOADAVG_ENV``), else this process's now."""
+    raw = (os.environ if environ is None else environ).get(LOADAVG_ENV, "").strip()
+    if raw:
+        try:
+            return float(raw), "launcher, before the job"
+        except ValueError:
+            raise ValueError(f"{LOADAVG_ENV}={raw!r}: expected a number") from None
+    return load_average(), "rank 0 at start-up (includes the job's own)"
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ import torch
 
 from commbench import metrics
 from commbench.comm.base import Communicator
-from commbench.cores import ThreadPlan, load_average, machine_cores
+from commbench.cores import ThreadPlan, load_average, load_before_job, machine_cores
 from commbench.job import set_torch_threads
 from commbench.report import Column, format_table, rank0_print
 from commbench.results import ResultWriter, default_output, job_header, link_info, versions
@@ -68,7 +68,8 @@ class Output:
     """One tool invocation's results file and what all its runs share."""
 
     def __init__(self, comm: Communicator, cfg: ToolConfig, path: str | Path,
-                 threads: ThreadPlan, vers: dict, loadavg_start: float | None) -> None:
+                 threads: ThreadPlan, vers: dict, loadavg_start: float | None,
+                 loadavg_source: str | None = None) -> None:
         self.comm = comm
         self.cfg = cfg
         self.path = path
@@ -76,6 +77,7 @@ class Output:
         self.threads = threads.threads
         self.versions = vers
         self.loadavg_start = loadavg_start
+        self.loadavg_source = loadavg_source
         self.cores = machine_cores()
         #: joins every record of this job to its ``job_end`` record (one file may hold
         #: several jobs: ``--output`` appends)
@@ -90,21 +92,24 @@ class Output:
         before the first record).
 
         The load is rank 0's machine's (every rank's, on the emulated and the container
-        cluster); it is read after start-up (imports, backend), whose few seconds move a
-        1-minute average little.
+        cluster): the launcher's reading before the job where it gave one
+        (``launch.cluster`` does, before its link test), else read here, after
+        start-up (imports, backend, and on the emulated cluster its link test:
+        there it is well above the machine's load before the job).
         """
-        loadavg_start = load_average()
+        loadavg_start, source = load_before_job()
         threads = set_torch_threads(comm.local_size)
         vers = versions(comm.versions())
         path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, tool)
-        return cls(comm, cfg, path, threads, vers, loadavg_start)
+        return cls(comm, cfg, path, threads, vers, loadavg_start, source)
 
     def header(self, kind: str, run_id: str | None) -> dict:
         return job_header(kind=kind, run_id=run_id, backend=self.comm.name,
                           topo=self.comm.topo, vers=self.versions,
                           torch_threads=self.threads, config=self.cfg.as_dict(),
                           job_id=self.job_id, threads=self.thread_plan, cores=self.cores,
-                          loadavg_start=self.loadavg_start)
+                          loadavg_start=self.loadavg_start,
+                          loadavg_source=self.loadavg_source)
 
     def run(self, fields: dict, live: Callable[[], dict] | None = None) -> Run:
         """A new run whose records all carry ``fields`` besides the job's header, and

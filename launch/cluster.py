@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from commbench.cores import MACHINE_RANKS_ENV
+from commbench.cores import LOADAVG_ENV, MACHINE_RANKS_ENV, load_average
 from launch import linktest
 
 STATE_DIR = Path(os.environ.get("COMMBENCH_CLUSTER_DIR", "/run/commbench-cluster"))
@@ -395,20 +395,24 @@ LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
 
 
 def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str],
-                link: dict | None = None) -> list[str]:
+                link: dict | None = None, load_before: float | None = None) -> list[str]:
     """The command that runs ``program`` on ``np`` ranks of the cluster with ``launcher``.
 
     The link reference goes to every rank as COMMBENCH_LINK_* variables,
     which commbench writes into its records. Every node is on this machine, so
     all ``np`` ranks share its cores: COMMBENCH_MACHINE_RANKS says so, and each
     rank takes cores // np torch threads, not cores // its node's ranks
-    (``commbench.cores``).
+    (``commbench.cores``). ``load_before``, the machine's load average read before
+    the cluster's link test, goes as COMMBENCH_LOADAVG_BEFORE: the job's records then
+    say how busy the machine was before the job itself loaded it.
     """
     from launch import commands
 
     env = {"COMMBENCH_LINK_SHAPING": f"{spec.rate_gbps:g}gbit" if spec.rate_gbps else "none",
            "COMMBENCH_LINK_IFACE": "eth0",  # every node's link, counted per step
            MACHINE_RANKS_ENV: str(np)}
+    if load_before is not None:
+        env[LOADAVG_ENV] = f"{load_before:.2f}"
     if link:
         env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"
         if link.get("wire_gbps"):
@@ -498,6 +502,7 @@ def _cli_run(a) -> int:
                            "slots")
     if ephemeral:
         check_machine()
+    load_before = load_average()  # before the link test and the job's start-up load it
     ctx = (cluster(spec.nodes, spec.slots, a.rate, spec.subnet, spec.name) if ephemeral
            else contextlib.nullcontext(spec))
     with ctx as spec:
@@ -506,7 +511,8 @@ def _cli_run(a) -> int:
             link = measure_link(spec)
             print(f"# link {link['src']} -> {link['dst']}: {link['gbps']:.3f} Gbit/s "
                   f"(shaped {a.rate if ephemeral else spec.rate_gbps})", flush=True)
-        res = run(launch_argv(spec, a.launcher, np, program, link), timeout=a.timeout)
+        res = run(launch_argv(spec, a.launcher, np, program, link, load_before),
+                  timeout=a.timeout)
         sys.stdout.write(res.stdout)
         sys.stderr.write(res.stderr)
         if res.timed_out:

@@ -127,6 +127,8 @@ def test_emulated_nodes_share_the_machines_cores(tmp_path):
         assert r["thread_rule"] == RULE_MACHINE and r["machine_ranks"] == 2
         # unbound: each node's Open MPI would have bound its one rank to core 0
         assert r["rank_cores"] == cores == r["cores"] and r["loadavg_start"] >= 0
+        # read by the launcher before the job, not by rank 0 after its start-up
+        assert r["loadavg_source"] == "launcher, before the job"
     assert [e["kind"] for e in ends] == ["job_end"] and ends[0]["loadavg_end"] >= 0
     assert {r["job_id"] for r in recs} == {ends[0]["job_id"]}
     assert f"torch threads/rank {max(1, cores // 2)} ({RULE_MACHINE})" in res.stdout

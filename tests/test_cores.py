@@ -241,3 +241,13 @@ def test_report_says_when_no_run_started_busy_or_none_recorded_the_load():
     assert "No run started on a busy machine" in text and "1 run records no load" in text
     old = [r for r in _records() if r["job_id"] is None]
     assert "No run records the machine's load" in "\n".join(machine_load_lines(old))
+
+
+def test_the_launchers_load_reading_is_preferred():
+    from commbench.cores import LOADAVG_ENV, load_before_job
+
+    assert load_before_job({LOADAVG_ENV: "0.42"}) == (0.42, "launcher, before the job")
+    load, source = load_before_job({})
+    assert source.startswith("rank 0 at start-up") and (load is None or load >= 0)
+    with pytest.raises(ValueError, match=LOADAVG_ENV):
+        load_before_job({LOADAVG_ENV: "busy"})

@@ -34,7 +34,10 @@ for the same reason.
    ``queued`` when submitted, ``start`` when the engine began it (later than
    ``queued`` while earlier transfers still run), ``end`` when it finished.
    Durations only; clocks of two ranks are never compared.
-5. ``Transfer.test``/``wait`` re-raise a transfer's error on the caller's
+5. ``submit(tensor, after)`` runs ``after`` on the engine's thread once the
+   sum is in (bucketed unpacks its bucket there), so the owner's thread
+   need not poll to use a finished transfer.
+6. ``Transfer.test``/``wait`` re-raise a transfer's error on the caller's
    thread. ``close`` runs what is queued, stops the thread and frees the
    communicator; whoever opens an engine closes it (it is also a context
    manager).
@@ -87,10 +90,11 @@ class Transfer(Handle):
     ``start`` and ``end`` are None until the engine has begun and finished it.
     """
 
-    __slots__ = ("tensor", "queued", "start", "end", "error", "_done")
+    __slots__ = ("tensor", "after", "queued", "start", "end", "error", "_done")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    def __init__(self, tensor: torch.Tensor, after: Callable[[], None] | None = None) -> None:
         self.tensor = tensor
+        self.after = after
         self.queued = now()
         self.start: float | None = None
         self.end: float | None = None
@@ -136,11 +140,16 @@ class TransferEngine:
         """The engine's thread (tests check that ``close`` ends it)."""
         return self._thread
 
-    def submit(self, tensor: torch.Tensor) -> Transfer:
-        """Queue an in-place sum of ``tensor`` over all ranks; do not touch it until done."""
+    def submit(self, tensor: torch.Tensor, after: Callable[[], None] | None = None) -> Transfer:
+        """Queue an in-place sum of ``tensor`` over all ranks; do not touch it until done.
+
+        ``after`` runs on the engine's thread once the sum is in (after ``end`` is
+        stamped, before the transfer counts as done): e.g. unpacking a bucket into its
+        gradients while the main thread computes, as DDP's comm-hook futures do.
+        """
         if self._closed:
             raise RuntimeError("transfer engine: submit after close")
-        t = Transfer(tensor)
+        t = Transfer(tensor, after)
         self._queue.put(t)
         return t
 
@@ -159,9 +168,13 @@ class TransferEngine:
             t.start = now()
             try:
                 self._run_one(t.tensor)
+                t.end = now()
+                if t.after is not None:
+                    t.after()
             except BaseException as e:  # noqa: BLE001 - re-raised by the owner's wait
                 t.error = e
-            t.end = now()
+            if t.end is None:
+                t.end = now()
             t._done.set()
 
     def close(self) -> None:
