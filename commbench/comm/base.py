@@ -134,6 +134,9 @@ class Communicator(abc.ABC):
     topo: Topology
     #: whether ``sendrecv`` works (the project's own algorithms need it)
     supports_p2p: bool = True
+    #: whether ``iallreduce`` runs on a background thread of the library's own (Horovod's),
+    #: so handles complete without being tested and several may be in flight at once
+    progresses_itself: bool = False
 
     # -- topology shortcuts -------------------------------------------------
     @property

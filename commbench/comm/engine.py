@@ -24,7 +24,13 @@ for the same reason.
    * ``thread``: the backend's blocking tuned all-reduce on the engine's
      communicator, at link speed. Open MPI busy-polls inside blocking
      calls, so while a transfer runs the thread keeps a core busy that the
-     compute of a CPU workload may need.
+     compute of a CPU workload may need. Under Horovod, which runs every op
+     on a background thread of its own (``Communicator.progresses_itself``),
+     ``submit`` hands the tensor to Horovod at once (``iallreduce``), so
+     Horovod negotiates and fuses queued transfers as it does its own
+     gradients, and the engine's thread only waits for them in order;
+     Horovod does not say when an op began, so ``start`` is the later of
+     ``queued`` and the previous transfer's ``end``.
    * ``ring``: the project's pipelined ring (``commbench.comm.ring``:
      reduce-scatter + all-gather on non-blocking point-to-point messages),
      each message tested between sleeps of ``poll_s``: light on the CPU, at
@@ -90,11 +96,12 @@ class Transfer(Handle):
     ``start`` and ``end`` are None until the engine has begun and finished it.
     """
 
-    __slots__ = ("tensor", "after", "queued", "start", "end", "error", "_done")
+    __slots__ = ("tensor", "after", "queued", "start", "end", "error", "_done", "handle")
 
     def __init__(self, tensor: torch.Tensor, after: Callable[[], None] | None = None) -> None:
         self.tensor = tensor
         self.after = after
+        self.handle: Handle | None = None  # the library's own, where it runs the op itself
         self.queued = now()
         self.start: float | None = None
         self.end: float | None = None
@@ -128,6 +135,8 @@ class TransferEngine:
         self.comm = comm.dup()  # a collective: every rank opens its engines alike
         self._run_one: Callable[[torch.Tensor], None] = (
             self.comm.allreduce if path == "thread" else self._ring)
+        #: hand transfers to the library's own background thread as they are submitted
+        self._handoff = path == "thread" and self.comm.progresses_itself
         self._queue: queue.SimpleQueue[Transfer | None] = queue.SimpleQueue()
         self._closed = False
         # A daemon: a main thread that dies without closing must not hang in exit.
@@ -150,6 +159,8 @@ class TransferEngine:
         if self._closed:
             raise RuntimeError("transfer engine: submit after close")
         t = Transfer(tensor, after)
+        if self._handoff:
+            t.handle = self.comm.iallreduce(tensor)
         self._queue.put(t)
         return t
 
@@ -161,14 +172,18 @@ class TransferEngine:
         ring_allreduce(self.comm, tensor, wait=self._wait_polling)
 
     def _loop(self) -> None:
+        last_end = 0.0
         while True:
             t = self._queue.get()
             if t is None:
                 return
-            t.start = now()
+            t.start = now() if t.handle is None else max(t.queued, last_end)
             try:
-                self._run_one(t.tensor)
-                t.end = now()
+                if t.handle is None:
+                    self._run_one(t.tensor)
+                else:
+                    t.handle.wait()
+                t.end = last_end = now()
                 if t.after is not None:
                     t.after()
             except BaseException as e:  # noqa: BLE001 - re-raised by the owner's wait
