@@ -91,7 +91,8 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
     comm = out.comm
     workload = make_workload(cfg, comm.rank, comm.size)
     strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native",
-                             bucket_mb=cfg.bucket_mb, backward_order=workload.backward_order,
+                             bucket_mb=cfg.bucket_mb, first_bucket_mb=cfg.first_bucket_mb,
+                             backward_order=workload.backward_order,
                              compression=cfg.compression, accum_steps=cfg.accum_steps,
                              progress=cfg.progress, transfer=cfg.transfer,
                              workload=workload, staleness=cfg.staleness,

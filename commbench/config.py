@@ -141,6 +141,7 @@ class Config(WorkloadSpec):
     strategies: list[str] = field(default_factory=lambda: ["flat"])
     algos: list[str] = field(default_factory=lambda: ["native", "ring"])
     bucket_mb: float = 25.0  # DDP's bucket_cap_mb default
+    first_bucket_mb: float = 1.0  # DDP's first bucket
     accum_steps: int = 1
     progress: str = "thread"
     transfer: str = "thread"  # async, bucketed --progress thread: the engine's path
@@ -210,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bucket-mb", metavar="MB", type=nonneg_float, default=d.bucket_mb,
                    help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
                         "bucket_cap_mb); 0 = one all-reduce per tensor")
+    g.add_argument("--first-bucket-mb", metavar="MB", type=nonneg_float,
+                   default=d.first_bucket_mb,
+                   help="--strategy bucketed: the first bucket's cap, DDP's 1 MiB by default, so "
+                        "the first all-reduce starts early in backward")
     g.add_argument("--progress", choices=("poll", "thread"), default=d.progress,
                    help="--strategy bucketed: how buckets' all-reduces advance during backward: "
                         "poll = MPI non-blocking all-reduce tested from the compute loop, "

@@ -24,6 +24,18 @@ def test_buckets_follow_the_order_and_stay_within_the_cap():
     assert assign_buckets(nbytes, [0, 2, 4, 1, 3], 45) == [[0, 2], [4], [1], [3]]
 
 
+def test_the_first_bucket_has_a_cap_of_its_own():
+    nbytes = [10, 20, 30, 40, 50]
+    order = [4, 3, 2, 1, 0]
+    # DDP's rule: a small first bucket, so the link starts early in backward
+    assert assign_buckets(nbytes, [0, 1, 2, 3, 4], 100, first_cap_bytes=15) == \
+        [[0], [1, 2, 3], [4]]
+    assert assign_buckets(nbytes, order, 100, first_cap_bytes=45) == [[4], [3, 2, 1, 0]]
+    assert assign_buckets(nbytes, order, 100, first_cap_bytes=90) == [[4, 3], [2, 1, 0]]
+    # never larger than the other buckets' cap
+    assert assign_buckets(nbytes, order, 60, first_cap_bytes=1000) == [[4], [3], [2, 1, 0]]
+
+
 def test_a_tensor_over_the_cap_gets_its_own_bucket_and_zero_means_per_tensor():
     assert assign_buckets([5, 500, 5, 5], [0, 1, 2, 3], 100) == [[0], [1], [2, 3]]
     assert assign_buckets([5, 5, 5], [2, 1, 0], 0) == [[2], [1], [0]]

@@ -40,8 +40,9 @@ queued behind earlier ones) to when it finished, the engine's own stamps.
 Exposed sync (step - compute) and overlap (1 - exposed/comm) follow.
 
 Differences from DDP (Li et al., VLDB 2020, https://arxiv.org/abs/2006.15704):
-caps are upper bounds here (DDP closes a bucket once it reaches the cap and
-makes its first bucket 1 MiB); buckets stay as built from the order given at
+caps are upper bounds here (DDP closes a bucket once it reaches the cap); the
+first bucket's cap is ``first_bucket_mb`` (default DDP's 1 MiB, so the first
+all-reduce starts early in backward); buckets stay as built from the order given at
 construction (DDP rebuilds them once from the order of the first iteration);
 the mean is taken after the sum, as ``flat`` does, not by pre-dividing.
 
@@ -49,6 +50,7 @@ Args:
     comm: the communicator.
     grads: gradient tensors in parameter order.
     bucket_mb: bucket cap in MB (2**20 bytes); 0 = one all-reduce per tensor.
+    first_bucket_mb: the first bucket's cap (default 1, DDP's).
     backward_order: indices of ``grads`` in the order backward produces them
         (default: reverse parameter order, as DDP assumes). Must be the same
         on every rank.
@@ -81,23 +83,30 @@ from commbench.timing import NullTimer, StepTimer
 
 MB = 2**20  # DDP's bucket_cap_mb unit
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
+#: DDP's first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``): a 25 MB first bucket kept the
+#: link idle until it filled; bucketed / DDP 1.060 -> see benchmarks/peer_fairness.py
+FIRST_BUCKET_MB = 1.0
 
 
 def assign_buckets(nbytes: Sequence[int], order: Sequence[int], cap_bytes: float,
-                   dtypes: Sequence[torch.dtype] | None = None) -> list[list[int]]:
+                   dtypes: Sequence[torch.dtype] | None = None,
+                   first_cap_bytes: float | None = None) -> list[list[int]]:
     """Group tensor indices, taken in ``order``, into buckets of at most ``cap_bytes``.
 
     A tensor is added to the open bucket if the bucket stays within the cap
     (and holds the same dtype); otherwise the bucket is closed and the tensor
     opens the next one, alone if it exceeds the cap by itself. ``cap_bytes=0``
-    gives one bucket per tensor.
+    gives one bucket per tensor. The first bucket's cap is ``first_cap_bytes``
+    where that is smaller (DDP's 1 MiB: the link starts early in backward).
     """
     if sorted(order) != list(range(len(nbytes))):
         raise ValueError("backward order must name every gradient exactly once")
     buckets: list[list[int]] = []
     size = 0
     for i in order:
-        fits = buckets and size + nbytes[i] <= cap_bytes and (
+        cap = cap_bytes if len(buckets) != 1 or first_cap_bytes is None else \
+            min(cap_bytes, first_cap_bytes)
+        fits = buckets and size + nbytes[i] <= cap and (
             dtypes is None or dtypes[i] == dtypes[buckets[-1][0]])
         if fits:
             buckets[-1].append(i)
@@ -171,7 +180,8 @@ class BucketedStrategy(Strategy):
                  bucket_mb: float = DEFAULT_BUCKET_MB,
                  backward_order: Sequence[int] | None = None,
                  compression: str = "none", progress: str = "thread",
-                 transfer: str = DEFAULT_TRANSFER_PATH) -> None:
+                 transfer: str = DEFAULT_TRANSFER_PATH,
+                 first_bucket_mb: float = FIRST_BUCKET_MB) -> None:
         super().__init__(comm, grads, compression)
         if not bucket_mb >= 0 or bucket_mb == float("inf"):
             raise ValueError(f"--bucket-mb must be a finite number >= 0, got {bucket_mb}")
@@ -186,13 +196,18 @@ class BucketedStrategy(Strategy):
         # its buckets in the same order), closed by close()
         self._engine: TransferEngine | None = None
         self.bucket_mb = float(bucket_mb)
+        if not first_bucket_mb >= 0 or first_bucket_mb == float("inf"):
+            raise ValueError(f"--first-bucket-mb must be a finite number >= 0, got "
+                             f"{first_bucket_mb}")
+        self.first_bucket_mb = float(first_bucket_mb)
         order = list(backward_order) if backward_order is not None else \
             list(reversed(range(len(self.grads))))
         # Caps count the gradients' own bytes, as DDP's do: its fp16 hook compresses each
         # bucket after bucketing, so a 25 MB bucket of float32 sends 12.5 MB.
         cast = COMPRESSIONS[compression]
         groups = assign_buckets([g.numel() * g.element_size() for g in self.grads], order,
-                                self.bucket_mb * MB, [g.dtype for g in self.grads])
+                                self.bucket_mb * MB, [g.dtype for g in self.grads],
+                                first_cap_bytes=self.first_bucket_mb * MB)
         self.buckets = [_Bucket(idx, self.grads, cast) for idx in groups]
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.indices}
         self._next = 0  # first bucket not yet started; buckets start strictly in order
@@ -309,7 +324,8 @@ class BucketedStrategy(Strategy):
             self._unpack_here(b)
 
     def knobs(self) -> dict:
-        return {**super().knobs(), "bucket_mb": self.bucket_mb, "buckets": len(self.buckets),
+        return {**super().knobs(), "bucket_mb": self.bucket_mb,
+                "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
                 "collective": self._collective(), "progress": self.progress_mode,
                 "transfer_path": self.transfer if self.progress_mode == "thread" else None}
