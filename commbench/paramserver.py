@@ -208,7 +208,9 @@ def _worker(comm: Communicator, workload, settings: PSSettings) -> PSResult:
         workload.forward(timer, None)
         workload.backward(timer, ignore, None)
         loss = float(workload.loss.detach()) if real else None
-        with timer.comm_span(nbytes, calls=2):
+        # not a collective: workers push and pull on their own, so the push/pull of one
+        # worker's step k has no counterpart to split wait from transfer by (whole=False)
+        with timer.comm_span(nbytes, calls=2, whole=False):
             for g, v in zip(workload.grads, gviews):
                 v.copy_(g)
             hdr.copy_(torch.tensor([KIND_GRAD, k, version, math.nan if loss is None else loss],

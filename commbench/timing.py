@@ -133,13 +133,13 @@ class StepTimer:
         self._phase_s[name] = self._phase_s.get(name, 0.0) + (end - start)
 
     @contextlib.contextmanager
-    def comm_span(self, nbytes: int, calls: int = 1) -> Iterator[None]:
-        """Time a blocking collective of ``nbytes``."""
+    def comm_span(self, nbytes: int, calls: int = 1, whole: bool = True) -> Iterator[None]:
+        """Time a blocking collective of ``nbytes`` (``whole`` as for ``comm``)."""
         t = now()
         try:
             yield
         finally:
-            self.comm(t, now(), nbytes, calls)
+            self.comm(t, now(), nbytes, calls, whole)
 
     def end_step(self) -> StepSample:
         step_s = now() - self._t0
@@ -189,7 +189,8 @@ class NullTimer:
 
     comm_phase = None  # algorithms skip phase marks when given None
 
-    def comm_span(self, nbytes: int, calls: int = 1) -> contextlib.AbstractContextManager[None]:
+    def comm_span(self, nbytes: int, calls: int = 1,
+                  whole: bool = True) -> contextlib.AbstractContextManager[None]:
         return _NULL_CTX
 
     def end_step(self) -> None:
