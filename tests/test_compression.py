@@ -154,8 +154,6 @@ def _bad(argv: list[str], tmp_path) -> str:
     (["--accum-steps", "0"], "--accum-steps"),
     (["--accum-steps", "-2"], "--accum-steps"),
     (["--compression", "int8"], "--compression"),
-    (["--strategy", "ddp"], "--workload resnet"),
-    (["--strategy", "flat,horovod"], "--workload resnet"),
     (["--strategy", "horovod", "--workload", "resnet", "--compression", "bf16"], "bfloat16"),
 ])
 def test_bad_input_exits_2(tmp_path, argv, needle):

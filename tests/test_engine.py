@@ -25,6 +25,7 @@ class _SlowComm:
 
     name = "stand-in"
     supports_p2p = False
+    progresses_itself = False  # the engine's thread runs each transfer itself
     size, rank = 1, 0
 
     def __init__(self, delay_s: float = 0.02) -> None:
@@ -60,6 +61,61 @@ def test_transfers_run_in_issue_order_on_the_engines_own_communicator():
     assert ts[3].start - ts[3].queued >= 2 * comm.delay_s  # queued behind two others
     engine.close()
     assert comm.dups[0].closed
+
+
+def test_after_runs_on_the_engines_thread_before_the_transfer_counts_as_done():
+    seen: list[tuple[str, float]] = []
+    engine = TransferEngine(_SlowComm(), "thread")
+    t = engine.submit(torch.tensor([2.0]), after=lambda: seen.append(
+        (threading.current_thread().name, float(time.perf_counter()))))
+    t.wait()
+    assert len(seen) == 1 and seen[0][0] == engine.thread.name
+    assert t.start <= t.end <= seen[0][1]  # stamped before the callback: not transfer time
+    engine.close()
+
+
+class _Handle:
+    def __init__(self, done: threading.Event) -> None:
+        self.done = done
+
+    def wait(self) -> None:
+        self.done.wait()
+
+
+class _SelfProgressingComm(_SlowComm):
+    """A library that runs each op on a thread of its own (as Horovod does)."""
+
+    progresses_itself = True
+
+    def dup(self) -> _SelfProgressingComm:
+        twin = _SelfProgressingComm(self.delay_s)
+        self.dups.append(twin)
+        return twin
+
+    def iallreduce(self, tensor: torch.Tensor) -> _Handle:
+        done = threading.Event()
+
+        def run() -> None:
+            time.sleep(self.delay_s)
+            self.order.append(float(tensor[0]))
+            done.set()
+        threading.Thread(target=run).start()
+        return _Handle(done)
+
+
+def test_a_library_that_progresses_itself_gets_every_transfer_at_submit():
+    comm = _SelfProgressingComm(delay_s=0.05)
+    engine = TransferEngine(comm, "thread")
+    t0 = time.perf_counter()
+    ts = [engine.submit(torch.full((2,), float(i))) for i in range(3)]
+    for t in ts:
+        t.wait()
+    # handed over at once: the three ran side by side, not one after another
+    assert time.perf_counter() - t0 < 3 * comm.delay_s
+    assert sorted(comm.dups[0].order) == [0.0, 1.0, 2.0]
+    for a, b in zip(ts, ts[1:]):  # start: the later of queued and the previous end
+        assert b.start == max(b.queued, a.end) and a.end <= b.end
+    engine.close()
 
 
 def test_an_error_is_raised_by_wait_and_test_and_the_engine_goes_on():

@@ -64,24 +64,45 @@ def _wait_until(deadline: float, progress: Callable[[], None] | None) -> None:
 class ReplayClock:
     """Backward's schedule for one step: when each gradient is due, and what the host slept."""
 
-    def __init__(self, ready_s: list[float], grads: list[torch.Tensor]) -> None:
+    def __init__(self, ready_s: list[float], values: list[float]) -> None:
         self.ready_s = ready_s
-        self.grads = grads  # what backward hands autograd for each parameter
+        self.values = values  # this rank's gradient of each tensor, a constant per tensor
+        self.stores: list[torch.Tensor] = []  # the workload's gradient tensors
+        self._expanded: list[torch.Tensor] = []
+        #: the step's first micro-batch: gradients are set, not added to
+        self.fresh = True
         self.factor = 1.0
         self.t0 = 0.0
         self.progress: Callable[[], None] | None = None
-        #: host seconds spent accumulating the gradients handed back (the replay's own
-        #: work: from each function's return to its gradient's announcing hook)
+        #: host seconds spent producing the gradients (the replay's own work: from each
+        #: gradient's deadline to its announcing hook)
         self.host = 0.0
         self._returned = 0.0
 
     def deadline(self, i: int) -> float:
         return self.t0 + self.ready_s[i] * self.factor
 
+    def attach(self, stores: list[torch.Tensor]) -> None:
+        self.stores = stores
+        self._expanded = [torch.full((), v).expand_as(g) for v, g in zip(self.values, stores)]
+
     def wait_for(self, i: int) -> torch.Tensor:
+        """Wait until gradient ``i`` is due; return what autograd accumulates.
+
+        A step's first micro-batch writes the constant into the workload's own
+        gradient tensor and hands autograd a fresh view of it: ``param.grad`` is
+        None then (``SyntheticWorkload.forward``), so autograd adopts the view
+        without a copy and ``param.grad`` shares the tensor the strategies hold
+        (one pass, no zeroing). Later micro-batches hand a stride-0 view of the
+        constant, which autograd adds (one pass).
+        """
         _wait_until(self.deadline(i), self.progress)
         self._returned = now()
-        return self.grads[i]
+        if not self.fresh:
+            return self._expanded[i]
+        g = self.stores[i]
+        g.fill_(self.values[i])
+        return g.view_as(g)
 
     def accumulated(self) -> None:
         """Gradient accumulated (called by its announcing hook, before the strategy's)."""
@@ -178,16 +199,15 @@ class SyntheticWorkload(Workload):
             order = [index[n] for n in profile["backward_order"]]
             ready = {g["name"]: g["ready_s"] for g in profile["grads"]}
             ready_s = [ready[n] * compute_scale for n, _ in shapes]
-        # One value per (seed, rank, tensor): cheap to write, differs between ranks. Each
-        # is handed to autograd as a stride-0 view, so accumulating it is one pass.
+        # One value per (seed, rank, tensor): cheap to write, differs between ranks.
         gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
         values = (torch.rand(len(shapes), generator=gen) + 0.5).tolist()
         #: each tensor's gradient on this rank (every element of tensor ``i`` holds ``[i]``)
         self.grad_values = values
-        grads = [torch.full((), v).expand(s) for v, (_, s) in zip(values, shapes)]
-        self.clock = ReplayClock(ready_s, grads)
+        self.clock = ReplayClock(ready_s, values)
         net = ReplayNet(shapes, order, self.clock)
         super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr), batch_size)
+        self.clock.attach(self.grads)
         self._seen_order = order  # known: no backward needs to run to learn it
         self._input = torch.zeros(1)
         self.slow, self.jitter = slow, jitter
@@ -199,8 +219,9 @@ class SyntheticWorkload(Workload):
         t0 = now()
         if not accumulate:  # a new step: draw its compute factor
             self.factor = compute_factor(self.slow, self.jitter, self._rng)
-            for g in self.grads:
-                g.zero_()
+            for p in self.params:  # backward sets each gradient (ReplayClock.wait_for)
+                p.grad = None
+        self.clock.fresh = not accumulate
         self.loss = self.net(self._input).sum()
         _wait_until(t0 + self.forward_s * self.factor, progress)
         timer.add_compute(now() - t0, "forward")
