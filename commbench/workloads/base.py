@@ -2,8 +2,9 @@
 
 A workload is a model (``net``, an ``nn.Module``), its optimizer (``opt``) and
 the gradient tensors (``grads``, one per parameter, in parameter order),
-allocated once and reused (``zero_`` instead of ``None``) so strategies can
-keep views of them across steps. The runner drives a step in three calls:
+allocated once and reused so strategies can keep views of them across steps
+(the real workload zeroes them; the replay has autograd adopt a view of the
+same memory, ``workloads.synthetic``). The runner drives a step in three calls:
 ``forward``, ``backward`` (which announces gradient ``i`` through
 ``on_ready(i)`` the moment autograd has accumulated it, in the order backward
 really produces them, and calls ``progress()`` so non-blocking collectives
