@@ -11,7 +11,7 @@ import time
 import pytest
 
 from launch.sweep import SweepError, make_sweep, parse_set, point_id
-from tests.conftest import PY, ROOT
+from tests.conftest import PY, ROOT, read_jsonl
 
 FIXED = ["--", "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "10"]
 
@@ -71,7 +71,7 @@ def test_four_points_complete_then_rerun_runs_nothing(tmp_path):
     assert len(done_files(out)) == 4
     assert "point 4/4" in res.stderr and "eta" in res.stderr
     for p in out.glob("*.jsonl"):
-        recs = [json.loads(line) for line in p.read_text().splitlines()]
+        recs = read_jsonl(p)  # without the job_end record that closes the file
         assert recs[-1]["kind"] == "summary" and recs[-1]["wrong"] == 0
     before = {p.name: p.stat().st_mtime for p in out.iterdir()}
     again = sweep_cli(str(f))
@@ -131,6 +131,6 @@ def test_point_on_emulated_cluster(tmp_path):
                     str(out), "--", "--model", "resnet18", "--steps", "2", "--warmup", "1",
                     "--algo", "native")
     assert res.returncode == 0, res.stderr
-    recs = [json.loads(line) for p in out.glob("*.jsonl") for line in p.read_text().splitlines()]
+    recs = [r for p in out.glob("*.jsonl") for r in read_jsonl(p)]
     assert recs[-1]["nodes"] == 2 and recs[-1]["link_gbps"] > 0.5
     assert recs[-1]["link_shaping"] == "1gbit"
