@@ -32,13 +32,18 @@ namespaces), with nothing else measuring::
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.cluster_jobs import ROOT, cluster_argv, layouts, print_load, records, run_jobs
+from benchmarks.cluster_jobs import (
+    add_output_flags,
+    cluster_argv,
+    execute,
+    layouts,
+    outdir_of,
+    records,
+)
 from commbench.comm.engine import TRANSFER_PATHS
 from commbench.report import Column, format_table
 
@@ -147,22 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2,
                    help="warm-up steps; at least the largest staleness (2), so async's "
                         "pipeline is full when the wall clock starts")
-    p.add_argument("--outdir", type=Path, default=None,
-                   help="where the jobs' records go (default: results/async-speedup-<time>)")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_output_flags(p, "async-speedup")
     args = p.parse_args(argv)
 
-    outdir = args.outdir or ROOT / "results" / f"async-speedup-{time.strftime('%Y%m%d-%H%M%S')}"
+    outdir = outdir_of(args, "async-speedup")
     jobs = plan(args, outdir)
-    if args.dry_run:
-        for job in jobs:
-            print(shlex.join(job_argv(job, args)))
+    failed = execute([(job.label, job_argv(job, args)) for job in jobs], outdir, args.dry_run,
+                     JOB_TIMEOUT_S)
+    if failed is None:
         return 0
-
-    print_load("before starting")
-    outdir.mkdir(parents=True, exist_ok=True)
-    failed = run_jobs([(job.label, job_argv(job, args)) for job in jobs], JOB_TIMEOUT_S)
-    print_load("after the jobs")
 
     for n, s in args.layouts:
         fell_back: list[str] = []

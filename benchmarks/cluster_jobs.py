@@ -12,8 +12,10 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,6 +73,32 @@ def run_jobs(jobs: Sequence[tuple[str, list[str]]], timeout_s: float) -> int:
             failed += 1
             print(f"# job failed (exit {res.returncode}{', timed out' if res.timed_out else ''})"
                   f":\n{res.stdout[-2000:]}{res.stderr[-2000:]}", file=sys.stderr)
+    return failed
+
+
+def add_output_flags(p: argparse.ArgumentParser, stem: str) -> None:
+    """``--outdir`` (default ``results/<stem>-<time>``) and ``--dry-run``."""
+    p.add_argument("--outdir", type=Path, default=None,
+                   help=f"where the jobs' records go (default: results/{stem}-<time>)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+
+
+def outdir_of(args: argparse.Namespace, stem: str) -> Path:
+    return args.outdir or ROOT / "results" / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def execute(jobs: Sequence[tuple[str, list[str]]], outdir: Path, dry_run: bool,
+            timeout_s: float) -> int | None:
+    """Print the jobs' commands (``dry_run``: return None), or run them one at a time
+    between two load readings and return the failures."""
+    if dry_run:
+        for _, argv in jobs:
+            print(shlex.join(argv))
+        return None
+    print_load("before starting")
+    outdir.mkdir(parents=True, exist_ok=True)
+    failed = run_jobs(jobs, timeout_s)
+    print_load("after the jobs")
     return failed
 
 

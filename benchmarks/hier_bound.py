@@ -30,13 +30,17 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from benchmarks.cluster_jobs import ROOT, cluster_argv, parse_layout, print_load, records, run_jobs
+from benchmarks.cluster_jobs import (
+    add_output_flags,
+    cluster_argv,
+    execute,
+    outdir_of,
+    parse_layout,
+    records,
+)
 from commbench.report import Column, format_table
 
 DEFAULT_CASES = "2x1@1gbit@64M,2x2@1gbit@64M,2x4@1gbit@64M,2x4@200mbit@16M"
@@ -122,12 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--algos", default=",".join(ALGOS), help="algorithms, comma-separated")
     p.add_argument("--iters", type=int, default=5, help="timed all-reduces per algorithm")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--outdir", type=Path, default=None,
-                   help="where the records go (default: results/hier-bound-<time>)")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_output_flags(p, "hier-bound")
     args = p.parse_args(argv)
 
-    outdir = args.outdir or ROOT / "results" / f"hier-bound-{time.strftime('%Y%m%d-%H%M%S')}"
+    outdir = outdir_of(args, "hier-bound")
     jobs = []
     for case in args.cases:
         program = ["python", "-m", "commbench.microbench", "-b", str(case.size), "-e",
@@ -136,14 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                    str(outdir / f"{case.stem}.jsonl")]
         jobs.append((case.label, cluster_argv(case.nodes, case.slots, case.rate, program,
                                               JOB_TIMEOUT_S)))
-    if args.dry_run:
-        for _, job in jobs:
-            print(shlex.join(job))
+    failed = execute(jobs, outdir, args.dry_run, JOB_TIMEOUT_S)
+    if failed is None:
         return 0
-    print_load("before starting")
-    outdir.mkdir(parents=True, exist_ok=True)
-    failed = run_jobs(jobs, JOB_TIMEOUT_S)
-    print_load("after the jobs")
     for case in args.cases:
         rows, gbps, names = case_rows(case, records(outdir / f"{case.stem}.jsonl",
                                                     "microbench"))

@@ -40,13 +40,12 @@ Run it from the repository root, as root, with nothing else measuring::
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.cluster_jobs import ROOT, layouts, print_load, records, run_jobs
+from benchmarks.cluster_jobs import ROOT, add_output_flags, execute, layouts, outdir_of, records
 from commbench.report import Column, format_table
 
 JOB_TIMEOUT_S = 420.0
@@ -167,22 +166,16 @@ def main(argv: list[str] | None = None) -> int:
                    "('' for none)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--outdir", type=Path, default=None,
-                   help="where the jobs' records go (default: results/peer-fairness-<time>)")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_output_flags(p, "peer-fairness")
     args = p.parse_args(argv)
 
-    outdir = args.outdir or ROOT / "results" / f"peer-fairness-{time.strftime('%Y%m%d-%H%M%S')}"
+    outdir = outdir_of(args, "peer-fairness")
     jobs = plan(args, outdir)
-    if args.dry_run:
-        for job in jobs:
-            print(shlex.join(job_argv(job, args)))
-        return 0
-    print_load("before starting")
-    outdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    failed = run_jobs([(job.name, job_argv(job, args)) for job in jobs], JOB_TIMEOUT_S)
-    print_load("after the jobs")
+    failed = execute([(job.name, job_argv(job, args)) for job in jobs], outdir, args.dry_run,
+                     JOB_TIMEOUT_S)
+    if failed is None:
+        return 0
     by_job = {job.name: records(job.output, "summary") for job in jobs}
     rows = [row(job, s) for job in jobs for s in by_job[job.name]]
     n, s = args.layout
