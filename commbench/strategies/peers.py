@@ -221,7 +221,7 @@ class DDPStrategy(Strategy):
     def finish(self) -> None:
         """DDP has already synchronised inside backward."""
         self._step_buckets = self._buckets
-        last = self.workload._last_ready
+        last = self.workload.last_ready
         self._early = sum(1 for t in self._bucket_starts if t < last)
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:

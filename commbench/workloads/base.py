@@ -63,7 +63,8 @@ class Workload(abc.ABC):
         self._on_ready: Callable[[int], None] | None = None
         self._progress: Callable[[], None] | None = None
         self._hook_s = 0.0
-        self._last_ready = 0.0
+        #: when the latest gradient's announcing hook ended (this rank's clock)
+        self.last_ready = 0.0
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
 
@@ -75,8 +76,8 @@ class Workload(abc.ABC):
                 self._on_ready(i)
             if self._progress is not None:
                 self._progress()
-            self._last_ready = now()
-            self._hook_s += self._last_ready - t
+            self.last_ready = now()
+            self._hook_s += self.last_ready - t
         return hook
 
     @property
@@ -100,7 +101,7 @@ class Workload(abc.ABC):
             self._sync_device()
         finally:
             self._on_ready = self._progress = None
-        end = self._last_ready if self.sync_in_backward else now()
+        end = self.last_ready if self.sync_in_backward else now()
         if self._seen_order is None and len(self._order) == len(self.params):
             self._seen_order = list(self._order)
         return t, end

@@ -209,6 +209,7 @@ class SyntheticWorkload(Workload):
         super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr), batch_size)
         self.clock.attach(self.grads)
         self._seen_order = order  # known: no backward needs to run to learn it
+        self._backward_s = max(ready_s, default=0.0)  # when the last gradient is due
         self._input = torch.zeros(1)
         self.slow, self.jitter = slow, jitter
         self._rng = random.Random(seed * 1_000_003 + rank)
@@ -235,7 +236,7 @@ class SyntheticWorkload(Workload):
         c.t0 = now()  # deadlines count from here, whatever the host does in between
         self._run_backward(on_ready, progress)
         c.progress = None
-        due = max((c.ready_s[i] for i in self._seen_order), default=0.0) * self.factor
+        due = self._backward_s * self.factor
         # The device finishes at the last deadline unless the replay's own host work
         # (accumulating the gradients) took longer; time in the strategies' hooks (or a
         # peer's, inside backward) beyond that is sync.
