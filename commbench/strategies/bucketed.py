@@ -73,6 +73,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -84,7 +85,8 @@ from commbench.timing import NullTimer, StepTimer
 MB = 2**20  # DDP's bucket_cap_mb unit
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
 #: DDP's first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``): a 25 MB first bucket kept the
-#: link idle until it filled; bucketed / DDP 1.060 -> see benchmarks/peer_fairness.py
+#: link idle until it filled (benchmarks/peer_fairness.py, 2 x 4 at 1 Gbit/s: bucketed / DDP
+#: step 1.060 before, 0.945 after, one run each)
 FIRST_BUCKET_MB = 1.0
 
 
@@ -127,7 +129,7 @@ class _Bucket:
     """
 
     __slots__ = ("indices", "buffer", "dev", "views", "nbytes", "pending", "handle", "start",
-                 "staged", "by_engine")
+                 "staged")
 
     def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
                  dtype: torch.dtype | None = None) -> None:
@@ -150,7 +152,6 @@ class _Bucket:
         self.handle: Handle | None = None
         self.start = 0.0
         self.staged = None  # torch.cuda.Event once the device-to-host copy is queued
-        self.by_engine = False  # the transfer engine unpacks it as its sum arrives
 
     def stage(self) -> None:
         """Queue the copy of the packed device buffer to the host (GPU only)."""
@@ -183,8 +184,9 @@ class BucketedStrategy(Strategy):
                  transfer: str = DEFAULT_TRANSFER_PATH,
                  first_bucket_mb: float = FIRST_BUCKET_MB) -> None:
         super().__init__(comm, grads, compression)
-        if not bucket_mb >= 0 or bucket_mb == float("inf"):
-            raise ValueError(f"--bucket-mb must be a finite number >= 0, got {bucket_mb}")
+        for flag, mb in (("--bucket-mb", bucket_mb), ("--first-bucket-mb", first_bucket_mb)):
+            if not mb >= 0 or mb == float("inf"):
+                raise ValueError(f"{flag} must be a finite number >= 0, got {mb}")
         if progress not in PROGRESS:
             raise ValueError(f"--progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
         if transfer not in TRANSFER_PATHS:
@@ -196,9 +198,6 @@ class BucketedStrategy(Strategy):
         # its buckets in the same order), closed by close()
         self._engine: TransferEngine | None = None
         self.bucket_mb = float(bucket_mb)
-        if not first_bucket_mb >= 0 or first_bucket_mb == float("inf"):
-            raise ValueError(f"--first-bucket-mb must be a finite number >= 0, got "
-                             f"{first_bucket_mb}")
         self.first_bucket_mb = float(first_bucket_mb)
         order = list(backward_order) if backward_order is not None else \
             list(reversed(range(len(self.grads))))
@@ -249,9 +248,8 @@ class BucketedStrategy(Strategy):
             if self.progress_mode == "thread":
                 if self._engine is None:
                     self._engine = TransferEngine(self.comm, self.transfer)
-                b.by_engine = b.dev is None
                 b.handle = self._engine.submit(
-                    b.buffer, after=self._unpacker(b) if b.by_engine else None)
+                    b.buffer, after=partial(self._unpack, b) if self._engine_unpacks(b) else None)
             else:
                 b.handle = self.comm.iallreduce(b.buffer)
             self._in_flight.append(b)
@@ -284,14 +282,14 @@ class BucketedStrategy(Strategy):
                 self._unpack_here(b)
 
     def _unpack_here(self, b: _Bucket) -> None:
-        """Unpack on this thread unless the engine already has (``_unpacker``)."""
-        if not b.by_engine:
+        """Unpack on this thread unless the engine already has."""
+        if not self._engine_unpacks(b):
             self._unpack(b)
 
-    def _unpacker(self, b: _Bucket):
-        def unpack() -> None:  # on the engine's thread, as the bucket's sum arrives
-            self._unpack(b)
-        return unpack
+    def _engine_unpacks(self, b: _Bucket) -> bool:
+        """Whether the engine's thread unpacks ``b`` as its sum arrives (a host bucket;
+        a GPU bucket's copy back is stream-ordered on this thread)."""
+        return self.progress_mode == "thread" and b.dev is None
 
     def _unpack(self, b: _Bucket) -> None:
         """Write the bucket's mean into its gradients (final: backward is done with them).
