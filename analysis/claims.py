@@ -4,18 +4,26 @@ Each check returns a Claim: what was measured here (and in which figure),
 what the fitted model predicts at the claim's scale, and a verdict —
 ``reproduced``, ``refuted`` or ``not reproducible here`` — with its reason.
 Thresholds are stated next to each check; nothing is decided without data.
+
+A claim that compares runs compares only runs of one matched set-up
+(``analysis.match``): runs that differ in the claim's own variable alone (the
+sync scheme for C2 and C4, the batch for C5 and C6, k for C7). Where several
+matched sets hold the comparison, the verdict comes from the largest
+(``match.scale``: most ranks, then nodes) and the others' figures are listed
+beside it; where none does, the claim is "not reproducible here". Every figure
+names the runs behind it (``Claim.runs``).
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.load import get, num, stat
+from analysis import match
+from analysis.load import get, knob, num, stat
 from analysis.model import ModelResult, Scenario, predict, sync_share
 from commbench import metrics
 
@@ -31,6 +39,12 @@ class Claim:
     model: str
     verdict: str
     reason: str
+    #: the matched set-up the verdict comes from, in words
+    setup: str | None = None
+    #: figure -> the ids of the runs behind it
+    runs: dict[str, list[str]] = field(default_factory=dict)
+    #: the figures of the other matched set-ups, each with its set-up and runs
+    others: list[str] = field(default_factory=list)
 
 
 def _summaries(records: Sequence[dict]) -> list[dict]:
@@ -46,12 +60,19 @@ def _global_batch(r: dict) -> float:
     return num(r.get("world_size")) * num(r.get("batch_size")) * (num(get(r, "accum_steps")) or 1)
 
 
-def _experiment(r: dict, without: str) -> tuple:
-    """Everything that makes two runs different experiments, except ``without``."""
-    from analysis.figures import CONTEXT
-
-    return (r.get("strategy"), r.get("algo"),
-            *(repr(g(r)) for name, g, _ in CONTEXT if name != without))
+def _choose(groups: list[list[dict]], figure: Callable[[list[dict]], tuple[str, dict]],
+            vary: Sequence[str], key=match.scale) -> tuple[list[dict], str, dict, list[str]]:
+    """The matched set a verdict comes from (the largest by ``key``), its figure text and
+    runs, and one line per other set: its set-up, figure and runs."""
+    ordered = sorted(groups, key=key, reverse=True)
+    chosen = ordered[0]
+    text, runs = figure(chosen)
+    others = []
+    for g in ordered[1:]:
+        t, rs = figure(g)
+        others.append(f"{match.describe(g[0], vary)}: {t} ("
+                      + "; ".join(f"{k}: {', '.join(v)}" for k, v in rs.items()) + ")")
+    return chosen, text, runs, others
 
 
 def _scenario(model: ModelResult | None) -> Scenario:
@@ -75,29 +96,70 @@ def c1(records, model) -> Claim:
     k = num(get(big, "accum_steps"))
     accum = f" x {k:g} accumulated" if k > 1 else ""
     measured = (f"largest global batch here {gb:.0f} ({big.get('world_size')} ranks x "
-                f"{big.get('batch_size')}{accum}): sync share {share:.0%} ({big.get('strategy')}, "
-                f"{big.get('algo') or '-'})")
+                f"{big.get('batch_size')}{accum}): sync share {share:.0%} ({_scheme(big)}; "
+                f"run {big.get('run_id')})")
+    found = {"setup": match.describe(big), "runs": {"sync share": match.run_ids([big])}}
     if gb <= 2048:
         # the model decides at the claim's scale: within 10 points of 35% counts as agreement
         verdict = REPRODUCED if abs(flat - 0.35) <= 0.10 else REFUTED
         return Claim("C1", text, measured, "sync_share_vs_ranks", pred, NOT_HERE,
                      f"global batch > 2048 needs more ranks than this machine has; the model "
                      f"{verdict} it at 100 Gbit/s (flat {flat:.0%} vs 35%), and the share "
-                     f"depends mostly on the link speed")
+                     f"depends mostly on the link speed", **found)
     verdict = REPRODUCED if abs(share - 0.35) <= 0.10 else REFUTED
     return Claim("C1", text, measured, "sync_share_vs_ranks", pred, verdict,
-                 f"measured {share:.0%} vs 35% (agreement: within 10 points)")
+                 f"measured {share:.0%} vs 35% (agreement: within 10 points)", **found)
 
 
-def _setups(records) -> list[dict[str, dict]]:
-    """Summaries grouped by set-up (ranks, nodes, model, backend, bytes), keyed by
-    ``strategy-algo``; the first run of each kind."""
-    by: dict = defaultdict(dict)
-    for r in _summaries(records):
-        key = (r.get("world_size"), r.get("nodes"), r.get("model"), r.get("backend"),
-               r.get("grad_bytes"))
-        by[key].setdefault(f"{r.get('strategy')}-{r.get('algo')}", r)
-    return list(by.values())
+def _scheme(r: dict) -> str:
+    """A run's sync scheme in words: ``flat (ring)``, ``hierarchical (hier)``, ``async s=1``,
+    ``ps (measured staleness 2.4)``, ``bucketed 25 MB``."""
+    family, algo = match.sync_family(r), r.get("algo")
+    if family == "async":
+        return f"async s={knob(r, 'staleness')}"
+    if family == "ps":
+        s = num(knob(r, "staleness"))
+        return "ps" + ("" if math.isnan(s) else f" (measured staleness {s:.2g})")
+    if family in ("bucketed", "ddp"):
+        mb = num(knob(r, "bucket_mb"))
+        return f"{family}" + ("" if math.isnan(mb) else f" {mb:g} MB")
+    return f"{family} ({algo})" if algo else str(family)
+
+
+def _not_matched(kinds: str, vary: str) -> str:
+    """Why a comparison found no matched set: what "one set-up" holds equal."""
+    same = ", ".join(match.WORDS[f] for f in match.FIELDS if f != vary)
+    return f"no {kinds} of one matched set-up (runs differing only in the {match.WORDS[vary]}: " \
+        f"same {same})"
+
+
+# -- C2: hierarchical vs flat ring ------------------------------------------------------
+
+def _is_flat_ring(r: dict) -> bool:
+    return match.sync_family(r) == "flat" and r.get("algo") == "ring"
+
+
+def _is_hier(r: dict) -> bool:
+    return match.sync_family(r) == "hierarchical"
+
+
+def _c2_ratios(g: list[dict]) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """Exposed sync of each hierarchical algorithm / the flat ring's (medians over repeats)."""
+    ring = [r for r in g if _is_flat_ring(r)]
+    base = _med([stat(r, "exposed_sync_s") for r in ring])
+    ratios, runs = {}, {"flat (ring)": match.run_ids(ring)}
+    for algo in match.HIERARCHICAL_ALGOS:
+        hs = [r for r in g if _is_hier(r) and r.get("algo") == algo]
+        if hs:
+            ratios[algo] = _med([stat(r, "exposed_sync_s") for r in hs]) / base
+            runs[f"hierarchical ({algo})"] = match.run_ids(hs)
+    return ratios, runs
+
+
+def _c2_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
+    ratios, runs = _c2_ratios(g)
+    return ("exposed sync / flat ring: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()),
+            runs)
 
 
 def c2(records, model) -> Claim:
@@ -107,15 +169,23 @@ def c2(records, model) -> Claim:
     big = predict("hier", n, 256, sc.params(100), 32, 8) / predict("ring", n, 256,
                                                                       sc.params(100), 32, 8)
     pred = f"hier / flat ring at 256 ranks (32 x 8), 100 Gbit/s: {big:.2f} (cut {1 - big:.0%})"
-    found = [g for g in _setups(records) if "flat-ring" in g
-             and num(g["flat-ring"].get("nodes")) > 1
-             and any(k.startswith("hierarchical-") for k in g)]
-    if not found:
-        return Claim("C2", text, "no hierarchical and flat ring runs on more than one node",
-                     None, pred, NOT_HERE, "one host: both levels are the same shared memory; "
-                     "run on the emulated cluster (python -m launch.cluster)")
-    g = found[0]
-    f = g["flat-ring"]
+    multi = [r for r in _summaries(records) if num(r.get("nodes")) > 1
+             and not math.isnan(stat(r, "exposed_sync_s"))]
+    vary = ("sync",)
+    groups = [g for g in match.matched_sets(multi, vary)
+              if any(map(_is_flat_ring, g)) and any(map(_is_hier, g))]
+    if not groups:
+        if not multi:
+            return Claim("C2", text, "no runs on more than one node", None, pred, NOT_HERE,
+                         "one host: both levels are the same shared memory; run on the "
+                         "emulated cluster (python -m launch.cluster)")
+        seen = sorted({_scheme(r) for r in multi})
+        return Claim("C2", text, "no flat ring and hierarchical runs of one set-up on more "
+                     f"than one node (multi-node runs: {', '.join(seen)})", None, pred, NOT_HERE,
+                     _not_matched("flat ring and hierarchical (--strategy hierarchical, or "
+                                  "flat --algo hier / hier-leader) runs", "sync"))
+    g, measured, runs, others = _choose(groups, _c2_figure, vary)
+    f = next(r for r in g if _is_flat_ring(r))
     nodes, local, p = int(f["nodes"]), int(f["local_size"]), int(f["world_size"])
     if model is not None and not math.isnan(model.params.alpha_inter):
         def vs_ring(algo: str) -> float:
@@ -124,19 +194,26 @@ def c2(records, model) -> Claim:
 
         pred += (f"; with the fitted links at {nodes} x {local}: hier {vs_ring('hier'):.2f}, "
                  f"leader {vs_ring('hier-leader'):.2f}")
-    ratios = {k.removeprefix("hierarchical-"): stat(h, "exposed_sync_s")
-              / stat(f, "exposed_sync_s") for k, h in g.items() if k.startswith("hierarchical-")}
+    ratios, _ = _c2_ratios(g)
     best = min(ratios, key=ratios.get)
-    link = "; ".join(f"{k}: {num(r.get('link_efficiency')):.2f}" for k, r in sorted(g.items())
+    link = "; ".join(f"{_scheme(r)}: {num(r.get('link_efficiency')):.2f}" for r in g
                      if r.get("link_efficiency") is not None)
-    measured = (f"exposed sync / flat ring on {nodes} nodes x {local} "
-                f"({f.get('link_shaping') or 'unshaped'} links): "
-                + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ratios.items()))
-                + (f"; link efficiency {link}" if link else ""))
+    measured = (f"{measured} on {nodes} nodes x {local} ({f.get('link_shaping') or 'unshaped'} "
+                f"links)" + (f"; link efficiency {link}" if link else ""))
     verdict = REPRODUCED if ratios[best] <= 0.70 else REFUTED  # a cut of at least 30 %
     return Claim("C2", text, measured, "overlap", pred, verdict,
                  f"best variant ({best}) cuts {1 - ratios[best]:.0%} (reproduced when at least "
-                 "30%)")
+                 "30%)", match.describe(g[0], vary), runs, others)
+
+
+# -- C3: bucketed ---------------------------------------------------------------------
+
+def _c3_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
+    r = g[0]
+    calls = (r.get("knobs") or {}).get("buckets")
+    return (f"{r.get('world_size')} ranks, bucket {num(knob(r, 'bucket_mb')):g} MB: {calls} "
+            f"all-reduces per step for {r.get('grad_tensors')} gradient tensors, overlap "
+            f"{_med([stat(x, 'overlap') for x in g]):.2f}", {"bucketed": match.run_ids(g)})
 
 
 def c3(records, model) -> Claim:
@@ -144,7 +221,7 @@ def c3(records, model) -> Claim:
             "overlaps with backward")
     buck = [r for r in _summaries(records) if r.get("strategy") == "bucketed"]
     sc = _scenario(model)
-    per_tensor = [r for r in buck if num((r.get("knobs") or {}).get("bucket_mb")) == 0]
+    per_tensor = [r for r in buck if num(knob(r, "bucket_mb")) == 0]
     pred = "no overlap term in the alpha-beta model"
     sizes = (per_tensor[0].get("knobs") or {}).get("bucket_bytes") if per_tensor else None
     if sizes:
@@ -155,19 +232,51 @@ def c3(records, model) -> Claim:
                 f"one-shot at 256 ranks, 100 Gbit/s (latency terms)")
     if not buck:
         return Claim("C3", text, "no bucketed runs", None, pred, NOT_HERE, "no data")
-    b25 = [r for r in buck if num((r.get("knobs") or {}).get("bucket_mb")) == 25] or buck
-    r = b25[0]
-    ov = stat(r, "overlap")
-    calls = (r.get("knobs") or {}).get("buckets")
-    tensors = r.get("grad_tensors")
-    measured = (f"{r.get('world_size')} ranks, bucket "
-                f"{num((r.get('knobs') or {}).get('bucket_mb')):g} MB: {calls} "
-                f"all-reduces per step for {tensors} gradient tensors, overlap {ov:.2f}")
+    groups = match.matched_sets(buck)  # repeats of one set-up and bucket size
+    groups = [g for g in groups if num(knob(g[0], "bucket_mb")) == 25] or groups
+    g, measured, runs, others = _choose(groups, _c3_figure, ())
+    calls, tensors = (g[0].get("knobs") or {}).get("buckets"), g[0].get("grad_tensors")
+    ov = _med([stat(r, "overlap") for r in g])
     fewer = calls is not None and tensors is not None and calls < tensors
     verdict = REPRODUCED if fewer and ov > 0.1 else REFUTED
     return Claim("C3", text, measured, "overlap", pred, verdict,
                  "fewer calls than tensors and overlap > 0.1" if verdict == REPRODUCED else
-                 f"calls fewer than tensors: {fewer}; overlap {ov:.2f} (needs > 0.1)")
+                 f"calls fewer than tensors: {fewer}; overlap {ov:.2f} (needs > 0.1)",
+                 match.describe(g[0]), runs, others)
+
+
+# -- C4: asynchronous updates ----------------------------------------------------------
+
+def _synchronous(r: dict) -> bool:
+    """A run whose step waits for its own gradients, with nothing overlapped: the
+    reference the seed's "3x" speaks of (async s=0 runs async's own code)."""
+    family = match.sync_family(r)
+    return family in ("flat", "hierarchical") or (
+        family == "async" and num(knob(r, "staleness")) == 0)
+
+
+def _stale(r: dict) -> bool:
+    family = match.sync_family(r)
+    return family == "ps" or (family == "async" and num(knob(r, "staleness")) > 0)
+
+
+def _c4_speedup(g: list[dict]) -> tuple[float, dict, dict, str]:
+    """Fastest stale run / fastest synchronous run of one matched set. Runs are judged by
+    ``wall_throughput`` where all of them carry it (async's transfers run on between
+    steps, which ``step_s`` misses), else by ``throughput``."""
+    pair = [r for r in g if _synchronous(r) or _stale(r)]
+    rate = "wall_throughput" if all(not math.isnan(stat(r, "wall_throughput")) for r in pair) \
+        else "throughput"
+    ref = max((r for r in g if _synchronous(r)), key=lambda r: stat(r, rate))
+    best = max((r for r in g if _stale(r)), key=lambda r: stat(r, rate))
+    return stat(best, rate) / stat(ref, rate), best, ref, rate
+
+
+def _c4_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
+    speed, best, ref, rate = _c4_speedup(g)
+    return (f"fastest stale / fastest synchronous {rate}: {speed:.2f}x ({_scheme(best)} "
+            f"{stat(best, rate):.4g} vs {_scheme(ref)} {stat(ref, rate):.4g} samples/s)",
+            {_scheme(best): match.run_ids([best]), _scheme(ref): match.run_ids([ref])})
 
 
 def c4(records, model) -> Claim:
@@ -176,22 +285,53 @@ def c4(records, model) -> Claim:
     share = sync_share("ring", 256, 100, sc)[1]
     pred = (f"hiding all sync bounds the speed-up at 1 / (1 - sync share) = {1 / (1 - share):.2f}x "
             f"at 256 ranks, 100 Gbit/s (3x needs a sync share of 67%)")
-    recs = _summaries(records)
-    sync = [r for r in recs if r.get("strategy") == "flat" or
-            (r.get("strategy") == "async" and num(get(r, "staleness")) == 0)]
-    asyn = [r for r in recs if r.get("strategy") in ("async", "ps")
-            and num(get(r, "staleness")) != 0]
-    if not asyn or not sync:
-        return Claim("C4", text, "no async runs with a synchronous reference", "staleness", pred,
-                     NOT_HERE, "needs --strategy async (issue 7) results")
-    base = _med([stat(r, "throughput") for r in sync])
-    best = max(asyn, key=lambda r: stat(r, "throughput"))
-    speed = stat(best, "throughput") / base
-    measured = (f"best async throughput / synchronous: {speed:.2f}x ({best.get('strategy')}, "
-                f"s={get(best, 'staleness')})")
+    recs = [r for r in _summaries(records) if not math.isnan(stat(r, "throughput"))]
+    vary = ("sync",)
+    groups = [g for g in match.matched_sets(recs, vary)
+              if any(map(_synchronous, g)) and any(map(_stale, g))]
+    if not groups:
+        if not any(map(_stale, recs)):
+            return Claim("C4", text, "no async runs", "staleness", pred, NOT_HERE,
+                         "needs --strategy async --staleness S > 0 (or python -m commbench.ps) "
+                         "results beside a synchronous run of the same set-up")
+        return Claim("C4", text, "no async run with a synchronous run of the same set-up",
+                     "staleness", pred, NOT_HERE,
+                     _not_matched("async (s > 0) or parameter-server runs and synchronous "
+                                  "(flat, hierarchical, async s=0) runs", "sync"))
+    g, measured, runs, others = _choose(groups, _c4_figure, vary)
+    speed = _c4_speedup(g)[0]
     verdict = REPRODUCED if speed >= 2.5 else REFUTED  # within a sixth of 3x
     return Claim("C4", text, measured, "staleness", pred, verdict,
-                 f"{speed:.2f}x vs ~3x (reproduced from 2.5x)")
+                 f"{speed:.2f}x vs ~3x (reproduced from 2.5x)", match.describe(g[0], vary),
+                 runs, others)
+
+
+# -- C5-C7: sweeps of one setting ---------------------------------------------------------
+
+def _at(g: list[dict], read: Callable[[dict], float], value: float) -> list[dict]:
+    return [r for r in g if read(r) == value]
+
+
+def _batch(r: dict) -> float:
+    return num(r.get("batch_size"))
+
+
+def _c5_ratio(g: list[dict]) -> tuple[float, float, float, dict[str, list[str]]]:
+    bs = sorted({_batch(r) for r in g})
+    lo, hi = _at(g, _batch, bs[0]), _at(g, _batch, bs[-1])
+    ratio = _med([stat(r, "throughput") for r in hi]) / _med([stat(r, "throughput") for r in lo])
+    return bs[0], bs[-1], ratio, {f"batch {bs[0]:g}": match.run_ids(lo),
+                                  f"batch {bs[-1]:g}": match.run_ids(hi)}
+
+
+def _c5_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
+    b0, b1, ratio, runs = _c5_ratio(g)
+    measured = f"{_scheme(g[0])}: throughput x{ratio:.2f} from batch {b0:g} to {b1:g} per rank"
+    acc = {_batch(r): r["final_accuracy"] for r in g if r.get("final_accuracy") is not None}
+    if acc:
+        measured += "; final accuracy " + ", ".join(f"{k:g}: {v:.3f}"
+                                                     for k, v in sorted(acc.items()))
+    return measured, runs
 
 
 def c5(records, model) -> Claim:
@@ -200,55 +340,84 @@ def c5(records, model) -> Claim:
     t = sync_share("ring", 256, 100, sc)[0]
     gain = 4 * (sc.compute_s + t) / (4 * sc.compute_s + t)
     pred = f"per-rank batch 256 -> 1024 at 256 ranks, 100 Gbit/s: throughput x{gain:.2f}"
-    by: dict = defaultdict(list)
-    for r in _summaries(records):
-        by[_experiment(r, "batch_size")].append(r)
-    best = None
-    for rs in by.values():
-        bs = sorted({r["batch_size"] for r in rs if r.get("batch_size")})
-        if len(bs) >= 2:
-            lo = _med([stat(r, "throughput") for r in rs if r["batch_size"] == bs[0]])
-            hi = _med([stat(r, "throughput") for r in rs if r["batch_size"] == bs[-1]])
-            best = (bs[0], bs[-1], hi / lo, rs)
-            break
-    if best is None:
-        return Claim("C5", text, "no runs at two batch sizes", None, pred, NOT_HERE, "no data")
-    b0, b1, ratio, rs = best
-    acc = {r["batch_size"]: r.get("final_accuracy") for r in rs
-           if r.get("final_accuracy") is not None}
-    measured = f"throughput x{ratio:.2f} from batch {b0} to {b1} per rank"
-    if acc:
-        measured += "; final accuracy " + ", ".join(f"{k}: {v:.3f}" for k, v in sorted(acc.items()))
+    recs = [r for r in _summaries(records) if not math.isnan(_batch(r))
+            and not math.isnan(stat(r, "throughput"))]
+    vary = ("batch",)
+    groups = [g for g in match.matched_sets(recs, vary) if len({_batch(r) for r in g}) >= 2]
+    if not groups:
+        return Claim("C5", text, "no runs at two batch sizes of one set-up", None, pred,
+                     NOT_HERE, _not_matched("runs at two batch sizes", "batch"))
+    g, measured, runs, others = _choose(groups, _c5_figure, vary)
+    ratio = _c5_ratio(g)[2]
+    acc = any(r.get("final_accuracy") is not None for r in g)
     verdict = REPRODUCED if ratio > 1.1 else REFUTED
     return Claim("C5", text, measured, "batch_size", pred, verdict,
                  ("throughput rose >10%" if ratio > 1.1 else "throughput did not rise >10%")
-                 + ("" if acc else "; accuracy not measured (needs --dataset digits)"))
+                 + ("" if acc else "; accuracy not measured (needs --dataset digits)"),
+                 match.describe(g[0], vary), runs, others)
+
+
+def _memory_field(g: list[dict]) -> str:
+    return "peak_cuda_mb" if any(r.get("peak_cuda_mb") is not None for r in g) else "peak_rss_mb"
+
+
+def _c6_fit(g: list[dict]) -> tuple[float, float, float, list[dict]]:
+    key = _memory_field(g)
+    used = [r for r in g if not math.isnan(num(r.get(key)))]
+    x = np.array([_batch(r) for r in used])
+    y = np.array([num(r.get(key)) for r in used])
+    slope, icpt = np.polyfit(x, y, 1)
+    r2 = 1 - ((y - (slope * x + icpt)) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
+    return slope, icpt, r2, used
+
+
+def _c6_batches(g: list[dict]) -> int:
+    key = _memory_field(g)
+    return len({_batch(r) for r in g if not math.isnan(num(r.get(key)))})
+
+
+def _c6_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
+    slope, icpt, r2, used = _c6_fit(g)
+    return (f"{_memory_field(g)} = {icpt:.0f} MB + {slope:.1f} MB/sample (R^2 {r2:.3f}, "
+            f"{len(used)} runs, {g[0].get('model')})", {"memory": match.run_ids(used)})
 
 
 def c6(records, model) -> Claim:
     text = "activation memory grows linearly with batch (12 GB -> 38 GB, ResNet-50)"
-    groups: dict = defaultdict(list)
-    for r in _summaries(records):
-        if r.get("workload") == "resnet":
-            groups[_experiment(r, "batch_size")].append(r)
-    real = max(groups.values(), key=lambda rs: len({r.get("batch_size") for r in rs}),
-               default=[])
-    key = "peak_cuda_mb" if any(r.get("peak_cuda_mb") is not None for r in real) else "peak_rss_mb"
-    pts = sorted((num(r.get("batch_size")), num(r.get(key))) for r in real
-                 if not math.isnan(num(r.get(key))))
+    real = [r for r in _summaries(records) if r.get("workload") == "resnet"
+            and not math.isnan(_batch(r))]
+    vary = ("batch",)
+    groups = [g for g in match.matched_sets(real, vary) if _c6_batches(g) >= 3]
     pred = "the cost model has no memory term"
-    if len({b for b, _ in pts}) < 3:
-        return Claim("C6", text, "fewer than three batch sizes of the real workload", None, pred,
-                     NOT_HERE, "needs --workload resnet at >= 3 batch sizes; the synthetic "
+    if not groups:
+        return Claim("C6", text, "fewer than three batch sizes of the real workload in one "
+                     "set-up", None, pred, NOT_HERE,
+                     "needs --workload resnet at >= 3 batch sizes of one set-up; the synthetic "
                      "workload has no activations")
-    x, y = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-    slope, icpt = np.polyfit(x, y, 1)
-    r2 = 1 - ((y - (slope * x + icpt)) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
-    measured = (f"{key} = {icpt:.0f} MB + {slope:.1f} MB/sample (R^2 {r2:.3f}, {len(pts)} runs, "
-                f"{real[0].get('model')})")
+    g, measured, runs, others = _choose(
+        groups, _c6_figure, vary, key=lambda g: (_c6_batches(g), *match.scale(g)))
+    slope, _, r2, _ = _c6_fit(g)
     verdict = REPRODUCED if r2 >= 0.95 and slope > 0 else REFUTED
     return Claim("C6", text, measured, "batch_size", pred, verdict,
-                 "linear when R^2 >= 0.95; absolute GB need ResNet-50 at 224 px on a GPU")
+                 "linear when R^2 >= 0.95; absolute GB need ResNet-50 at 224 px on a GPU",
+                 match.describe(g[0], vary), runs, others)
+
+
+def _k(r: dict) -> float:
+    return num(get(r, "accum_steps", 1))
+
+
+def _c7_shares(g: list[dict]) -> tuple[float, float, float, float, dict[str, list[str]]]:
+    ks = sorted({_k(r) for r in g})
+    one, many = _at(g, _k, ks[0]), _at(g, _k, ks[-1])
+    s1, sk = (_med([stat(r, "sync_share") for r in rs]) for rs in (one, many))
+    return ks[0], ks[-1], s1, sk, {f"k={ks[0]:g}": match.run_ids(one),
+                                   f"k={ks[-1]:g}": match.run_ids(many)}
+
+
+def _c7_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
+    k1, kk, s1, sk, runs = _c7_shares(g)
+    return f"{_scheme(g[0])}: sync share k={k1:g}: {s1:.0%}, k={kk:g}: {sk:.0%}", runs
 
 
 def c7(records, model) -> Claim:
@@ -257,22 +426,19 @@ def c7(records, model) -> Claim:
     t = sync_share("ring", 256, 100, sc)[0]
     pred = ("sync share at 256 ranks, 100 Gbit/s: k=1 "
             f"{t / (t + sc.compute_s):.0%}, k=4 {t / (t + 4 * sc.compute_s):.0%}")
-    groups: dict = defaultdict(list)
-    for r in _summaries(records):
-        if get(r, "accum_steps") is not None:
-            groups[_experiment(r, "accum_steps")].append(r)
-    recs = max(groups.values(), key=lambda rs: len({num(get(r, "accum_steps")) for r in rs}),
-               default=[])
-    ks = sorted({num(get(r, "accum_steps")) for r in recs})
-    if len(ks) < 2:
-        return Claim("C7", text, "no runs at two accumulation settings", None, pred, NOT_HERE,
-                     "needs --accum-steps (issue 4) runs at k=1 and k>1")
-    s1 = _med([stat(r, "sync_share") for r in recs if num(get(r, "accum_steps")) == ks[0]])
-    sk = _med([stat(r, "sync_share") for r in recs if num(get(r, "accum_steps")) == ks[-1]])
-    measured = f"sync share k={ks[0]:g}: {s1:.0%}, k={ks[-1]:g}: {sk:.0%}"
+    recs = [r for r in _summaries(records) if not math.isnan(stat(r, "sync_share"))]
+    vary = ("accumulation",)
+    groups = [g for g in match.matched_sets(recs, vary) if len({_k(r) for r in g}) >= 2]
+    if not groups:
+        return Claim("C7", text, "no runs at two accumulation settings of one set-up", None,
+                     pred, NOT_HERE, _not_matched("runs at k=1 and k>1 (--accum-steps)",
+                                                  "accumulation"))
+    g, measured, runs, others = _choose(groups, _c7_figure, vary)
+    s1, sk = _c7_shares(g)[2:4]
     verdict = REPRODUCED if sk < s1 else REFUTED
     return Claim("C7", text, measured, "accumulation", pred, verdict,
-                 "sync share fell with k" if sk < s1 else "sync share did not fall with k")
+                 "sync share fell with k" if sk < s1 else "sync share did not fall with k",
+                 match.describe(g[0], vary), runs, others)
 
 
 def c8(records, model) -> Claim:
@@ -287,7 +453,9 @@ def c8(records, model) -> Claim:
     verdict = REFUTED if not ok else REPRODUCED if have["final_accuracy"] else NOT_HERE
     reason = ("every run records step time and peak memory; final accuracy only where a "
               "labelled data set is trained (--workload resnet --dataset digits)")
-    return Claim("C8", text, measured, None, "-", verdict, reason)
+    runs = {f"without {f}": match.run_ids(r for r in recs if r.get(f) is None)
+            for f in ("step_s", "peak_rss_mb") if have[f] < len(recs)}
+    return Claim("C8", text, measured, None, "-", verdict, reason, runs=runs)
 
 
 CHECKS = (c1, c2, c3, c4, c5, c6, c7, c8)

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from analysis.load import get, num, stat  # noqa: E402
+from analysis.load import get, knob, num, stat  # noqa: E402
 from commbench import metrics  # noqa: E402  (formulas only; imports nothing of MPI)
 
 Result = tuple[Figure | None, str | None]
@@ -44,7 +44,7 @@ def _compute_ms(r: dict) -> float | None:
 
 
 def _bucket_mb(r: dict) -> float | None:
-    return (r.get("knobs") or {}).get("bucket_mb")
+    return knob(r, "bucket_mb")  # bucketed's and DDP's cap; none for other strategies
 
 
 #: run settings that make two runs different experiments (name, getter, label format)
@@ -397,6 +397,14 @@ def _first(r: dict, names: Sequence[str]) -> float:
     return math.nan
 
 
+def _staleness_label(r: dict) -> str:
+    """A convergence series: the strategy and its staleness bound (the parameter server
+    sets none: its staleness is measured, and its series is one whatever it measured)."""
+    if r.get("strategy") == "ps":
+        return f"{strategy_label(r)} (staleness measured)"
+    return f"{strategy_label(r)} s={get(r, 'staleness')}"
+
+
 def staleness(records: Sequence[dict]) -> Result:
     conv = [r for r in records if r.get("kind") not in ("summary", "microbench", "trace")
             and not math.isnan(_first(r, ACCURACY_FIELDS))
@@ -410,8 +418,7 @@ def staleness(records: Sequence[dict]) -> Result:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     if conv:
         for label, rs in series(conv, exclude=("staleness",),
-                                base=lambda r: f"{strategy_label(r)} s={get(r, 'staleness')}"
-                                ).items():
+                                base=_staleness_label).items():
             pts = sorted((_first(r, WALL_FIELDS), _first(r, ACCURACY_FIELDS)) for r in rs)
             ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=label)
     else:

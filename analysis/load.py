@@ -18,8 +18,7 @@ Each job's ``job_end`` record gives its runs' records ``loadavg_end``, and
 every record gets ``started_busy`` (``mark_machine_load``): the analysis and
 the report flag runs that started on a busy machine.
 
-Only the standard library, ``commbench.SCHEMA_VERSION`` and ``commbench.cores``
-are imported: the analysis never needs MPI.
+Only the standard library and ``commbench.cores`` are imported: the analysis never needs MPI.
 """
 
 from __future__ import annotations
@@ -31,13 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commbench import SCHEMA_VERSION
 from commbench.cores import started_busy
 
-#: the versions this reader reads: fields of 1 mean the same in 2, which only adds
-#: ``sync_wait_s``, ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
+#: the versions this reader reads, each named rather than taken from the writer's
+#: ``SCHEMA_VERSION`` (a writer that moves to 3 must not make this reader drop 2, nor claim
+#: to read 3 unseen): fields of 1 mean the same in 2, which only adds ``sync_wait_s``,
+#: ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
 #: ``straggler_rank``
-READABLE_SCHEMAS = frozenset({1, SCHEMA_VERSION})
+READABLE_SCHEMAS = frozenset({1, 2})
 
 
 class LoadError(Exception):
@@ -167,12 +167,54 @@ def busy_runs(records: Sequence[dict]) -> list[dict]:
 
 # -- reading fields defensively ------------------------------------------------------
 
-def get(rec: dict, name: str, default: Any = None) -> Any:
-    """Field ``name`` of a record, looked up at top level, then in ``knobs`` and ``config``.
+#: strategy knobs and the strategies that act on them. A job's ``config`` holds every
+#: flag it was given, for every strategy it ran: ``--strategy flat,async --staleness 1``
+#: configures staleness 1 for its flat run too, which that run never used. Such a knob
+#: is read only where the strategy acts on it (``knob``).
+KNOB_STRATEGIES: dict[str, tuple[str, ...]] = {
+    "staleness": ("async", "ps"),  # the parameter server's is measured, not set
+    "staleness_lr": ("async", "ps"),
+    "staleness_warmup": ("async",),
+    "bucket_mb": ("bucketed", "ddp"),
+    "first_bucket_mb": ("bucketed",),
+    "progress": ("bucketed",),
+    "transfer": ("bucketed", "async"),
+}
 
-    Other issues add fields (``accum_steps``, ``compression``, ``staleness``);
-    where a writer puts them is not fixed, so readers find them by name.
+#: (strategy, knob) -> the name that strategy's ``knobs`` use for it
+KNOB_NAMES = {("ddp", "bucket_mb"): "bucket_cap_mb"}
+
+
+def knob(rec: dict, name: str, default: Any = None) -> Any:
+    """Strategy knob ``name`` of a run, or ``default`` where its strategy does not act on it.
+
+    Read from the run's ``knobs`` (what the strategy reported), then its ``config``
+    (records written before a knob was reported). The parameter server's staleness is
+    what it measured (``staleness_mean`` of its summaries): its workers are never held
+    to a bound, so no configured value describes them.
     """
+    strategy = rec.get("strategy")
+    if strategy not in KNOB_STRATEGIES.get(name, ()):
+        return default
+    if strategy == "ps" and name == "staleness":
+        measured = rec.get("staleness_mean")
+        return default if measured is None else measured
+    key = KNOB_NAMES.get((strategy, name), name)
+    for src in (rec.get("knobs") or {}, rec.get("config") or {}):
+        if isinstance(src, dict) and src.get(key) is not None:
+            return src[key]
+    return default
+
+
+def get(rec: dict, name: str, default: Any = None) -> Any:
+    """Field ``name`` of a record, looked up at top level, then in ``knobs`` and ``config``;
+    a strategy knob (``KNOB_STRATEGIES``) only where the run's strategy acts on it (``knob``).
+
+    Other issues add fields (``accum_steps``, ``compression``); where a writer puts
+    them is not fixed, so readers find them by name.
+    """
+    if name in KNOB_STRATEGIES:
+        return knob(rec, name, default)
     for src in (rec, rec.get("knobs") or {}, rec.get("config") or {}):
         if isinstance(src, dict) and src.get(name) is not None:
             return src[name]

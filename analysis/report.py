@@ -61,6 +61,24 @@ def machine_load_lines(records: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def claim_runs_lines(claims: list) -> list[str]:
+    """Per claim: the set-up its verdict comes from, the runs behind each figure, and the
+    figures of the other matched set-ups."""
+    lines = ["### Runs behind each claim", ""]
+    for c in claims:
+        if not c.runs and not c.others:
+            lines.append(f"- **{c.id}**: no runs behind a figure ({c.verdict})")
+            continue
+        where = f" — set-up: {c.setup}" if c.setup else ""
+        lines.append(f"- **{c.id}**{where}")
+        lines += [f"  - {label}: " + ", ".join(f"`{i}`" for i in ids)
+                  for label, ids in c.runs.items()]
+        if c.others:
+            lines.append("  - other matched set-ups (not the verdict's):")
+            lines += [f"    - {o}" for o in c.others]
+    return [*lines, ""]
+
+
 def build(records: list[dict], out: Path, native_is: dict[str, str] | None = None,
           sources: list[str] | None = None) -> Path:
     from analysis import model as cost
@@ -108,14 +126,19 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
               "compute.", "",
               "![model_extrapolation](figures/model_extrapolation.png)", ""]
 
+    claims = check_all(records, res)
     lines += ["## Seed claims", "",
+              "A claim that compares runs compares only runs of one matched set-up: runs "
+              "that differ in the claim's own variable alone (`analysis/match.py`). Where "
+              "several set-ups hold the comparison, the verdict comes from the largest (most "
+              "ranks, then nodes) and the others are listed below it.", "",
               "| # | claim | measured here | model at the claim's scale | verdict | reason |",
               "|---|---|---|---|---|---|"]
-    for c in check_all(records, res):
+    for c in claims:
         fig = f" ([figure](figures/{c.figure}.png))" if c.figure in drawn else ""
         lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(c.measured)}{fig} | "
                      f"{_cell(c.model)} | **{c.verdict}** | {_cell(c.reason)} |")
-    lines.append("")
+    lines += ["", *claim_runs_lines(claims)]
     page = out / "README.md"
     page.write_text("\n".join(lines), encoding="utf-8")
     return page

@@ -1,0 +1,232 @@
+"""Which runs are the same set-up: the one test every comparison of runs goes through.
+
+Two figures are compared only when their runs differ in the one variable under
+study (shared/DESIGN.md §6). ``same_setup(a, b, vary=...)`` decides that for two
+runs: every field of ``FIELDS`` must agree except those in ``vary``, the claim's
+own variable (``sync`` when strategies are compared, ``batch`` for a batch
+sweep, ``accumulation`` for k). ``matched_sets`` groups runs by it, so a
+comparison never pools runs of different clusters, models or compute.
+
+A set-up is read from what the records carry (``commbench/results.py``): the
+header (ranks, nodes, local sizes, backend, thread rule), the run fields
+(model, workload, batch, link shaping and the measured link rate) and the job's
+``config`` for the workload's settings (compute, straggler). Strategy knobs
+count only where the strategy acts on them (``analysis.load.knob``): a flat run
+of a ``--staleness 1`` job is no less synchronous than one of a job without it.
+A hierarchical algorithm is hierarchical whichever flag chose it
+(``--strategy hierarchical --algo hier`` and ``--strategy flat --algo hier``
+run the same code).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
+
+from analysis.load import KNOB_STRATEGIES, get, knob, num
+
+#: algorithms that reduce in two levels from the node topology, under either flag
+HIERARCHICAL_ALGOS = ("hier", "hier-leader")
+
+#: two measurements of one link shaped alike agree within this fraction (1 Gbit/s tbf
+#: measured 0.944-0.956 Gbit/s, shared/DESIGN.md §9); rates set apart (200 Mbit/s vs
+#: 1 Gbit/s) differ by far more
+LINK_RATE_TOLERANCE = 0.10
+
+
+def sync_family(rec: dict) -> str | None:
+    """The synchronisation scheme a run used: its strategy, except that a hierarchical
+    algorithm is ``hierarchical`` under ``--strategy flat`` too."""
+    strategy = rec.get("strategy")
+    if strategy in ("flat", "hierarchical") and rec.get("algo") in HIERARCHICAL_ALGOS:
+        return "hierarchical"
+    return strategy
+
+
+def sync_scheme(rec: dict) -> tuple:
+    """The scheme with its algorithm and the knobs its strategy acts on (bucket size,
+    staleness, ...); the parameter server's measured staleness is an outcome, not a
+    setting, so it is left out."""
+    family = sync_family(rec)
+    knobs = tuple((k, v) for k in KNOB_STRATEGIES
+                  if not (family == "ps" and k == "staleness")
+                  and (v := knob(rec, k)) is not None)
+    if family == "horovod":  # its fusion threshold and cycle time, as in force
+        knobs += tuple(sorted((k, v) for k, v in (rec.get("knobs") or {}).items()
+                              if k.startswith("horovod_")))
+    return (family, rec.get("algo"), *knobs)
+
+
+def _local_sizes(r: dict) -> tuple:
+    sizes = r.get("local_sizes")
+    return tuple(sizes) if sizes else (r.get("local_size"),)
+
+
+def _link_shaping(r: dict) -> str | None:
+    shaping = r.get("link_shaping")
+    return None if shaping in (None, "", "none") else str(shaping)
+
+
+def _link_rate(r: dict) -> float | None:
+    rate = num(r.get("link_gbps"))
+    return None if math.isnan(rate) else rate
+
+
+def _workload(r: dict) -> tuple:
+    real = r.get("workload") == "resnet"  # image size and classes shape its compute
+    return (r.get("workload"), get(r, "dataset", "synthetic"),
+            get(r, "image_size") if real else None, get(r, "num_classes") if real else None)
+
+
+def _compute(r: dict) -> tuple | None:
+    """The replayed compute (the real workload computes for itself): a recorded profile
+    and its scale, or a flat time (``compute_ms`` does nothing under a profile)."""
+    if r.get("workload") == "resnet":
+        return None
+    profile = get(r, "compute_profile")
+    if profile:
+        return ("profile", profile, num(get(r, "compute_scale", 1.0)))
+    return ("ms", num(get(r, "compute_ms")))
+
+
+def _accumulation(r: dict) -> int:
+    k = get(r, "accum_steps", get(r, "backward_passes_per_step", 1))
+    return int(k) if k is not None else 1
+
+
+def _compression(r: dict) -> str:
+    return str(get(r, "compression") or "none")
+
+
+def _launcher(r: dict) -> str | None:
+    """How the ranks were started, as far as records tell: a launcher's own field where
+    one writes it, else Horovod's controller (``horovodrun --mpi`` / ``--gloo``)."""
+    return r.get("launcher") or (r.get("versions") or {}).get("horovod_controller")
+
+
+def _straggler(r: dict) -> tuple:
+    slow = get(r, "slow_rank")
+    return (tuple(slow) if slow else None, num(get(r, "compute_jitter", 0.0)) or 0.0)
+
+
+#: what makes two runs the same set-up: name -> reader (names in ``WORDS``)
+FIELDS: dict[str, Callable[[dict], Any]] = {
+    "ranks": lambda r: r.get("world_size"),
+    "nodes": lambda r: r.get("nodes"),
+    "local_sizes": _local_sizes,
+    "link_shaping": _link_shaping,
+    "link_rate": _link_rate,
+    "model": lambda r: r.get("model"),
+    "workload": _workload,
+    "device": lambda r: r.get("device"),
+    "compute": _compute,
+    "batch": lambda r: r.get("batch_size"),
+    "accumulation": _accumulation,
+    "compression": _compression,
+    "backend": lambda r: r.get("backend"),
+    "launcher": _launcher,
+    "threads": lambda r: (r.get("thread_rule"), r.get("torch_threads")),
+    "straggler": _straggler,
+    "sync": sync_scheme,
+}
+
+
+#: each field in words, for messages
+WORDS = {"ranks": "ranks", "nodes": "nodes", "local_sizes": "ranks per node",
+         "link_shaping": "link shaping", "link_rate": "measured link rate", "model": "model",
+         "workload": "workload", "device": "device", "compute": "compute",
+         "batch": "batch size", "accumulation": "accumulation steps",
+         "compression": "compression", "backend": "backend", "launcher": "launcher",
+         "threads": "thread rule", "straggler": "straggler settings", "sync": "sync scheme"}
+
+
+def _same(name: str, a: Any, b: Any) -> bool:
+    if name == "link_rate" and a is not None and b is not None:
+        return abs(a - b) <= LINK_RATE_TOLERANCE * max(a, b)
+    return a == b
+
+
+def _check(vary: Collection[str]) -> None:
+    unknown = sorted(set(vary) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"not a set-up field: {', '.join(unknown)} (fields: "
+                         f"{', '.join(FIELDS)})")
+
+
+def differences(a: dict, b: dict, vary: Collection[str] = ()) -> list[str]:
+    """The fields of ``FIELDS``, outside ``vary``, in which runs ``a`` and ``b`` differ."""
+    _check(vary)
+    return [name for name, read in FIELDS.items()
+            if name not in vary and not _same(name, read(a), read(b))]
+
+
+def same_setup(a: dict, b: dict, vary: Collection[str] = ()) -> bool:
+    """Whether runs ``a`` and ``b`` are the same set-up but for the fields in ``vary``."""
+    return not differences(a, b, vary)
+
+
+def matched_sets(runs: Iterable[dict], vary: Collection[str] = ()) -> list[list[dict]]:
+    """``runs`` grouped so that every two runs of a group are ``same_setup`` but for
+    ``vary``; groups in the order of their first run. (A run joins the first group it
+    matches every member of: the link rate's tolerance is not transitive.)"""
+    _check(vary)
+    groups: list[list[dict]] = []
+    for r in runs:
+        home = next((g for g in groups if all(same_setup(r, m, vary) for m in g)), None)
+        if home is None:
+            groups.append([r])
+        else:
+            home.append(r)
+    return groups
+
+
+def scale(group: Sequence[dict]) -> tuple[float, float, int]:
+    """How large a matched set is, for choosing the one a verdict comes from: ranks, then
+    nodes, then how many runs it holds."""
+    ranks = max((num(r.get("world_size")) for r in group), default=math.nan)
+    nodes = max((num(r.get("nodes")) for r in group), default=math.nan)
+    return (0.0 if math.isnan(ranks) else ranks, 0.0 if math.isnan(nodes) else nodes,
+            len(group))
+
+
+def describe(rec: dict, vary: Collection[str] = ()) -> str:
+    """A set-up in words (the fields outside ``vary``, less the sync scheme, which the
+    figure names)."""
+    skip = {*vary, "sync"}
+    parts = []
+    if "ranks" not in skip:
+        sizes = "+".join(str(s) for s in _local_sizes(rec))
+        parts.append(f"{rec.get('world_size')} ranks on {rec.get('nodes')} node(s) ({sizes})")
+    if "link_shaping" not in skip or "link_rate" not in skip:
+        rate = _link_rate(rec)
+        link = _link_shaping(rec) or "unshaped"
+        parts.append(f"link {link}" + (f" ({rate:.3g} Gbit/s measured)" if rate else ""))
+    if "model" not in skip:
+        name, dataset, image, classes = _workload(rec)
+        parts.append(f"{name} {rec.get('model')}"
+                     + (f" on {dataset}" if dataset not in (None, "synthetic") else "")
+                     + (f" {image} px" if image else "") + f", {rec.get('device') or '?'}")
+    compute = _compute(rec)
+    if "compute" not in skip and compute is not None:
+        parts.append(f"compute {compute[1]} x {compute[2]:g}" if compute[0] == "profile"
+                     else f"compute {compute[1]:g} ms")
+    if "batch" not in skip:
+        parts.append(f"batch {rec.get('batch_size')}")
+    if "accumulation" not in skip and _accumulation(rec) != 1:
+        parts.append(f"accumulation {_accumulation(rec)}")
+    if "compression" not in skip and _compression(rec) != "none":
+        parts.append(f"compression {_compression(rec)}")
+    if "backend" not in skip:
+        launcher = _launcher(rec)
+        parts.append(f"{rec.get('backend')}" + (f" ({launcher})" if launcher else ""))
+    slow, jitter = _straggler(rec)
+    if "straggler" not in skip and (slow or jitter):
+        parts.append("straggler" + (f" rank {slow[0]} x {slow[1]:g}" if slow else "")
+                     + (f" jitter cv {jitter:g}" if jitter else ""))
+    return ", ".join(parts)
+
+
+def run_ids(runs: Iterable[dict]) -> list[str]:
+    """The runs' ids, each once, in order."""
+    return list(dict.fromkeys(str(r.get("run_id")) for r in runs))
