@@ -17,8 +17,9 @@ names the runs behind it (``Claim.runs``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import product
 
 import numpy as np
 
@@ -126,11 +127,17 @@ def _scheme(r: dict) -> str:
     return f"{family} ({algo})" if algo else str(family)
 
 
-def _not_matched(kinds: str, vary: str) -> str:
-    """Why a comparison found no matched set: what "one set-up" holds equal."""
+def _not_matched(kinds: str, vary: str, pairs: Iterable[tuple[dict, dict]] = ()) -> str:
+    """Why a comparison found no matched set: what "one set-up" holds equal, and where
+    the closest of the candidate ``pairs`` of runs differ."""
     same = ", ".join(match.WORDS[f] for f in match.FIELDS if f != vary)
-    return f"no {kinds} of one matched set-up (runs differing only in the {match.WORDS[vary]}: " \
-        f"same {same})"
+    why = (f"no {kinds} of one matched set-up (runs differing only in the "
+           f"{match.WORDS[vary]}: same {same})")
+    diffs = [match.differences(a, b, (vary,)) for a, b in pairs]
+    if diffs:
+        closest = min(diffs, key=len)
+        why += f"; the closest pair here differs in {', '.join(match.WORDS[f] for f in closest)}"
+    return why
 
 
 # -- C2: hierarchical vs flat ring ------------------------------------------------------
@@ -183,7 +190,9 @@ def c2(records, model) -> Claim:
         return Claim("C2", text, "no flat ring and hierarchical runs of one set-up on more "
                      f"than one node (multi-node runs: {', '.join(seen)})", None, pred, NOT_HERE,
                      _not_matched("flat ring and hierarchical (--strategy hierarchical, or "
-                                  "flat --algo hier / hier-leader) runs", "sync"))
+                                  "flat --algo hier / hier-leader) runs", "sync",
+                                  product(filter(_is_flat_ring, multi),
+                                          filter(_is_hier, multi))))
     g, measured, runs, others = _choose(groups, _c2_figure, vary)
     f = next(r for r in g if _is_flat_ring(r))
     nodes, local, p = int(f["nodes"]), int(f["local_size"]), int(f["world_size"])
@@ -297,7 +306,8 @@ def c4(records, model) -> Claim:
         return Claim("C4", text, "no async run with a synchronous run of the same set-up",
                      "staleness", pred, NOT_HERE,
                      _not_matched("async (s > 0) or parameter-server runs and synchronous "
-                                  "(flat, hierarchical, async s=0) runs", "sync"))
+                                  "(flat, hierarchical, async s=0) runs", "sync",
+                                  product(filter(_stale, recs), filter(_synchronous, recs))))
     g, measured, runs, others = _choose(groups, _c4_figure, vary)
     speed = _c4_speedup(g)[0]
     verdict = REPRODUCED if speed >= 2.5 else REFUTED  # within a sixth of 3x
@@ -346,7 +356,9 @@ def c5(records, model) -> Claim:
     groups = [g for g in match.matched_sets(recs, vary) if len({_batch(r) for r in g}) >= 2]
     if not groups:
         return Claim("C5", text, "no runs at two batch sizes of one set-up", None, pred,
-                     NOT_HERE, _not_matched("runs at two batch sizes", "batch"))
+                     NOT_HERE, _not_matched("runs at two batch sizes", "batch",
+                                            ((a, b) for a, b in product(recs, recs)
+                                             if _batch(a) < _batch(b))))
     g, measured, runs, others = _choose(groups, _c5_figure, vary)
     ratio = _c5_ratio(g)[2]
     acc = any(r.get("final_accuracy") is not None for r in g)
@@ -432,7 +444,9 @@ def c7(records, model) -> Claim:
     if not groups:
         return Claim("C7", text, "no runs at two accumulation settings of one set-up", None,
                      pred, NOT_HERE, _not_matched("runs at k=1 and k>1 (--accum-steps)",
-                                                  "accumulation"))
+                                                  "accumulation",
+                                                  ((a, b) for a, b in product(recs, recs)
+                                                   if _k(a) < _k(b))))
     g, measured, runs, others = _choose(groups, _c7_figure, vary)
     s1, sk = _c7_shares(g)[2:4]
     verdict = REPRODUCED if sk < s1 else REFUTED

@@ -1,0 +1,389 @@
+"""The seed claims judged from matched runs only (analysis/match.py, analysis/claims.py).
+
+The record sets are made by hand, with the fields a real ``commbench.allreduce``
+summary carries (header, run fields, knobs, the job's whole config; schema 2), so
+that a pooled comparison and a matched one disagree on purpose. Pure Python: no
+MPI job is launched.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from analysis import claims, figures, load, match
+from commbench import SCHEMA_VERSION
+from tests.conftest import PY, ROOT
+
+_ids = itertools.count()
+
+#: the configuration a ``commbench.allreduce`` job records (every flag, for every strategy)
+CONFIG = {"workload": "synthetic", "model": "resnet50", "batch_size": 32, "num_classes": 1000,
+          "image_size": 64, "device": "cpu", "dataset": "synthetic", "lr": 0.01,
+          "compute_ms": 300.0, "compute_profile": None, "compute_scale": 1.0,
+          "slow_rank": None, "compute_jitter": 0.0, "seed": 0,
+          "strategies": ["flat", "async", "bucketed"], "algos": ["native"], "bucket_mb": 25.0,
+          "first_bucket_mb": 1.0, "accum_steps": 1, "progress": "thread", "transfer": "thread",
+          "compression": "none", "staleness": 1, "staleness_lr": False, "staleness_warmup": 0,
+          "backend": "auto", "steps": 20, "warmup": 3}
+
+#: the knobs each strategy reports (``Strategy.knobs``)
+KNOBS = {
+    "flat": lambda c: {"compression": c["compression"], "cast_dtype": "float32",
+                       "fused_bytes": 102228128, "wire_dtype": "float32", "staging": None},
+    "hierarchical": lambda c: {"compression": c["compression"], "cast_dtype": "float32",
+                               "fused_bytes": 102228128, "inter_node_algo": "ring"},
+    "bucketed": lambda c: {"compression": c["compression"], "cast_dtype": "float32",
+                           "bucket_mb": c["bucket_mb"], "first_bucket_mb": 1.0, "buckets": 6,
+                           "bucket_bytes": [1 << 20] * 6, "progress": "thread",
+                           "transfer_path": "thread"},
+    "async": lambda c: {"compression": c["compression"], "cast_dtype": "float32",
+                        "staleness": c["staleness"], "staleness_lr": False,
+                        "staleness_warmup": 0, "buffers": 2, "transfer_path": "thread"},
+    "ddp": lambda c: {"compression": c["compression"], "cast_dtype": "float32",
+                      "bucket_cap_mb": c["bucket_mb"], "broadcast_buffers": True},
+    "ps": lambda c: {"servers": 1, "workers": 7, "staleness_lr": False,
+                     "compression": c["compression"], "transport": "mpi4py Send/Recv",
+                     "accum_steps": 1},
+}
+
+
+def run(strategy: str = "flat", algo: str | None = "native", *, nodes: int = 2, local: int = 4,
+        link: str | None = "1gbit", gbps: float | None = 0.95, throughput: float = 100.0,
+        exposed_s: float = 0.5, sync_share: float = 0.3, config: dict | None = None,
+        **top) -> dict:
+    """One run's summary record as ``commbench.allreduce`` writes it (schema 2)."""
+    cfg = {**CONFIG, **(config or {})}
+    rec = {
+        "schema": 2, "kind": "summary", "job_id": "job", "run_id": f"run{next(_ids):04d}",
+        "backend": "mpi", "world_size": nodes * local, "nodes": nodes, "local_size": local,
+        "local_sizes": [local] * nodes, "hostnames": [f"n{i}" for i in range(nodes * local)],
+        "torch_threads": 1, "thread_rule": "machine ranks from the launcher",
+        "machine_ranks": nodes * local, "rank_cores": 2, "cores": 2, "loadavg_start": 0.2,
+        "versions": {"commbench": "0.1.0", "mpi_library": "Open MPI v4.1.4"},
+        "argv": ["commbench/allreduce.py"], "config": cfg,
+        "strategy": strategy, "algo": algo, "workload": cfg["workload"], "model": cfg["model"],
+        "batch_size": cfg["batch_size"], "image_size": None, "device": "cpu",
+        "dtype": "float32", "grad_bytes": 102228128, "grad_tensors": 161,
+        "link_gbps": gbps, "link_wire_gbps": gbps, "link_shaping": link,
+        "knobs": KNOBS[strategy](cfg),
+        "step_s": 1.0, "compute_s": 1.0 - exposed_s, "comm_s": exposed_s,
+        "exposed_sync_s": exposed_s, "sync_share": sync_share, "overlap": 0.0,
+        "throughput": throughput, "wall_throughput": throughput,
+        "peak_rss_mb": 900.0, "wrong": 0, "validated": True,
+    }
+    rec.update(top)
+    return rec
+
+
+def claim(cid: str, records: list[dict]) -> claims.Claim:
+    check = {c.__name__: c for c in claims.CHECKS}[cid.lower()]
+    return check(records, None)
+
+
+def ids_of(c: claims.Claim) -> set[str]:
+    return {i for v in c.runs.values() for i in v}
+
+
+# -- the same-set-up test --------------------------------------------------------------
+
+def _cfg(**kw):
+    def change(r: dict) -> None:
+        r["config"].update(kw)
+    return change
+
+
+def _top(**kw):
+    def change(r: dict) -> None:
+        r.update(kw)
+    return change
+
+
+def _knobs(**kw):
+    def change(r: dict) -> None:
+        r["knobs"].update(kw)
+        r["config"].update(kw)
+    return change
+
+
+#: one change per set-up field, touching nothing else
+ONE_FIELD = {
+    "ranks": _top(world_size=6),
+    "nodes": _top(nodes=1),
+    "local_sizes": _top(local_sizes=[5, 3]),
+    "link_shaping": _top(link_shaping="200mbit"),
+    "link_rate": _top(link_gbps=0.19),
+    "model": _top(model="resnet18"),
+    "workload": _cfg(dataset="digits"),
+    "device": _top(device="cuda:0"),
+    "compute": _cfg(compute_ms=100.0),
+    "batch": _top(batch_size=64),
+    "accumulation": _cfg(accum_steps=4),
+    "compression": _knobs(compression="fp16"),
+    "backend": _top(backend="horovod"),
+    "launcher": lambda r: r["versions"].update(horovod_controller="gloo"),
+    "threads": _top(torch_threads=2),
+    "straggler": _cfg(slow_rank=[3, 2.0]),
+    "sync": _top(algo="ring"),
+}
+
+
+def test_every_set_up_field_has_a_one_field_change():
+    assert set(ONE_FIELD) == set(match.FIELDS)
+
+
+@pytest.mark.parametrize("name", list(ONE_FIELD))
+def test_runs_differing_in_one_field_are_matched_only_when_it_is_the_variable(name):
+    a = run()
+    b = copy.deepcopy(a)
+    ONE_FIELD[name](b)
+    assert match.differences(a, b) == [name]
+    assert not match.same_setup(a, b)
+    assert match.same_setup(a, b, vary=(name,))
+    # varying another field does not excuse this one
+    other = next(f for f in match.FIELDS if f != name)
+    assert not match.same_setup(a, b, vary=(other,))
+    assert len(match.matched_sets([a, b])) == 2
+    assert len(match.matched_sets([a, b], vary=(name,))) == 1
+
+
+def test_same_run_twice_is_matched_and_unknown_fields_are_refused():
+    a = run()
+    assert match.same_setup(a, copy.deepcopy(a))
+    with pytest.raises(ValueError, match="not a set-up field: staleness"):
+        match.same_setup(a, a, vary=("staleness",))
+
+
+def test_link_rate_matches_within_measurement_noise_only():
+    # two measurements of one 1 Gbit/s shaping (shared/DESIGN.md §9) are one set-up
+    assert match.same_setup(run(gbps=0.944), run(gbps=0.956))
+    assert match.differences(run(gbps=0.95), run(gbps=0.80)) == ["link_rate"]
+    assert match.differences(run(gbps=0.95), run(gbps=None)) == ["link_rate"]
+
+
+def test_settings_a_run_does_not_act_on_do_not_separate_set_ups():
+    # a multi-strategy job's --staleness and --bucket-mb leave its flat run flat
+    assert match.same_setup(run("flat", config={"staleness": 1, "bucket_mb": 25.0}),
+                            run("flat", config={"staleness": 0, "bucket_mb": 5.0}))
+    # replayed compute_ms does nothing under a profile, nor for the real workload
+    prof = {"compute_profile": "h200-resnet50-b256", "compute_scale": 20.0}
+    assert match.same_setup(run(config={**prof, "compute_ms": 100.0}),
+                            run(config={**prof, "compute_ms": 300.0}))
+    real = {"workload": "resnet", "model": "resnet18"}
+    assert match.same_setup(run(config={**real, "compute_ms": 100.0}),
+                            run(config={**real, "compute_ms": 300.0}))
+    # where the strategy acts on it, the knob separates schemes
+    assert match.differences(run("async", None, config={"staleness": 1}),
+                             run("async", None, config={"staleness": 2})) == ["sync"]
+    assert match.differences(run("bucketed", None, config={"bucket_mb": 25.0}),
+                             run("bucketed", None, config={"bucket_mb": 5.0})) == ["sync"]
+
+
+def test_hierarchical_whichever_flag_chose_it():
+    by_flat = run("flat", "hier")
+    by_strategy = run("hierarchical", "hier")
+    assert match.sync_family(by_flat) == match.sync_family(by_strategy) == "hierarchical"
+    assert match.same_setup(by_flat, by_strategy)
+    assert match.sync_family(run("flat", "hier-leader")) == "hierarchical"
+    assert match.sync_family(run("flat", "ring")) == "flat"
+
+
+# -- knobs read only where the strategy acts on them ------------------------------------
+
+def test_staleness_is_absent_from_flat_and_bucketed_runs_of_a_stale_job():
+    job = [run(s, None if s == "bucketed" else "native", config={"staleness": 1})
+           for s in ("flat", "async", "bucketed")]
+    flat, asyn, buck = job
+    assert load.get(flat, "staleness") is None and load.knob(flat, "staleness") is None
+    assert load.get(buck, "staleness") is None
+    assert load.get(asyn, "staleness") == 1
+    # bucket size: bucketed's own and DDP's cap, no one else's
+    assert load.get(buck, "bucket_mb") == 25.0
+    assert load.get(run("ddp", None, config={"bucket_mb": 5.0}), "bucket_mb") == 5.0
+    assert load.get(flat, "bucket_mb") is None and load.get(asyn, "bucket_mb") is None
+    # the whole configuration stays in the record as provenance
+    assert flat["config"]["staleness"] == 1
+
+
+def test_parameter_server_staleness_is_the_measured_one():
+    ps = run("ps", None, config={"staleness": 4}, staleness_mean=1.4)
+    assert load.get(ps, "staleness") == pytest.approx(1.4)
+    assert load.get(run("ps", None, config={"staleness": 4}), "staleness") is None
+
+
+def test_staleness_figure_leaves_out_flat_runs_of_a_stale_job():
+    recs = [run("flat", "native", config={"staleness": 1}, throughput=100),
+            run("async", "native", config={"staleness": 0}, throughput=90),
+            run("async", "native", config={"staleness": 1}, throughput=95),
+            run("async", "native", config={"staleness": 2}, throughput=97)]
+    fig, why = figures.staleness(recs)
+    assert why is None
+    labels = [ln.get_label() for ln in fig.axes[1].get_lines()] + \
+        [c.get_label() for c in fig.axes[1].containers]
+    assert any(lab.startswith("async") for lab in labels)
+    assert not any(lab.startswith("flat") for lab in labels)
+
+
+# -- C4: async vs synchronous ----------------------------------------------------------
+
+def _pooled_c4(records: list[dict]) -> float:
+    """What the report used to say: median flat of every set-up vs the best async of any."""
+    import statistics
+
+    flat = [r["throughput"] for r in records if r["strategy"] == "flat"]
+    best = max(r["throughput"] for r in records if r["strategy"] == "async")
+    return best / statistics.median(flat)
+
+
+def _cluster_job(throughputs: dict[str, float], **kw) -> list[dict]:
+    """``--strategy flat,async --staleness 1`` on 2 emulated nodes x 4, 1 Gbit/s."""
+    return [run(s, "native", config={"staleness": 1}, throughput=t, **kw)
+            for s, t in throughputs.items()]
+
+
+def _one_host_flats(*throughputs: float) -> list[dict]:
+    """Flat runs of the real workload on one host, 2 ranks (no async among them)."""
+    real = {"workload": "resnet", "model": "resnet18"}
+    return [run("flat", "native", nodes=1, local=2, link=None, gbps=None, throughput=t,
+                config=real) for t in throughputs]
+
+
+def test_c4_takes_the_matched_pair_not_the_pooled_runs():
+    cluster = _cluster_job({"flat": 40.0, "async": 20.0})
+    host = _one_host_flats(5.0, 6.0, 7.0)
+    records = [*cluster, *host]
+    assert _pooled_c4(records) >= 2.5  # pooled, the claim would be "reproduced"
+    c = claim("C4", records)
+    assert c.verdict == claims.REFUTED
+    assert "0.50x" in c.measured
+    assert ids_of(c) == {r["run_id"] for r in cluster}
+    assert not ids_of(c) & {r["run_id"] for r in host}
+    assert "8 ranks on 2 node(s)" in c.setup and c.others == []
+
+
+def test_c4_verdict_from_the_largest_matched_set_and_the_others_listed():
+    big = _cluster_job({"flat": 40.0, "async": 20.0})
+    small = _cluster_job({"flat": 10.0, "async": 30.0}, nodes=1, local=2, link=None, gbps=None)
+    c = claim("C4", [*small, *big])
+    assert c.verdict == claims.REFUTED and "0.50x" in c.measured
+    assert ids_of(c) == {r["run_id"] for r in big}
+    assert len(c.others) == 1 and "3.00x" in c.others[0] and "2 ranks on 1 node(s)" in c.others[0]
+    assert all(r["run_id"] in c.others[0] for r in small)
+
+
+def test_c4_without_a_matched_set_is_not_reproducible_here():
+    asyn = run("async", "native", config={"staleness": 1}, throughput=90.0)
+    flat = run("flat", "native", config={"compute_ms": 100.0}, throughput=30.0)  # other compute
+    c = claim("C4", [asyn, flat])
+    assert c.verdict == claims.NOT_HERE
+    assert "matched set-up" in c.reason and c.runs == {}
+    assert c.reason.endswith("the closest pair here differs in compute")
+
+
+def test_c4_compares_the_parameter_server_by_its_measured_staleness():
+    ps = run("ps", None, throughput=70.0, staleness_mean=1.6)
+    flat = run("flat", "native", throughput=35.0)
+    c = claim("C4", [flat, ps])
+    assert c.verdict == claims.REFUTED and "2.00x" in c.measured
+    assert "measured staleness 1.6" in c.measured
+
+
+# -- C2: hierarchical vs flat ring -----------------------------------------------------
+
+def test_c2_recognises_flat_algo_hier_on_three_nodes():
+    three = dict(nodes=3, local=2)
+    ring = run("flat", "ring", exposed_s=1.0, **three)
+    hier = run("flat", "hier", exposed_s=0.5, **three)
+    leader = run("flat", "hier-leader", exposed_s=0.8, **three)
+    c = claim("C2", [ring, hier, leader])
+    assert c.verdict == claims.REPRODUCED
+    assert "hier 0.50" in c.measured and "hier-leader 0.80" in c.measured
+    assert c.runs == {"flat (ring)": [ring["run_id"]], "hierarchical (hier)": [hier["run_id"]],
+                      "hierarchical (hier-leader)": [leader["run_id"]]}
+
+
+def test_c2_does_not_pair_a_ring_with_a_hierarchy_of_another_set_up():
+    ring_1g = run("flat", "ring", exposed_s=1.0)
+    hier_200m = run("hierarchical", "hier", exposed_s=0.4, link="200mbit", gbps=0.19)
+    c = claim("C2", [ring_1g, hier_200m])
+    assert c.verdict == claims.NOT_HERE and "one set-up" in c.measured
+    # the same hierarchy beside a ring of its own set-up is compared, and says so
+    ring_200m = run("flat", "ring", exposed_s=0.5, link="200mbit", gbps=0.19)
+    c = claim("C2", [ring_1g, hier_200m, ring_200m])
+    assert c.verdict == claims.REFUTED and "hier 0.80" in c.measured
+    assert ids_of(c) == {hier_200m["run_id"], ring_200m["run_id"]}
+    assert "link 200mbit" in c.setup
+
+
+# -- C5: batch size --------------------------------------------------------------------
+
+def test_c5_does_not_pool_a_straggler_run_into_the_batch_sweep():
+    slow = run(throughput=50.0, config={"slow_rank": [3, 2.0]})
+    b32 = run(throughput=100.0)
+    b64 = run(throughput=102.0, batch_size=64, config={"batch_size": 64})
+    records = [slow, b32, b64]
+    pooled = b64["throughput"] / ((slow["throughput"] + b32["throughput"]) / 2)
+    assert pooled > 1.1  # pooled by batch size alone, the claim would be "reproduced"
+    c = claim("C5", records)
+    assert c.verdict == claims.REFUTED and "x1.02" in c.measured
+    assert c.runs == {"batch 32": [b32["run_id"]], "batch 64": [b64["run_id"]]}
+
+
+# -- the report page ---------------------------------------------------------------------
+
+def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", module, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_report_gives_the_matched_verdict_and_names_its_runs(tmp_path):
+    cluster = _cluster_job({"flat": 40.0, "async": 20.0})
+    host = _one_host_flats(5.0, 6.0, 7.0)
+    _write(tmp_path / "cluster.jsonl", cluster)
+    _write(tmp_path / "host.jsonl", host)
+    res = _cli("analysis.report", str(tmp_path), "-o", str(tmp_path / "rep"))
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "rep" / "README.md").read_text()
+    row = next(ln for ln in page.splitlines() if ln.startswith("| C4 |"))
+    assert "**refuted**" in row and "0.50x" in row
+    details = page[page.index("### Runs behind each claim"):]
+    c4 = details[details.index("**C4**"):details.index("**C5**")]
+    for r in cluster:
+        assert f"`{r['run_id']}`" in c4
+    for r in host:
+        assert r["run_id"] not in c4
+    c2 = next(ln for ln in page.splitlines() if ln.startswith("| C2 |"))
+    assert "not reproducible here" in c2
+
+
+# -- schema versions -------------------------------------------------------------------
+
+def test_every_schema_version_written_is_readable():
+    assert set(range(1, SCHEMA_VERSION + 1)) <= load.READABLE_SCHEMAS
+
+
+@pytest.mark.parametrize("module,out", [("analysis.report", "rep"), ("analysis.plot", "plots"),
+                                        ("analysis.export", "rows.csv"),
+                                        ("analysis.model", "model"),
+                                        ("analysis.timeline", "trace.json")])
+def test_a_newer_schema_exits_2_naming_file_and_line_and_writes_nothing(module, out, tmp_path):
+    newer = max(load.READABLE_SCHEMAS) + 1
+    alone = _write(tmp_path / "newer.jsonl", [{**run(), "schema": newer}])
+    mixed = _write(tmp_path / "mixed.jsonl", [run(), {**run(), "schema": newer}])
+    for path, where in ((alone, f"{alone}:1"), (mixed, f"{mixed}:2")):
+        res = _cli(module, str(path), "-o", str(tmp_path / out))
+        assert res.returncode == 2, res.stdout + res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+        assert where in lines[0] and f"schema {newer}" in lines[0].replace("version ", "")
+        assert not (tmp_path / out).exists()
