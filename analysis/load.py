@@ -181,7 +181,7 @@ KNOB_STRATEGIES: dict[str, tuple[str, ...]] = {
     "transfer": ("bucketed", "async"),
 }
 
-#: (strategy, knob) -> the name that strategy's ``knobs`` use for it
+#: (strategy, knob) -> the name that strategy's ``knobs`` use for it (its flag keeps the name)
 KNOB_NAMES = {("ddp", "bucket_mb"): "bucket_cap_mb"}
 
 
@@ -199,11 +199,11 @@ def knob(rec: dict, name: str, default: Any = None) -> Any:
     if strategy == "ps" and name == "staleness":
         measured = rec.get("staleness_mean")
         return default if measured is None else measured
-    key = KNOB_NAMES.get((strategy, name), name)
-    for src in (rec.get("knobs") or {}, rec.get("config") or {}):
-        if isinstance(src, dict) and src.get(key) is not None:
-            return src[key]
-    return default
+    reported = (rec.get("knobs") or {}).get(KNOB_NAMES.get((strategy, name), name))
+    if reported is not None:
+        return reported
+    configured = (rec.get("config") or {}).get(name)
+    return default if configured is None else configured
 
 
 def get(rec: dict, name: str, default: Any = None) -> Any:
