@@ -32,16 +32,17 @@ intra-node phases of one segment overlap the inter-node phase of another.
 The calling thread runs every segment's intra-node reduce-scatter (or
 reduce), handing each to an inter-node thread as it is done, then every
 segment's all-gather (or broadcast) as the inter-node thread finishes it;
-that thread runs the ring on the cross groups, testing its messages between
-short sleeps (``ring.poll``) so that eight ranks sharing two cores do not spin
-in ``MPI_Wait``. The two threads use different communicators (the node's
-group, the cross groups), and every rank issues its node's collectives in
-the same fixed order (all first phases, then all last phases), so matching
-never depends on timing. mpi4py initialises MPI with
-``MPI_THREAD_MULTIPLE``. Unpipelined (all of one phase, then the next) on
-Gloo and for tensors of one segment. Without pipelining, on 2 emulated
-nodes x 4 ranks at 1 Gbit/s, 64 MiB, the intra-node phases took 356 + 114 ms
-one after the other against 528 ms inter-node.
+that thread runs the ring on the cross groups (how it waits for a message:
+``INTER_WAIT``, which says why it differs between the variants). The two
+threads use different communicators (the node's group, the cross groups),
+and every rank issues its node's collectives in the same fixed order (all
+first phases, then all last phases), so matching never depends on timing.
+mpi4py initialises MPI with ``MPI_THREAD_MULTIPLE``. Unpipelined (all of one
+phase, then the next) on Gloo and for tensors of one segment. On 2 emulated
+nodes x 4 ranks at 1 Gbit/s, 64 MiB (one run each, see the lead's benchmark
+for figures): unpipelined hier 1000 ms (intra-node 361 + 93 ms one after the
+other against 549 ms inter-node), leader 1092 ms; pipelined in 8 segments
+hier 905 ms, leader 632 ms; ring 1036-1059 ms.
 
 Phases are reported as intervals (``on_phase``): pipelined, they overlap,
 and each runs from its first segment's start to its last segment's end.
@@ -64,12 +65,22 @@ import torch
 
 from commbench.comm.base import Communicator, Group, Handle
 from commbench.comm.phases import PhaseHook, Phases
-from commbench.comm.ring import chunk_bounds, poll, ring_allreduce
+from commbench.comm.ring import WAITS, chunk_bounds, ring_allreduce
 
 # 8 MiB: 8 segments for 64 MiB, so filling and draining the pipeline costs about
 # 1/8 of the intra-node phases; each local rank's share of a segment still goes
 # across in 1 MiB ring segments. Tunable through COMMBENCH_HIER_SEGMENT_BYTES.
 SEGMENT_BYTES = int(os.environ.get("COMMBENCH_HIER_SEGMENT_BYTES", 8 << 20))
+#: how each variant's inter-node thread waits for a ring message (``ring.WAITS``;
+#: COMMBENCH_HIER_INTER_WAIT overrides both). ``hier``: block. All local ranks run a
+#: cross-node thread while their calling thread sits in the node's blocking collective;
+#: Open MPI (MPI_THREAD_MULTIPLE) then lets that collective progress only when the other
+#: thread calls into MPI, so a thread that polls between sleeps starved it: 16.4 s
+#: instead of 0.9 s on 2 emulated nodes x 4 ranks, 1 Gbit/s, 64 MiB. ``hier-leader``:
+#: poll. Only the node's leader has the thread, and spinning it cost the node's cores:
+#: 632 ms polling, 746 ms blocking, same layout.
+INTER_WAIT = {name: WAITS[os.environ.get("COMMBENCH_HIER_INTER_WAIT", default)]
+              for name, default in (("hier", "block"), ("hier-leader", "poll"))}
 
 
 def owned_shards(i: int, n_local: int, L: int) -> range:
@@ -317,7 +328,7 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
     def inter(k: int, part: torch.Tensor) -> None:
         shard, counts = layout[k]
         _cross_allreduce(p, segs[k], part, shard, sum(counts[:p.local_index]),
-                         poll)
+                         INTER_WAIT["hier"])
 
     def last(k: int, part: torch.Tensor) -> None:
         if p.local_size > 1:
@@ -366,7 +377,7 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
 
     def inter(k: int, seg: torch.Tensor) -> None:
         if crosses:  # the node's leader; the others have nothing to do across nodes
-            _inter_node_allreduce(p.leaders, seg, poll)
+            _inter_node_allreduce(p.leaders, seg, INTER_WAIT["hier-leader"])
 
     def last(k: int, seg: torch.Tensor) -> None:
         if p.local_size > 1:
