@@ -25,10 +25,12 @@ how NCCL's ring works; without it the ring reached ~0.7-0.8 of a 1 Gbit/s
 link on the emulated cluster. Messages between two ranks match in posting
 order, which both sides keep monotone in (step, segment).
 
-How the ring waits for a message is the caller's: ``Handle.wait`` by
-default (Open MPI busy-polls inside it); the transfer engine passes a wait
-that tests the handle between short sleeps, so a background ring leaves
-the cores to compute (``commbench.comm.engine``).
+How the ring waits for a message is the caller's (``WAITS``): ``block``,
+``Handle.wait``, by default (Open MPI busy-polls inside it;
+COMMBENCH_RING_WAIT=poll changes the default, for measuring); ``poll``
+tests the handle between short sleeps, so a background ring leaves the
+cores to compute (``commbench.comm.engine``, the leader variant's
+cross-node thread in ``commbench.comm.hierarchical``).
 
 Any dtype the communicator can move works (float32, float16, bfloat16): the
 scratch buffer has the tensor's dtype and the additions are torch's, so a

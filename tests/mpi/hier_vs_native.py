@@ -65,7 +65,8 @@ def main() -> int:
     # phase coverage, on a call long enough that the launcher's scheduling is noise:
     # the union of the reported intervals against the call's own time
     big = torch.ones(COVERAGE_NUMEL)
-    for name, fn in (("hier", hierarchical_allreduce), ("leader", leader_allreduce)):
+    variants = (("hier", hierarchical_allreduce), ("leader", leader_allreduce))
+    for name, fn in variants if n > 1 else ():  # one rank: nothing runs, no phases
         for seg in (None, COVERAGE_SEGMENT):
             kw = {} if seg is None else {"segment_bytes": seg}
             fn(comm, big, **kw)  # warm-up
