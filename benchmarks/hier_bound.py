@@ -18,6 +18,8 @@ measures its link first, then prints per algorithm:
   payload rate the cluster's link test saw) / the time;
 - the slowest rank's time in each phase (reduce-scatter / all-gather for the
   ring; intra-node, inter-node, intra-node for the two-level algorithms).
+  Where the two-level algorithms run pipelined (``hier_segments`` > 1), each
+  phase is its span from first segment to last, and the spans overlap.
 
 Run it from the repository root, as root, with nothing else running::
 
@@ -108,7 +110,9 @@ def case_rows(case: Case, recs: list[dict]) -> tuple[list[list], str, list[str]]
         bound = nbytes * 8 / (gbps * 1e9) if gbps else None
         phases = list((by[algo].get("phases_us") or {}).items())
         if phases:
-            names.append(f"{algo}: " + ", ".join(k for k, _ in phases))
+            segs = by[algo].get("hier_segments")
+            how = f" (pipelined in {segs} segments: spans overlap)" if (segs or 1) > 1 else ""
+            names.append(f"{algo}{how}: " + ", ".join(k for k, _ in phases))
         ph = [v / 1e3 for _, v in phases] + [None] * (3 - len(phases))
         rows.append([algo, t[algo] * 1e3, nbytes / 1e6, bound * 1e3 if bound else None,
                      bound / t[algo] if bound else None,

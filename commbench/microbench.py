@@ -41,7 +41,7 @@ import torch
 
 from commbench import watchdog
 from commbench.comm.base import Communicator
-from commbench.comm.hierarchical import plan_inter_node_algo
+from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.config import (
     ConfigError,
     JobOutput,
@@ -324,7 +324,11 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         "dtype": dtype,
         "wire_dtype": str(wire_dtype(comm, algo, DTYPES[dtype])).removeprefix("torch."),
         "algo": algo,
-        **({"inter_node_algo": plan_inter_node_algo(comm)}
+        # which path the two-level algorithms took: the ring or the group's all-reduce
+        # across nodes; 1 segment = unpipelined
+        **({"inter_node_algo": plan_inter_node_algo(comm),
+            "hier_segments": pipeline_segments(comm, size // DTYPES[dtype].itemsize,
+                                               DTYPES[dtype].itemsize)}
            if algo in ("hier", "hier-leader") and comm.size > 1 else {}),
         "time_us": {"min": min(seconds) * 1e6, "avg": avg_s * 1e6, "max": max(seconds) * 1e6},
         "algbw": algbw(size, avg_s),

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from commbench.comm.base import FAKE_NODES_ENV
-from commbench.comm.hierarchical import owned_shards
+from commbench.comm.hierarchical import _Pipeline, owned_shards, segment_bounds
+from commbench.metrics import union_length
 from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
 
 SCRIPT = "hier_vs_native.py"
@@ -17,6 +18,54 @@ SCRIPT = "hier_vs_native.py"
 def test_every_shard_has_exactly_one_owner(n_local, L):
     owned = [j for i in range(n_local) for j in owned_shards(i, n_local, L)]
     assert owned == list(range(L))
+
+
+@pytest.mark.parametrize("numel,size,seg,n", [
+    (1, 4, 8 << 20, 1), (2 << 20, 4, 8 << 20, 1), (16 << 20, 4, 8 << 20, 8),
+    (16 << 20, 2, 8 << 20, 4), (1_000_003, 4, 262_147, 15), (3, 4, 1, 3),
+])
+def test_segments_cover_the_tensor(numel, size, seg, n):
+    bounds = segment_bounds(numel, size, seg)
+    assert len(bounds) == n
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+def test_pipeline_overlaps_and_keeps_the_node_order():
+    """First phases run in order on the caller, each segment's inter-node work after its
+    first phase and before its last, last phases in order; spans cover the whole run."""
+    import time
+
+    events: list[tuple[str, int]] = []
+
+    def step(kind: str, seconds: float):
+        def f(k: int, *_):
+            events.append((kind, k))
+            time.sleep(seconds)
+            return k
+        return f
+
+    pipe = _Pipeline(4, step("first", 0.01), step("inter", 0.02), step("last", 0.005))
+    t0 = time.perf_counter()
+    pipe.run(t0)
+    took = time.perf_counter() - t0
+    assert [k for kind, k in events if kind == "first"] == [0, 1, 2, 3]
+    assert [k for kind, k in events if kind == "last"] == [0, 1, 2, 3]
+    for k in range(4):
+        assert (events.index(("first", k)) < events.index(("inter", k))
+                < events.index(("last", k)))
+    assert events.index(("inter", 0)) < events.index(("first", 3))  # overlapped
+    assert took < 4 * 0.035  # less than the phases one after another
+    assert union_length(pipe.spans) >= 0.95 * took
+
+
+def test_pipeline_reraises_the_inter_node_error():
+    def boom(k: int, x: int) -> None:
+        raise RuntimeError(f"segment {k} failed")
+
+    pipe = _Pipeline(3, lambda k: k, boom, lambda k, x: None)
+    with pytest.raises(RuntimeError, match="segment 0 failed"):
+        pipe.run(0.0)
 
 
 @pytest.mark.mpi

@@ -23,19 +23,64 @@ the nodes' rank-0s, broadcast inside the node. One stream per node carries
 the whole tensor across.
 
 On one node, both variants reduce to their intra-node part.
+
+Pipelined in segments (where the inter-node phase runs on the ring, i.e. the
+cross groups have point-to-point messages, and the tensor is above one
+segment, ``SEGMENT_BYTES``): the tensor is cut into segments and the three
+phases run on each in turn, as NCCL's tree and ring algorithms do, so the
+intra-node phases of one segment overlap the inter-node phase of another.
+The calling thread runs every segment's intra-node reduce-scatter (or
+reduce), handing each to an inter-node thread as it is done, then every
+segment's all-gather (or broadcast) as the inter-node thread finishes it;
+that thread runs the ring on the cross groups (how it waits for a message:
+``INTER_WAIT``, which says why it differs between the variants). The two
+threads use different communicators (the node's group, the cross groups),
+and every rank issues its node's collectives in the same fixed order (all
+first phases, then all last phases), so matching never depends on timing.
+mpi4py initialises MPI with ``MPI_THREAD_MULTIPLE``. Unpipelined (all of one
+phase, then the next) on Gloo and for tensors of one segment. On 2 emulated
+nodes x 4 ranks at 1 Gbit/s, 64 MiB (one run each, see the lead's benchmark
+for figures): unpipelined hier 1000 ms (intra-node 361 + 93 ms one after the
+other against 549 ms inter-node), leader 1092 ms; pipelined in 8 segments
+hier 905 ms, leader 632 ms; ring 1036-1059 ms.
+
+Phases are reported as intervals (``on_phase``): pipelined, they overlap,
+and each runs from its first segment's start to its last segment's end.
+
 (Sergeev & Del Balso 2018, "Horovod", https://arxiv.org/abs/1802.05799;
-Thakur, Rabenseifner & Gropp 2005 for the cost model.)
+Thakur, Rabenseifner & Gropp 2005 for the cost model; NCCL cuts its
+collectives into chunks that move through the algorithm's steps the same way.)
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
+import time
 from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
 
 import torch
 
-from commbench.comm.base import Communicator, Group
+from commbench.comm.base import Communicator, Group, Handle
 from commbench.comm.phases import PhaseHook, Phases
-from commbench.comm.ring import chunk_bounds, ring_allreduce
+from commbench.comm.ring import WAITS, chunk_bounds, ring_allreduce
+
+# 8 MiB: 8 segments for 64 MiB, so filling and draining the pipeline costs about
+# 1/8 of the intra-node phases; each local rank's share of a segment still goes
+# across in 1 MiB ring segments. Tunable through COMMBENCH_HIER_SEGMENT_BYTES.
+SEGMENT_BYTES = int(os.environ.get("COMMBENCH_HIER_SEGMENT_BYTES", 8 << 20))
+#: how each variant's inter-node thread waits for a ring message (``ring.WAITS``;
+#: COMMBENCH_HIER_INTER_WAIT overrides both). ``hier``: block. All local ranks run a
+#: cross-node thread while their calling thread sits in the node's blocking collective;
+#: Open MPI (MPI_THREAD_MULTIPLE) then lets that collective progress only when the other
+#: thread calls into MPI, so a thread that polls between sleeps starved it: 16.4 s
+#: instead of 0.9 s on 2 emulated nodes x 4 ranks, 1 Gbit/s, 64 MiB. ``hier-leader``:
+#: poll. Only the node's leader has the thread, and spinning it cost the node's cores:
+#: 632 ms polling, 746 ms blocking, same layout.
+INTER_WAIT = {name: WAITS[os.environ.get("COMMBENCH_HIER_INTER_WAIT", default)]
+              for name, default in (("hier", "block"), ("hier-leader", "poll"))}
 
 
 def owned_shards(i: int, n_local: int, L: int) -> range:
@@ -52,6 +97,10 @@ class Plan:
     my_shards: list[int]
     cross: dict[int, Group | None]       # shard -> owners of it across nodes (mine only)
     leaders: Group | None                # every node's local rank 0 (for the leader variant)
+    nodes: int
+    #: every rank's cross-node groups have point-to-point messages (the ring, and so the
+    #: pipeline, run across nodes); agreed by all ranks, as every node's collectives must be
+    cross_p2p: bool
 
 
 _PLANS: dict[int, Plan] = {}
@@ -85,8 +134,11 @@ def plan_for(comm: Communicator) -> Plan:
             cross[j] = made[owners]
     leaders_key = tuple(sorted(n[0] for n in nodes))
     leaders = made[leaders_key] if leaders_key in made else comm.subgroup(list(leaders_key))
+    mine_p2p = all(g.supports_p2p for g in (*made.values(), leaders)
+                   if g is not None and g.size > 1)
     plan = Plan(L=L, local=local, local_index=i, local_size=len(mine), my_shards=shards,
-                cross=cross, leaders=leaders)
+                cross=cross, leaders=leaders, nodes=len(nodes),
+                cross_p2p=all(comm.allgather_object(mine_p2p)))
     _PLANS[key] = plan
     return plan
 
@@ -109,7 +161,8 @@ def plan_inter_node_algo(comm: Communicator) -> str | None:
     return inter_node_algo(groups[0]) if groups else None
 
 
-def _inter_node_allreduce(group: Group, tensor: torch.Tensor) -> None:
+def _inter_node_allreduce(group: Group, tensor: torch.Tensor,
+                          wait: Callable[[Handle], None] | None = None) -> None:
     """All-reduce across nodes with the project's pipelined ring where the group allows.
 
     Open MPI's tuned all-reduce between two ranks moved 16 MiB at 0.67 of a
@@ -117,65 +170,219 @@ def _inter_node_allreduce(group: Group, tensor: torch.Tensor) -> None:
     while the ring, sending half each way at once in 1 MiB segments, took
     0.70 s; with four such flows per node pair (2 x 4 ranks) hierarchical's
     inter-node phase ran at ~0.6 of the link on the native all-reduce.
+    ``wait`` completes one ring message (default: block in it).
     """
     if inter_node_algo(group) == "ring":
-        ring_allreduce(group, tensor)
+        ring_allreduce(group, tensor, wait=wait)
     else:
         group.allreduce(tensor)
 
 
-def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
-                           on_phase: PhaseHook | None = None) -> None:
-    """Reduce-scatter in the node, all-reduce shards across nodes, all-gather in the node.
+def segment_bounds(numel: int, element_size: int,
+                   segment_bytes: int = SEGMENT_BYTES) -> list[tuple[int, int]]:
+    """The pipeline's segments of a ``numel``-element tensor: as many as whole
+    ``segment_bytes`` fit (at least one), sizes differing by at most one element."""
+    n = max(1, numel * element_size // max(1, segment_bytes))
+    return chunk_bounds(numel, min(n, max(1, numel)))
 
-    ``on_phase`` is told of each of ``HIER_PHASES`` as it ends; a phase that has
-    nothing to do on this layout (one rank per node: no intra-node phase) is
-    still reported, with its near-zero duration.
-    """
+
+def pipeline_segments(comm: Communicator, numel: int, element_size: int,
+                      segment_bytes: int = SEGMENT_BYTES) -> int:
+    """How many segments the two-level all-reduce of a tensor of ``numel`` elements runs
+    in on ``comm``: 1 = unpipelined (one segment's worth or less, one node, or no ring
+    across nodes). The same on every rank (topology and tensor size only)."""
     if comm.size == 1:
-        return
-    phases = Phases(on_phase)
+        return 1
     p = plan_for(comm)
-    flat = tensor.view(-1)
-    shard = chunk_bounds(flat.numel(), p.L)
-    # each local rank's contiguous region: the shards it owns
-    regions = []
+    if p.nodes == 1 or not p.cross_p2p:
+        return 1
+    return len(segment_bounds(numel, element_size, segment_bytes))
+
+
+T = TypeVar("T")
+
+
+class _Pipeline(Generic[T]):
+    """Runs ``first(k)`` for every segment on the calling thread, ``inter(k, x)`` on a
+    thread of its own as each first phase is done, then ``last(k, x)`` on the calling
+    thread in segment order as the inter-node thread finishes each.
+
+    Each phase's span runs from its first segment's start to its last segment's end;
+    the inter-node phase's from handing segment 0 to the thread until the thread has
+    ended (the hand-offs are its cost), so the spans cover the whole call.
+    """
+
+    def __init__(self, n: int, first: Callable[[int], T], inter: Callable[[int, T], None],
+                 last: Callable[[int, T], None]) -> None:
+        self.n, self.first, self.inter, self.last = n, first, inter, last
+        self.spans: list[tuple[float, float]] = []
+        self._todo: queue.SimpleQueue[tuple[int, T] | None] = queue.SimpleQueue()
+        self._done = [threading.Event() for _ in range(n)]
+        self._error: BaseException | None = None
+
+    def _inter_loop(self) -> None:
+        try:
+            while (item := self._todo.get()) is not None:
+                self.inter(*item)
+                self._done[item[0]].set()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            self._error = e
+            for d in self._done:
+                d.set()
+
+    def run(self, t0: float) -> None:
+        """Run every segment; ``t0``: when the call began (the first phase's start)."""
+        worker = threading.Thread(target=self._inter_loop, name="commbench-hier-inter",
+                                  daemon=True)  # a failed rank's job is aborted, not joined
+        worker.start()
+        out: list[T] = []
+        handed = 0.0
+        try:
+            for k in range(self.n):
+                out.append(self.first(k))
+                self._todo.put((k, out[k]))
+                if k == 0:
+                    handed = time.perf_counter()
+        finally:
+            self._todo.put(None)
+        t1 = time.perf_counter()
+        for k in range(self.n):
+            self._done[k].wait()
+            if self._error is not None:
+                raise self._error
+            t = time.perf_counter()
+            if k == 0:
+                t2 = t
+            self.last(k, out[k])
+        t3 = time.perf_counter()
+        worker.join()  # the thread's end is the inter-node phase's
+        self.spans = [(t0, t1), (handed, max(t, time.perf_counter())), (t2, t3)]
+
+    def report(self, names: tuple[str, str, str], hook: PhaseHook | None) -> None:
+        if hook is not None:
+            for name, (a, b) in zip(names, self.spans):
+                hook(name, a, b)
+
+
+def _shard_regions(numel: int, p: Plan) -> tuple[list[tuple[int, int]], list[int]]:
+    """Shard bounds of a ``numel``-element tensor, and each local rank's element count
+    (the contiguous run of the shards it owns)."""
+    shard = chunk_bounds(numel, p.L)
+    counts = []
     for k in range(p.local_size):
         owned = owned_shards(k, p.local_size, p.L)
-        regions.append((shard[owned.start][0], shard[owned.stop - 1][1]))
-    counts = [b - a for a, b in regions]
-    start = regions[p.local_index][0]
-    part = p.local.reduce_scatter_v(flat, counts) if p.local_size > 1 else flat
-    phases.end("intra_reduce_scatter")
+        counts.append(shard[owned.stop - 1][1] - shard[owned.start][0])
+    return shard, counts
+
+
+def _cross_allreduce(p: Plan, flat: torch.Tensor, part: torch.Tensor,
+                     shard: list[tuple[int, int]], start: int,
+                     wait: Callable[[Handle], None] | None = None) -> None:
+    """All-reduce across nodes every shard this rank owns (``part`` holds them, from
+    element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node)."""
     for j in p.my_shards:
         g = p.cross[j]
         if g is not None and g.size > 1:
             a, b = shard[j]
             _inter_node_allreduce(g, part[a - start:b - start] if p.local_size > 1
-                                  else flat[a:b])
-    phases.end("inter_allreduce")
-    if p.local_size > 1:
-        p.local.allgather_v(part, counts, flat)
-    phases.end("intra_allgather")
+                                  else flat[a:b], wait)
 
 
-def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
-                     on_phase: PhaseHook | None = None) -> None:
-    """Reduce to the node's first rank, all-reduce among those, broadcast in the node.
+def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
+                           on_phase: PhaseHook | None = None,
+                           segment_bytes: int = SEGMENT_BYTES) -> None:
+    """Reduce-scatter in the node, all-reduce shards across nodes, all-gather in the node.
 
-    ``on_phase`` is told of each of ``LEADER_PHASES`` as it ends.
+    Pipelined in segments of ``segment_bytes`` where ``pipeline_segments`` says so (module
+    docstring). ``on_phase`` is told of each of ``HIER_PHASES`` (pipelined: as one
+    interval each, overlapping); a phase that has nothing to do on this layout (one
+    rank per node: no intra-node phase) is still reported, with its near-zero duration.
     """
     if comm.size == 1:
         return
-    phases = Phases(on_phase)
+    t0 = time.perf_counter()
     p = plan_for(comm)
     flat = tensor.view(-1)
-    if p.local_size > 1:
-        p.local.reduce(flat, root=0)
-    phases.end("intra_reduce")
-    if p.leaders is not None and p.leaders.size > 1:
-        _inter_node_allreduce(p.leaders, flat)
-    phases.end("inter_allreduce")
-    if p.local_size > 1:
-        p.local.bcast(flat, root=0)
-    phases.end("intra_bcast")
+    n = pipeline_segments(comm, flat.numel(), flat.element_size(), segment_bytes)
+    if n == 1:
+        phases = Phases(on_phase)
+        shard, counts = _shard_regions(flat.numel(), p)
+        start = sum(counts[:p.local_index])
+        part = p.local.reduce_scatter_v(flat, counts) if p.local_size > 1 else flat
+        phases.end("intra_reduce_scatter")
+        _cross_allreduce(p, flat, part, shard, start)
+        phases.end("inter_allreduce")
+        if p.local_size > 1:
+            p.local.allgather_v(part, counts, flat)
+        phases.end("intra_allgather")
+        return
+
+    segs = [flat[a:b] for a, b in segment_bounds(flat.numel(), flat.element_size(),
+                                                 segment_bytes)]
+    layout = [_shard_regions(s.numel(), p) for s in segs]
+
+    def first(k: int) -> torch.Tensor:
+        counts = layout[k][1]
+        return p.local.reduce_scatter_v(segs[k], counts) if p.local_size > 1 else segs[k]
+
+    def inter(k: int, part: torch.Tensor) -> None:
+        shard, counts = layout[k]
+        _cross_allreduce(p, segs[k], part, shard, sum(counts[:p.local_index]),
+                         INTER_WAIT["hier"])
+
+    def last(k: int, part: torch.Tensor) -> None:
+        if p.local_size > 1:
+            p.local.allgather_v(part, layout[k][1], segs[k])
+
+    pipe = _Pipeline(n, first, inter, last)
+    pipe.run(t0)
+    pipe.report(HIER_PHASES, on_phase)
+
+
+def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
+                     on_phase: PhaseHook | None = None,
+                     segment_bytes: int = SEGMENT_BYTES) -> None:
+    """Reduce to the node's first rank, all-reduce among those, broadcast in the node.
+
+    Pipelined in segments as ``hierarchical_allreduce``. ``on_phase`` is told of each
+    of ``LEADER_PHASES``.
+    """
+    if comm.size == 1:
+        return
+    t0 = time.perf_counter()
+    p = plan_for(comm)
+    flat = tensor.view(-1)
+    crosses = p.leaders is not None and p.leaders.size > 1
+    n = pipeline_segments(comm, flat.numel(), flat.element_size(), segment_bytes)
+    if n == 1:
+        phases = Phases(on_phase)
+        if p.local_size > 1:
+            p.local.reduce(flat, root=0)
+        phases.end("intra_reduce")
+        if crosses:
+            _inter_node_allreduce(p.leaders, flat)
+        phases.end("inter_allreduce")
+        if p.local_size > 1:
+            p.local.bcast(flat, root=0)
+        phases.end("intra_bcast")
+        return
+
+    segs = [flat[a:b] for a, b in segment_bounds(flat.numel(), flat.element_size(),
+                                                 segment_bytes)]
+
+    def first(k: int) -> torch.Tensor:
+        if p.local_size > 1:
+            p.local.reduce(segs[k], root=0)
+        return segs[k]
+
+    def inter(k: int, seg: torch.Tensor) -> None:
+        if crosses:  # the node's leader; the others have nothing to do across nodes
+            _inter_node_allreduce(p.leaders, seg, INTER_WAIT["hier-leader"])
+
+    def last(k: int, seg: torch.Tensor) -> None:
+        if p.local_size > 1:
+            p.local.bcast(seg, root=0)
+
+    pipe = _Pipeline(n, first, inter, last)
+    pipe.run(t0)
+    pipe.report(LEADER_PHASES, on_phase)

@@ -25,10 +25,12 @@ how NCCL's ring works; without it the ring reached ~0.7-0.8 of a 1 Gbit/s
 link on the emulated cluster. Messages between two ranks match in posting
 order, which both sides keep monotone in (step, segment).
 
-How the ring waits for a message is the caller's: ``Handle.wait`` by
-default (Open MPI busy-polls inside it); the transfer engine passes a wait
-that tests the handle between short sleeps, so a background ring leaves
-the cores to compute (``commbench.comm.engine``).
+How the ring waits for a message is the caller's (``WAITS``): ``block``,
+``Handle.wait``, by default (Open MPI busy-polls inside it;
+COMMBENCH_RING_WAIT=poll changes the default, for measuring); ``poll``
+tests the handle between short sleeps, so a background ring leaves the
+cores to compute (``commbench.comm.engine``, the leader variant's
+cross-node thread in ``commbench.comm.hierarchical``).
 
 Any dtype the communicator can move works (float32, float16, bfloat16): the
 scratch buffer has the tensor's dtype and the additions are torch's, so a
@@ -38,6 +40,7 @@ scratch buffer has the tensor's dtype and the additions are torch's, so a
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 import torch
@@ -64,14 +67,30 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
 RING_PHASES = ("reduce_scatter", "allgather")
 
 
-def _block(h: Handle) -> None:
+#: the sleep between tests of a message when the ring polls: a 1 MiB segment takes ~8 ms
+#: at 1 Gbit/s, and socket buffers keep the link busy meanwhile
+POLL_S = 0.0005
+
+
+def block(h: Handle) -> None:
+    """Wait for ``h`` inside the library (Open MPI busy-polls a core meanwhile)."""
     h.wait()
+
+
+def poll(h: Handle, poll_s: float = POLL_S) -> None:
+    """Wait for ``h`` by testing it between sleeps of ``poll_s``, leaving the core free."""
+    while not h.test():
+        time.sleep(poll_s)
+
+
+WAITS: dict[str, Callable[[Handle], None]] = {"block": block, "poll": poll}
+DEFAULT_WAIT = WAITS[os.environ.get("COMMBENCH_RING_WAIT", "block")]
 
 
 def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
                    segment_bytes: int = SEGMENT_BYTES,
                    on_phase: PhaseHook | None = None,
-                   wait: Callable[[Handle], None] = _block) -> None:
+                   wait: Callable[[Handle], None] | None = None) -> None:
     """Sum ``tensor`` over ``comm``'s ranks in place with a pipelined ring.
 
     ``on_phase`` is told of each of ``RING_PHASES`` as it ends; ``wait(handle)``
@@ -80,6 +99,7 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
     p, r = comm.size, comm.rank
     if p == 1:
         return
+    wait = DEFAULT_WAIT if wait is None else wait
     phases = Phases(on_phase)
     flat = tensor.view(-1)
     bounds = chunk_bounds(flat.numel(), p)
