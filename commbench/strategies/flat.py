@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from commbench.comm.base import Communicator
-from commbench.comm.hierarchical import plan_inter_node_algo
+from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.strategies.algos import get_algo, wire_dtype
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
 
@@ -68,7 +68,9 @@ class FlatStrategy(Strategy):
             unpack_mean(v, g, self.comm.size)
 
     def knobs(self) -> dict:
-        hier = {"inter_node_algo": plan_inter_node_algo(self.comm)} \
+        hier = {"inter_node_algo": plan_inter_node_algo(self.comm),
+                "hier_segments": pipeline_segments(self.comm, self.buffer.numel(),
+                                                   self.buffer.element_size())} \
             if self.algo in ("hier", "hier-leader") and self.comm.size > 1 else {}
         return {**super().knobs(), "algo": self.algo, "fused_bytes": self.nbytes, **hier,
                 "wire_dtype": dtype_name(wire_dtype(self.comm, self.algo, self.wire)),
