@@ -74,7 +74,7 @@ class Scale:
     batch: int
     steps: int
     warmup: int
-    ranks: tuple[int, ...]  # C1; None: 1..cluster
+    every_rank: bool  # C1 at every rank count up to 8 (else powers of two), and the cluster's
     rates: tuple[str, str]  # C2's two link rates (emulated cluster)
     slow_algos: tuple[str, ...]  # C2 algorithms at the second rate
     bucket_mb: tuple[float, ...]
@@ -90,13 +90,13 @@ class Scale:
 
 
 FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, steps=20, warmup=3,
-             ranks=(1, 2, 3, 4, 5, 6, 7, 8), rates=("1gbit", "200mbit"),
+             every_rank=True, rates=("1gbit", "200mbit"),
              slow_algos=("native", "ring", "hier", "hier-leader"),
              bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
              accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
              conv_mitigations="none,lr", conv_ps=True, profile_batches=(256, 1024))
 QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, steps=6, warmup=1,
-              ranks=(1, 2, 4, 8), rates=("1gbit", "200mbit"), slow_algos=("ring", "hier"),
+              every_rank=False, rates=("1gbit", "200mbit"), slow_algos=("ring", "hier"),
               bucket_mb=(0, 25), staleness=(0, 1, 4), straggler_factor=2.0, accum=(1, 4),
               real_batches=(16, 64, 128), real_steps=30, conv_steps=60,
               conv_mitigations="none", conv_ps=False, profile_batches=())
@@ -118,6 +118,15 @@ class Cluster:
     @property
     def emulated(self) -> bool:
         return self.hosts is None
+
+
+def default_ranks(scale: Scale, cluster: Cluster) -> list[int]:
+    """C1's rank counts: 1..N on up to 8 ranks in the full study, else powers of two; and
+    the whole cluster, N."""
+    n = cluster.ranks
+    if scale.every_rank and n <= 8:
+        return list(range(1, n + 1))
+    return sorted({*(2 ** i for i in range(n.bit_length()) if 2 ** i < n), n})
 
 
 @dataclass
@@ -171,7 +180,7 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
     # the 8-rank flat run at the first rate: C1's largest point and everyone's reference
     for claim in ("C2", "C3", "C4", "C7"):
         add(f"flat-np{n}", claim, n, [*flat_all, *base])
-    for p in ranks or scale.ranks:
+    for p in ranks or default_ranks(scale, cluster):
         add(f"flat-np{p}" if p != n else f"flat-np{n}", "C1", p,
             ["--strategy", "flat", "--algo", "native", *base] if p != n else [*flat_all, *base])
     for rate in rates[1:]:
@@ -377,7 +386,7 @@ def make_cluster(a: argparse.Namespace) -> Cluster:
 def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
           scale: Scale) -> None:
     """Refuse what cannot run before any job starts."""
-    wanted = list(ranks or scale.ranks)
+    wanted = list(ranks or default_ranks(scale, cluster))
     where = (f"{cluster.nodes} nodes x {cluster.slots} slots"
              + ("" if cluster.emulated else f" ({cluster.hosts})"))
     too_many = [r for r in wanted if r > cluster.ranks]
@@ -415,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--claims", type=str, default=",".join(CLAIMS), metavar="C1,C2,...",
                    help="only the jobs these claims need (default: all)")
     p.add_argument("--ranks", type=str, default=None, metavar="N,N",
-                   help="C1's rank counts (default 1..8; --quick 1,2,4,8)")
+                   help="C1's rank counts (default 1..8 on 8 ranks; --quick or more ranks: "
+                        "powers of two, and the whole cluster)")
     p.add_argument("--dry-run", action="store_true", help="list every job; run nothing")
     p.add_argument("-o", "--output", default=None,
                    help="results directory (default results/study or results/study-quick); "
