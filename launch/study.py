@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from launch import sweep as sweeps
@@ -140,7 +140,6 @@ class Job:
     rate: str | None = None  # emulated link rate
     program: str = "commbench.allreduce"
     estimate_s: float = 0.0
-    extra: dict = field(default_factory=dict)  # what the estimate needs to know
 
     def point(self, cluster: Cluster) -> dict:
         p: dict = {"name": self.name, "ranks": self.ranks}
@@ -210,14 +209,13 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
                  "smallcnn", "--dataset", "digits", "--image-size", "32", "--num-classes", "10",
                  "--batch-size", str(b), "--steps", str(scale.real_steps), "--warmup",
                  str(scale.warmup), "--quiet"])
-    for b in scale.profile_batches:
-        args = ["--strategy", "flat", "--algo", "native",
-                *_synthetic(scale, profile=f"h200-{scale.model}-b{b}.json", batch=b)]
-        name = f"flat-np{n}" if args[4:] == base else f"flat-np{n}-b{b}"
-        if name == f"flat-np{n}":
-            jobs[name].claims.add("C5")
+    for b in scale.profile_batches:  # replayed compute of the claim's own batches
+        profile = f"h200-{scale.model}-b{b}.json"
+        if (profile, b) == (scale.profile, scale.batch):  # the reference run is one of them
+            jobs[f"flat-np{n}"].claims.add("C5")
         else:
-            add(name, "C5", n, args)
+            add(f"flat-np{n}-b{b}", "C5", n, ["--strategy", "flat", "--algo", "native",
+                                                *_synthetic(scale, profile=profile, batch=b)])
     for k in scale.accum:
         if k != 1:
             add(f"accum-k{k}", "C7", n, ["--strategy", "flat", "--algo", "native",
@@ -239,11 +237,9 @@ def planned_records(job: Job, cluster: Cluster) -> list[dict]:
     if job.program != "commbench.allreduce":
         return []
     from commbench.allreduce import runs_of
-    from commbench.config import build_parser
+    from commbench.config import Config, build_parser
 
     ns = build_parser().parse_args(job.args)
-    from commbench.config import Config
-
     cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
     local = [min(cluster.slots, job.ranks - i * cluster.slots)
              for i in range(math.ceil(job.ranks / cluster.slots))]

@@ -74,6 +74,8 @@ SWEEP_KEYS: dict[str, type] = {"launcher": str, "program": str, "args": list, "t
 # keys a point of an explicit list (``points=``) may carry besides the grid keys
 POINT_KEYS: dict[str, type] = {"program": str, "args": list, "name": str, "timeout": float,
                                "estimate_s": float}
+# point keys that say how to run a point, not what it is: left out of its id
+RUN_ONLY = ("timeout", "estimate_s")
 LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
 CLUSTER_NAME = "cbsw"  # the emulated cluster a sweep brings up (launch.cluster --name)
 
@@ -215,7 +217,8 @@ def parse_set(items: list[str]) -> dict:
 
 def point_id(point: dict, sweep: Sweep) -> str:
     """Stable id of a point: the same parameters give the same id in every run."""
-    key = json.dumps({"p": point, "program": sweep.program, "args": sweep.args,
+    what = {k: v for k, v in point.items() if k not in RUN_ONLY}
+    key = json.dumps({"p": what, "program": sweep.program, "args": sweep.args,
                       "launcher": sweep.launcher}, sort_keys=True)
     label = point.get("name") or "-".join(
         f"{k}{v}" for k, v in point.items() if k in GRID_KEYS)

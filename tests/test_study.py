@@ -192,3 +192,14 @@ def test_tiny_study_on_the_emulated_cluster(tmp_path):
     assert all(not math.isnan(num(r.get("link_gbps"))) for r in recs)
     assert len(match.matched_sets(recs, ("accumulation", "sync"))) == 1
     assert "not reproducible here" not in _c7_row(out / "report")
+
+
+def test_a_jobs_id_does_not_depend_on_its_estimate_or_deadline():
+    """Resuming finds finished jobs by id: a better estimate must not make them new."""
+    from launch.sweep import make_sweep, point_id
+
+    pts = [j.point(EMULATED) for j in plan(QUICK, EMULATED)]
+    sweep = make_sweep({}, {}, pts)
+    moved = [{**p, "estimate_s": p["estimate_s"] * 2, "timeout": p["timeout"] + 1} for p in pts]
+    assert [point_id(p, sweep) for p in pts] == [point_id(p, sweep) for p in moved]
+    assert len({point_id(p, sweep) for p in pts}) == len(pts)
