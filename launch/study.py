@@ -400,9 +400,9 @@ def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
     if cluster.launcher == "horovodrun-gloo" and needs_mpi:
         verb = "needs" if len(needs_mpi) == 1 else "need"
         raise StudyError(f"--launcher horovodrun-gloo: {' and '.join(needs_mpi)} {verb} "
-                         "point-to-point messages (the project's ring; the parameter server), which Horovod on "
-                         "Gloo does not offer; use mpirun or horovodrun, or leave them out of "
-                         "--claims")
+                         "point-to-point messages (the project's ring; the parameter "
+                         "server), which Horovod on Gloo does not offer; use mpirun or "
+                         "horovodrun, or leave them out of --claims")
     if cluster.ranks < 2 and {"C2", "C3", "C4", "C7"} & set(claims):
         raise StudyError(f"the cluster has one rank ({where}): nothing to synchronise")
     if cluster.emulated:
