@@ -180,8 +180,8 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
     for claim in ("C2", "C3", "C4", "C7"):
         add(f"flat-np{n}", claim, n, [*flat_all, *base])
     for p in ranks or default_ranks(scale, cluster):
-        add(f"flat-np{p}" if p != n else f"flat-np{n}", "C1", p,
-            ["--strategy", "flat", "--algo", "native", *base] if p != n else [*flat_all, *base])
+        add(f"flat-np{p}", "C1", p,  # (p = n is the reference above)
+            ["--strategy", "flat", "--algo", "native", *base])
     for rate in rates[1:]:
         add(f"flat-np{n}-{rate}", "C2", n,
             ["--strategy", "flat", "--algo", ",".join(scale.slow_algos), *base], rate)
