@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from commbench.cores import BUSY_LOAD_FRACTION
 from launch import sweep as sweeps
 
 CLAIMS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8")
@@ -480,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         check(cluster, claims, ranks, scale)
         jobs = plan(scale, cluster, claims, ranks)
         out = Path(a.output or f"results/study{'-quick' if a.quick else ''}")
+        if out.exists() and not out.is_dir():
+            raise StudyError(f"-o/--output: {out} is not a directory")
         sweep = sweeps.make_sweep(
             {"launcher": cluster.launcher, "output": str(out),
              **({} if cluster.emulated else {"hosts": cluster.hosts})},
@@ -499,6 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# launch.study{' --quick' if a.quick else ''}: {len(jobs)} jobs for "
           f"{', '.join(claims)}; expected time ~{_fmt(total)} (estimated from the link rates "
           f"and replayed compute; the progress line corrects it as jobs finish)", flush=True)
+    if not a.dry_run:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        print(f"# load average {load:.2f} on {cores} cores before the first job"
+              + (": something else is running, and its load will be in every timing"
+                 if load > BUSY_LOAD_FRACTION * cores else ""), flush=True)
     if a.dry_run:
         for job, pt in zip(jobs, sweep.points()):
             print(f"# {_describe(job, cluster)}")

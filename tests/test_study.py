@@ -139,6 +139,7 @@ def test_dry_run_lists_every_job_and_runs_nothing(tmp_path):
     (["--hosts", "a:2,b:2", "--ranks", "8"], "more ranks than the cluster has"),
     (["--hostfile", "/nonexistent/hosts"], "--hostfile /nonexistent/hosts"),
     (["--launcher", "horovodrun-gloo", "--claims", "C4"], "C4 needs point-to-point"),
+    (["-o", "/dev/null"], "/dev/null is not a directory"),
 ])
 def test_bad_input_exits_2_before_any_job(tmp_path, args, cause):
     out = tmp_path / "s"
