@@ -24,6 +24,12 @@ Each point writes ``<output>/<point id>.jsonl``; a finished point also
 the end of its output), and the sweep goes on. Running the same sweep again
 skips points that are done and re-runs failed or interrupted ones (an
 interrupted point's partial results are discarded first).
+
+A caller that plans its own jobs (``launch.study``) gives a list of points
+rather than a grid: each point holds grid keys plus, optionally, its own
+``program``, ``args`` (after the sweep's), ``name`` (for its id and progress
+line), ``timeout`` and ``estimate_s`` (its expected seconds, which the
+progress line's estimate of what remains then weighs points by).
 """
 
 from __future__ import annotations
@@ -64,8 +70,14 @@ GRID_KEYS: dict[str, tuple[type, str | None]] = {
     "staleness": (int, "--staleness"),
 }
 SWEEP_KEYS: dict[str, type] = {"launcher": str, "program": str, "args": list, "timeout": float,
-                               "output": str}
+                               "output": str, "hosts": str}
+# keys a point of an explicit list (``points=``) may carry besides the grid keys
+POINT_KEYS: dict[str, type] = {"program": str, "args": list, "name": str, "timeout": float,
+                               "estimate_s": float}
+# point keys that say how to run a point, not what it is: left out of its id
+RUN_ONLY = ("timeout", "estimate_s")
 LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
+CLUSTER_NAME = "cbsw"  # the emulated cluster a sweep brings up (launch.cluster --name)
 
 
 class SweepError(Exception):
@@ -79,9 +91,15 @@ class Sweep:
     args: list[str] = field(default_factory=list)
     timeout: float = 900.0
     output: str = "results/sweep"
+    #: a real cluster's hosts (``a:8,b:8``) for points without nodes/slots; None: this host
+    hosts: str | None = None
     grid: dict[str, list] = field(default_factory=dict)
+    #: explicit points (grid keys plus ``POINT_KEYS``) instead of the grid's combinations
+    point_list: list[dict] | None = None
 
     def points(self) -> list[dict]:
+        if self.point_list is not None:
+            return [dict(p) for p in self.point_list]
         keys = list(self.grid)
         return [dict(zip(keys, combo)) for combo in itertools.product(*self.grid.values())]
 
@@ -94,8 +112,27 @@ def _check_value(key: str, value, typ: type):
     return value
 
 
-def make_sweep(sweep: dict, grid: dict) -> Sweep:
-    """Check a parsed description: unknown keys and wrong types are errors naming the key."""
+def _check_points(points: list[dict]) -> list[dict]:
+    checked = []
+    for i, pt in enumerate(points):
+        out = {}
+        for k, v in pt.items():
+            if k in GRID_KEYS:
+                out[k] = _check_value(f"points[{i}].{k}", v, GRID_KEYS[k][0])
+            elif k in POINT_KEYS:
+                out[k] = _check_value(f"points[{i}].{k}", v, POINT_KEYS[k])
+            else:
+                raise SweepError(f"points[{i}]: unknown key {k!r}; known: "
+                                 f"{', '.join([*GRID_KEYS, *POINT_KEYS])}")
+        if not all(isinstance(a, str) for a in out.get("args", [])):
+            raise SweepError(f"points[{i}].args: expected a list of strings")
+        checked.append(out)
+    return checked
+
+
+def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Sweep:
+    """Check a parsed description: unknown keys and wrong types are errors naming the key.
+    ``points``, an explicit list, replaces the grid."""
     for k, v in sweep.items():
         if k not in SWEEP_KEYS:
             raise SweepError(f"[sweep] unknown key {k!r}; known: {', '.join(SWEEP_KEYS)}")
@@ -119,7 +156,10 @@ def make_sweep(sweep: dict, grid: dict) -> Sweep:
                 raise SweepError(f"grid.strategy: {name.strip()} is a program of its own now: "
                                  f"set sweep.program = \"{MOVED_STRATEGIES[name.strip()]}\" "
                                  "(--program) and leave strategy out of the grid")
-    s = Sweep(**{k: v for k, v in sweep.items()}, grid=checked)
+    if points is not None and grid:
+        raise SweepError("give a grid or a list of points, not both")
+    s = Sweep(**{k: v for k, v in sweep.items()}, grid=checked,
+              point_list=None if points is None else _check_points(points))
     for p in s.points():
         ranks, nodes, slots = p.get("ranks"), p.get("nodes"), p.get("slots")
         if (nodes is None) != (slots is None):
@@ -135,8 +175,8 @@ def make_sweep(sweep: dict, grid: dict) -> Sweep:
                 parse_rate(p["rate"])
             except ClusterError as e:
                 raise SweepError(f"grid.rate: {e}") from None
-    if s.timeout <= 0:
-        raise SweepError("sweep.timeout: must be > 0")
+    if s.timeout <= 0 or any(p.get("timeout", 1) <= 0 for p in s.points()):
+        raise SweepError("timeout: must be > 0")
     return s
 
 
@@ -177,15 +217,21 @@ def parse_set(items: list[str]) -> dict:
 
 def point_id(point: dict, sweep: Sweep) -> str:
     """Stable id of a point: the same parameters give the same id in every run."""
-    key = json.dumps({"p": point, "program": sweep.program, "args": sweep.args,
+    what = {k: v for k, v in point.items() if k not in RUN_ONLY}
+    key = json.dumps({"p": what, "program": sweep.program, "args": sweep.args,
                       "launcher": sweep.launcher}, sort_keys=True)
-    label = "-".join(f"{k}{v}" for k, v in point.items()).replace("/", "_")[:80]
+    label = point.get("name") or "-".join(
+        f"{k}{v}" for k, v in point.items() if k in GRID_KEYS)
+    label = label.replace("/", "_").replace(" ", "_")[:80]
     return f"{label}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def point_program(point: dict, sweep: Sweep, out: Path) -> list[str]:
-    flags = [a for k, v in point.items() if GRID_KEYS[k][1] for a in (GRID_KEYS[k][1], str(v))]
-    return commands.python_module(sweep.program, [*sweep.args, *flags, "--output", str(out)])
+    flags = [a for k, v in point.items() if k in GRID_KEYS and GRID_KEYS[k][1]
+             for a in (GRID_KEYS[k][1], str(v))]
+    return commands.python_module(point.get("program", sweep.program),
+                                  [*sweep.args, *point.get("args", []), *flags,
+                                   "--output", str(out)])
 
 
 class _Clusters:
@@ -203,7 +249,7 @@ class _Clusters:
         key = (nodes, slots, rate)
         if key != self.key:
             self.close()
-            self.spec = self.stack.enter_context(cluster(nodes, slots, rate, name="cbsw"))
+            self.spec = self.stack.enter_context(cluster(nodes, slots, rate, name=CLUSTER_NAME))
             self.link = measure_link(self.spec) if nodes > 1 else None
             self.key = key
         return self.spec, self.link
@@ -223,14 +269,23 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> l
         return launch_argv(spec, sweep.launcher, np, prog, link)
     np = point.get("ranks", 1)
     if sweep.launcher == "mpirun":
-        return commands.mpirun(np, prog)
+        return commands.mpirun(np, prog, hosts=sweep.hosts)
     hvd = str(Path(sys.executable).parent / "horovodrun")
-    return commands.horovodrun(np, prog, horovodrun_bin=hvd,
+    return commands.horovodrun(np, prog, hosts=sweep.hosts, horovodrun_bin=hvd,
                                controller="gloo" if sweep.launcher.endswith("gloo") else "mpi")
 
 
 def _fmt_s(s: float) -> str:
     return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.0f}s"
+
+
+def _eta(todo: list[tuple[str, dict]], k: int, elapsed: float) -> float:
+    """Seconds left after ``k`` of ``todo``: by the points' ``estimate_s`` where every point
+    has one (scaled by how the finished ones compared), else by the mean so far."""
+    est = [p.get("estimate_s") for _, p in todo]
+    if all(e for e in est):
+        return sum(est[k:]) * elapsed / sum(est[:k])
+    return elapsed / k * (len(todo) - k)
 
 
 def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
@@ -239,7 +294,8 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
     points = sweep.points()
     ids = [point_id(p, sweep) for p in points]
     write_atomic(outdir / "sweep.json", json.dumps(
-        {"sweep": {k: v for k, v in vars(sweep).items() if k != "grid"}, "grid": sweep.grid,
+        {"sweep": {k: v for k, v in vars(sweep).items() if k not in ("grid", "point_list")},
+         "grid": sweep.grid,
          "points": [{"id": i, **p} for i, p in zip(ids, points)]}, indent=1))
     counts = {"done": 0, "failed": 0, "skipped": 0}
     todo = [(i, p) for i, p in zip(ids, points) if not (outdir / f"{i}.done.json").exists()]
@@ -254,11 +310,12 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
             out = outdir / f"{pid}.jsonl"
             for stale in (out, outdir / f"{pid}.failed.json"):
                 stale.unlink(missing_ok=True)  # interrupted or failed before: start clean
-            label = " ".join(f"{a}={b}" for a, b in point.items())
+            label = point.get("name") or " ".join(f"{a}={b}" for a, b in point.items()
+                                                  if a in GRID_KEYS)
             t = time.time()
             try:
                 argv = launch_point(point, sweep, out, clusters)
-                res = run(argv, timeout=sweep.timeout)
+                res = run(argv, timeout=point.get("timeout", sweep.timeout))
                 ok = res.returncode == 0 and not res.timed_out
                 info = {"id": pid, "point": point, "argv": argv, "returncode": res.returncode,
                         "timed_out": res.timed_out, "seconds": time.time() - t}
@@ -275,7 +332,7 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
             tmp.replace(marker)
             counts["done" if ok else "failed"] += 1
             elapsed = time.time() - t0
-            eta = elapsed / k * (len(todo) - k)
+            eta = _eta(todo, k, elapsed)
             status = "ok" if ok else ("TIMEOUT" if info.get("timed_out") else "FAILED")
             print(f"[sweep] point {counts['skipped'] + k}/{len(points)} {label}: {status} "
                   f"{info['seconds']:.1f}s  elapsed {_fmt_s(elapsed)}  eta {_fmt_s(eta)}",

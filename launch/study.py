@@ -1,0 +1,534 @@
+"""The whole study in one command: the runs every seed claim needs, then the report.
+
+    python -m launch.study                       # emulated 2 x 4 cluster; says how long first
+    python -m launch.study --quick               # fewer steps and points, ResNet-18 (~10 min)
+    python -m launch.study --claims C2,C4 --dry-run      # list the jobs, run nothing
+    python -m launch.study --hosts a:8,b:8 --launcher horovodrun   # a real cluster
+
+Each claim of shared/DESIGN.md §1 gets its runs as one matched set-up
+(``analysis.match``): the same cluster, ranks, model, replayed compute and
+batch, differing only in the claim's own variable.
+
+- C1 (sync share vs workers): flat native on 1…N ranks (fill-first on the
+  nodes, so ranks beyond one node's slots cross the link).
+- C2 (hierarchical vs flat): flat native, ring, hier and hier-leader on all
+  ranks of the 2-node cluster, at two link rates (one matched set each).
+- C3 (buckets): bucketed at each ``bucket_mb`` (0 = per tensor) beside flat.
+- C4 (async): async s in {0, 1, 2, 4} and flat, without and with a straggler
+  (``--slow-rank``; one matched set each), plus the convergence study on
+  digits (``commbench.staleness``) for what staleness costs in accuracy.
+- C5, C6, C8 (batch, memory, accuracy): the real workload (small CNN on
+  digits, held-out accuracy) at three batch sizes; the full study adds the
+  synthetic workload at batch 256 and 1024 with the H200 profiles of those
+  batches, for throughput at the claim's own batches.
+- C7 (accumulation): flat native at k in {1, 2, 4}.
+
+Runs shared by claims run once (the 8-rank flat native run is C1's largest
+point, C2-C4's synchronous reference and C7's k = 1). The jobs go through
+``launch.sweep`` (resumable: run the same command again and finished jobs are
+skipped; a progress line per job with the time left), then
+``python -m analysis.report`` writes ``<output>/report/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from commbench.cores import BUSY_LOAD_FRACTION
+from launch import sweep as sweeps
+
+CLAIMS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8")
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = "profiles"  # committed H200 profiles, relative to the repository root
+
+# Rough figures for the time estimate only (the progress line's estimate of what remains
+# is rescaled by how long finished jobs really took):
+STARTUP_S = 20.0  # mpirun + every rank importing torch on a 2-core machine, + validation
+LINK_EFFICIENCY = 0.95  # tbf-shaped links carry 0.944-0.956 of their rate (DESIGN.md §9)
+SHM_BYTES_S = 1.1e9  # one node's shared memory, busbw (DESIGN.md §9)
+HOST_S_PER_PARAM = 2.6e-9  # writing gradients + SGD per parameter and rank per core
+# (README: 270 ms for 25.6 M parameters with 8 ranks on 2 cores)
+REAL_S_PER_SAMPLE = 6e-4  # small CNN on digits at 32 px, per sample on one core (2 ranks on
+# 2 cores trained ~3200 samples/s)
+ASSUMED_GBPS = 1.0  # a real cluster's link, for the estimate only (its rate is not known)
+
+
+class StudyError(Exception):
+    """Bad input; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What one study runs: the full study or ``--quick``."""
+
+    model: str  # synthetic workload's model
+    profile: str  # replayed H200 compute, recorded at ``batch``
+    batch: int
+    steps: int
+    warmup: int
+    every_rank: bool  # C1 at every rank count up to 8 (else powers of two), and the cluster's
+    rates: tuple[str, str]  # C2's two link rates (emulated cluster)
+    slow_algos: tuple[str, ...]  # C2 algorithms at the second rate
+    bucket_mb: tuple[float, ...]
+    staleness: tuple[int, ...]
+    straggler_factor: float
+    accum: tuple[int, ...]
+    real_batches: tuple[int, ...]  # C5/C6 on the real workload
+    real_steps: int
+    conv_steps: int  # convergence study on digits
+    conv_mitigations: str
+    conv_ps: bool
+    profile_batches: tuple[int, ...]  # C5 with replayed compute at the claim's batches
+
+
+FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, steps=20, warmup=3,
+             every_rank=True, rates=("1gbit", "200mbit"),
+             slow_algos=("native", "ring", "hier", "hier-leader"),
+             bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
+             accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
+             conv_mitigations="none,lr", conv_ps=True, profile_batches=(256, 1024))
+QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, steps=6, warmup=1,
+              every_rank=False, rates=("1gbit", "200mbit"), slow_algos=("ring", "hier"),
+              bucket_mb=(0, 25), staleness=(0, 1, 4), straggler_factor=2.0, accum=(1, 4),
+              real_batches=(16, 64, 128), real_steps=40, conv_steps=60,
+              conv_mitigations="none", conv_ps=False, profile_batches=())
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where the jobs run: the emulated cluster (``rates`` shaped) or a real one (``hosts``)."""
+
+    nodes: int
+    slots: int
+    launcher: str = "mpirun"
+    hosts: str | None = None  # a real cluster; None: emulated
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.slots
+
+    @property
+    def emulated(self) -> bool:
+        return self.hosts is None
+
+
+def default_ranks(scale: Scale, cluster: Cluster) -> list[int]:
+    """C1's rank counts: 1..N on up to 8 ranks in the full study, else powers of two; and
+    the whole cluster, N."""
+    n = cluster.ranks
+    if scale.every_rank and n <= 8:
+        return list(range(1, n + 1))
+    return sorted({*(2 ** i for i in range(n.bit_length()) if 2 ** i < n), n})
+
+
+@dataclass
+class Job:
+    """One job of the study: a sweep point with the claims it serves."""
+
+    name: str
+    claims: set[str]
+    ranks: int
+    args: list[str]
+    rate: str | None = None  # emulated link rate
+    program: str = "commbench.allreduce"
+    estimate_s: float = 0.0
+
+    def point(self, cluster: Cluster) -> dict:
+        p: dict = {"name": self.name, "ranks": self.ranks}
+        if cluster.emulated:
+            p.update(nodes=cluster.nodes, slots=cluster.slots, rate=self.rate or "none")
+        p.update(program=self.program, args=list(self.args), estimate_s=round(self.estimate_s),
+                 timeout=float(max(600, round(4 * self.estimate_s))))
+        return p
+
+
+# -- the plan ---------------------------------------------------------------------------
+
+def _synthetic(scale: Scale, *, profile: str | None = None, batch: int | None = None) -> list[str]:
+    return ["--workload", "synthetic", "--model", scale.model,
+            "--compute-profile", f"{PROFILES}/{profile or scale.profile}",
+            "--batch-size", str(batch or scale.batch),
+            "--steps", str(scale.steps), "--warmup", str(scale.warmup), "--quiet"]
+
+
+def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
+         ranks: Sequence[int] | None = None) -> list[Job]:
+    """Every job the ``claims`` need, each once, those sharing a link rate together."""
+    jobs: dict[str, Job] = {}
+    n = cluster.ranks
+    rates = scale.rates if cluster.emulated else (None,)
+    fast = rates[0]
+
+    def add(name: str, claim: str, nranks: int, args: list[str], rate: str | None = fast,
+            program: str = "commbench.allreduce") -> None:
+        if name in jobs:
+            jobs[name].claims.add(claim)
+        else:
+            jobs[name] = Job(name, {claim}, nranks, args, rate, program)
+
+    base = _synthetic(scale)
+    flat_all = ["--strategy", "flat", "--algo", "native,ring,hier,hier-leader"]
+    # the 8-rank flat run at the first rate: C1's largest point and everyone's reference
+    for claim in ("C2", "C3", "C4", "C7"):
+        add(f"flat-np{n}", claim, n, [*flat_all, *base])
+    for p in ranks or default_ranks(scale, cluster):
+        add(f"flat-np{p}", "C1", p,  # (p = n is the reference above)
+            ["--strategy", "flat", "--algo", "native", *base])
+    for rate in rates[1:]:
+        add(f"flat-np{n}-{rate}", "C2", n,
+            ["--strategy", "flat", "--algo", ",".join(scale.slow_algos), *base], rate)
+    for mb in scale.bucket_mb:
+        add(f"bucketed-{mb:g}mb", "C3", n, ["--strategy", "bucketed", "--bucket-mb", f"{mb:g}",
+                                             *base])
+    slow = f"{n - 1}:{scale.straggler_factor:g}"  # the last rank: on the last node
+    for straggler in (None, slow):
+        tail = ["--slow-rank", straggler] if straggler else []
+        suffix = "-straggler" if straggler else ""
+        if straggler:
+            add(f"flat-np{n}{suffix}", "C4", n, ["--strategy", "flat", "--algo", "native",
+                                                 *base, *tail])
+        for s in scale.staleness:
+            add(f"async-s{s}{suffix}", "C4", n,
+                ["--strategy", "async", "--staleness", str(s), *base, *tail])
+    add("convergence-digits", "C4", n,
+        ["--staleness", ",".join(map(str, scale.staleness)), "--mitigations",
+         scale.conv_mitigations, "--steps", str(scale.conv_steps), "--eval-every", "10",
+         "--quiet", *([] if scale.conv_ps else ["--no-ps"])], program="commbench.staleness")
+    for b in scale.real_batches:
+        for claim in ("C5", "C6", "C8"):
+            add(f"real-digits-b{b}", claim, n,
+                ["--strategy", "flat", "--algo", "native", "--workload", "resnet", "--model",
+                 "smallcnn", "--dataset", "digits", "--image-size", "32", "--num-classes", "10",
+                 "--lr", "0.02",  # commbench.staleness's: 0.05 diverges on 4 ranks
+                 "--batch-size", str(b), "--steps", str(scale.real_steps), "--warmup",
+                 str(scale.warmup), "--quiet"])
+    for b in scale.profile_batches:  # replayed compute of the claim's own batches
+        profile = f"h200-{scale.model}-b{b}.json"
+        if (profile, b) == (scale.profile, scale.batch):  # the reference run is one of them
+            jobs[f"flat-np{n}"].claims.add("C5")
+        else:
+            add(f"flat-np{n}-b{b}", "C5", n, ["--strategy", "flat", "--algo", "native",
+                                                *_synthetic(scale, profile=profile, batch=b)])
+    for k in scale.accum:
+        if k != 1:
+            add(f"accum-k{k}", "C7", n, ["--strategy", "flat", "--algo", "native",
+                                         "--accum-steps", str(k), *base])
+    wanted = set(claims)
+    out = [j for j in jobs.values() if j.claims & wanted]
+    out.sort(key=lambda j: rates.index(j.rate))  # stable: one cluster per rate, brought up once
+    for j in out:
+        j.estimate_s = estimate(j, scale, cluster)
+    return out
+
+
+# -- what a job will write, as records (for checking the plan against analysis.match) ------
+
+def planned_records(job: Job, cluster: Cluster) -> list[dict]:
+    """Summary-like records of the runs ``job`` makes, read from its arguments by the
+    workers' own parser, with the header the cluster will give them: what
+    ``analysis.match`` sees of each run. The convergence study writes no summaries."""
+    if job.program != "commbench.allreduce":
+        return []
+    from commbench.allreduce import runs_of
+    from commbench.config import Config, build_parser
+
+    ns = build_parser().parse_args(job.args)
+    cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
+    local = [min(cluster.slots, job.ranks - i * cluster.slots)
+             for i in range(math.ceil(job.ranks / cluster.slots))]
+    backend = "mpi" if cluster.launcher == "mpirun" else "horovod"
+    controller = {"horovodrun": "mpi", "horovodrun-gloo": "gloo"}.get(cluster.launcher)
+    recs = []
+    for strategy, algo, _ in runs_of(cfg):
+        recs.append({
+            "kind": "summary", "run_id": f"{job.name}/{strategy}/{algo}",
+            "world_size": job.ranks, "nodes": len(local), "local_size": max(local),
+            "local_sizes": local, "link_shaping": _shaping(job.rate),
+            "link_gbps": _gbps(job.rate), "model": cfg.model, "workload": cfg.workload,
+            "device": "cpu", "batch_size": cfg.batch_size, "image_size": cfg.image_size,
+            "backend": backend, "versions": {"horovod_controller": controller},
+            "thread_rule": "machine ranks from the launcher" if cluster.emulated else None,
+            "torch_threads": max(1, (os.cpu_count() or 1) // job.ranks),
+            "strategy": strategy, "algo": algo, "knobs": {}, "config": cfg.as_dict()})
+    return recs
+
+
+def _shaping(rate: str | None) -> str | None:
+    """``link_shaping`` as ``launch.cluster.launch_argv`` gives it to the ranks."""
+    from launch.cluster import parse_rate
+
+    r = parse_rate(rate)
+    return None if r is None else f"{r:g}gbit"
+
+
+def _gbps(rate: str | None) -> float | None:
+    from launch.cluster import parse_rate
+
+    r = parse_rate(rate)
+    return None if r is None else r * LINK_EFFICIENCY
+
+
+# -- how long ------------------------------------------------------------------------------
+
+def _params(model: str) -> int:
+    from commbench.models import parameter_shapes
+
+    return sum(math.prod(s) for _, s in parameter_shapes(model, 10 if model == "smallcnn"
+                                                         else 1000))
+
+
+def _flag(args: Sequence[str], flag: str, default: str | None = None) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else default
+
+
+def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
+    """Seconds ``job`` should take here: start-up, then per run (warm-up + steps +
+    validation) compute + the all-reduce's bytes through the link (or shared memory).
+    Rough: the study rescales it by how long the finished jobs took."""
+    cores = os.cpu_count() or 1
+    share = max(1.0, job.ranks / cores)  # ranks sharing each core
+    a = job.args
+    if job.program == "commbench.staleness":
+        runs = len(_flag(a, "--staleness", "0").split(",")) * len(
+            _flag(a, "--mitigations", "none").split(",")) + (0 if "--no-ps" in a else 2)
+        step = 32 * REAL_S_PER_SAMPLE * share
+        return STARTUP_S + runs * int(_flag(a, "--steps", "200")) * step * 1.2  # + evaluations
+    model = _flag(a, "--model")
+    params = _params(model)
+    batch, k = int(_flag(a, "--batch-size", "32")), int(_flag(a, "--accum-steps", "1"))
+    if _flag(a, "--workload") == "resnet":
+        compute = batch * REAL_S_PER_SAMPLE * share
+    else:
+        prof = json.loads((ROOT / _flag(a, "--compute-profile")).read_text())
+        compute = prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"]
+        compute += params * HOST_S_PER_PARAM * share
+        slow = _flag(a, "--slow-rank")
+        compute *= float(slow.split(":")[1]) if slow else 1.0
+    p = job.ranks
+    moved = 2 * (p - 1) / p * params * 4  # bytes each rank sends in a ring all-reduce
+    if p <= cluster.slots:
+        comm = moved / SHM_BYTES_S
+    else:
+        gbps = _gbps(job.rate) if cluster.emulated else ASSUMED_GBPS
+        comm = moved * 8 / ((gbps or ASSUMED_GBPS) * 1e9)
+    runs = len(_flag(a, "--algo", "native").split(",")) if _flag(a, "--strategy") == "flat" \
+        else 1
+    steps = int(_flag(a, "--steps", "20")) + int(_flag(a, "--warmup", "3")) + 1
+    return STARTUP_S + runs * steps * (k * compute + comm)
+
+
+def _fmt(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min"
+
+
+# -- input -------------------------------------------------------------------------------
+
+def parse_claims(text: str) -> list[str]:
+    claims = [c.strip().upper() for c in text.split(",") if c.strip()]
+    unknown = [c for c in claims if c not in CLAIMS]
+    if unknown or not claims:
+        raise StudyError(f"--claims: unknown claim {', '.join(unknown) or repr(text)}; the "
+                         f"claims are {', '.join(CLAIMS)} (shared/DESIGN.md §1)")
+    return claims
+
+
+def parse_hosts(hosts: str | None, hostfile: str | None) -> str | None:
+    """``a:8,b:8`` from ``--hosts`` or an Open MPI host file (``a slots=8`` per line)."""
+    if hostfile:
+        try:
+            lines = Path(hostfile).read_text().splitlines()
+        except OSError as e:
+            raise StudyError(f"--hostfile {hostfile}: {e.strerror}") from None
+        out = []
+        for line in lines:
+            words = line.split("#")[0].split()
+            if not words:
+                continue
+            slots = next((w.split("=")[1] for w in words[1:] if w.startswith("slots=")), "1")
+            out.append(f"{words[0]}:{slots}")
+        hosts = ",".join(out)
+        if not hosts:
+            raise StudyError(f"--hostfile {hostfile}: no hosts in it")
+    if hosts is None:
+        return None
+    for h in hosts.split(","):
+        name, _, slots = h.partition(":")
+        if not name or not slots.isdigit() or int(slots) < 1:
+            raise StudyError(f"--hosts: {h!r} is not HOST:SLOTS (e.g. node1:8)")
+    return hosts
+
+
+def make_cluster(a: argparse.Namespace) -> Cluster:
+    hosts = parse_hosts(a.hosts, a.hostfile)
+    if hosts:
+        slots = [int(h.split(":")[1]) for h in hosts.split(",")]
+        if len(set(slots)) > 1:
+            raise StudyError(f"--hosts: every host needs the same slots, got {hosts}")
+        return Cluster(len(slots), slots[0], a.launcher, hosts)
+    if a.nodes < 1 or a.slots < 1:
+        raise StudyError(f"--nodes {a.nodes} --slots {a.slots}: both must be >= 1")
+    return Cluster(a.nodes, a.slots, a.launcher)
+
+
+def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
+          scale: Scale) -> None:
+    """Refuse what cannot run before any job starts."""
+    wanted = list(ranks or default_ranks(scale, cluster))
+    where = (f"{cluster.nodes} nodes x {cluster.slots} slots"
+             + ("" if cluster.emulated else f" ({cluster.hosts})"))
+    too_many = [r for r in wanted if r > cluster.ranks]
+    if too_many:
+        raise StudyError(f"--ranks {max(too_many)}: more ranks than the cluster has "
+                         f"({where} = {cluster.ranks}); give --nodes/--slots or --hosts for a "
+                         "bigger one, or fewer --ranks")
+    if any(r < 1 for r in wanted):
+        raise StudyError("--ranks: every rank count must be >= 1")
+    if cluster.nodes < 2 and "C2" in claims:
+        raise StudyError(f"C2 compares hierarchical with flat all-reduce across nodes, but the "
+                         f"cluster has one node ({where}); use --nodes 2 or more, or leave C2 "
+                         "out of --claims")
+    needs_mpi = sorted({"C2", "C4"} & set(claims))
+    if cluster.launcher == "horovodrun-gloo" and needs_mpi:
+        verb = "needs" if len(needs_mpi) == 1 else "need"
+        raise StudyError(f"--launcher horovodrun-gloo: {' and '.join(needs_mpi)} {verb} "
+                         "point-to-point messages (the project's ring; the parameter "
+                         "server), which Horovod on Gloo does not offer; use mpirun or "
+                         "horovodrun, or leave them out of --claims")
+    if cluster.ranks < 2 and {"C2", "C3", "C4", "C7"} & set(claims):
+        raise StudyError(f"the cluster has one rank ({where}): nothing to synchronise")
+    if cluster.emulated:
+        from launch.cluster import ClusterError, parse_rate
+
+        for r in scale.rates:
+            try:
+                parse_rate(r)
+            except ClusterError as e:
+                raise StudyError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launch.study",
+        description="Run every experiment the seed claims C1-C8 need (shared/DESIGN.md §1) "
+                    "on the emulated cluster or a real one, resumably, then write the report.",
+        epilog="Run it again with the same flags to resume: finished jobs are skipped.")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer steps and points, ResNet-18 with its H200 profile (~10 min on 2 "
+                        "cores)")
+    p.add_argument("--claims", type=str, default=",".join(CLAIMS), metavar="C1,C2,...",
+                   help="only the jobs these claims need (default: all)")
+    p.add_argument("--ranks", type=str, default=None, metavar="N,N",
+                   help="C1's rank counts (default 1..8 on 8 ranks; --quick or more ranks: "
+                        "powers of two, and the whole cluster)")
+    p.add_argument("--dry-run", action="store_true", help="list every job; run nothing")
+    p.add_argument("-o", "--output", default=None,
+                   help="results directory (default results/study or results/study-quick); "
+                        "the report goes to its report/")
+    g = p.add_argument_group("where (default: an emulated cluster on this machine, as root)")
+    g.add_argument("--nodes", type=int, default=2, help="emulated nodes (default 2)")
+    g.add_argument("--slots", type=int, default=4, help="ranks per emulated node (default 4)")
+    g.add_argument("--hosts", default=None, metavar="A:8,B:8",
+                   help="a real cluster's hosts and slots (no link shaping: one link rate)")
+    g.add_argument("--hostfile", default=None, help="or an Open MPI host file (HOST slots=N)")
+    g.add_argument("--launcher", choices=sweeps.LAUNCHERS, default="mpirun")
+    return p
+
+
+def launch_command(point: dict, sweep: sweeps.Sweep, out: Path) -> list[str]:
+    """The command ``launch.sweep`` will run for ``point`` (on the emulated cluster it
+    brings up for the point's link rate; nothing is made here)."""
+    if "nodes" not in point:
+        return sweeps.launch_point(point, sweep, out, sweeps._Clusters())
+    from launch.cluster import ClusterSpec, launch_argv, parse_rate
+
+    spec = ClusterSpec(nodes=point["nodes"], slots=point["slots"],
+                       rate_gbps=parse_rate(point["rate"]), name=sweeps.CLUSTER_NAME)
+    return launch_argv(spec, sweep.launcher, point["ranks"],
+                       sweeps.point_program(point, sweep, out))
+
+
+def _describe(job: Job, cluster: Cluster) -> str:
+    where = (f"{job.ranks} ranks on {cluster.nodes} x {cluster.slots} emulated, link "
+             f"{job.rate}" if cluster.emulated else f"{job.ranks} ranks on {cluster.hosts}")
+    return (f"{','.join(sorted(job.claims)):<12} {job.name:<22} {where}, "
+            f"~{_fmt(job.estimate_s)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    scale = QUICK if a.quick else FULL
+    try:
+        claims = parse_claims(a.claims)
+        ranks = None
+        if a.ranks:
+            try:
+                ranks = [int(x) for x in a.ranks.split(",") if x.strip()]
+            except ValueError:
+                raise StudyError(f"--ranks: expected integers, got {a.ranks!r}") from None
+        cluster = make_cluster(a)
+        check(cluster, claims, ranks, scale)
+        jobs = plan(scale, cluster, claims, ranks)
+        out = Path(a.output or f"results/study{'-quick' if a.quick else ''}")
+        if out.exists() and not out.is_dir():
+            raise StudyError(f"-o/--output: {out} is not a directory")
+        sweep = sweeps.make_sweep(
+            {"launcher": cluster.launcher, "output": str(out),
+             **({} if cluster.emulated else {"hosts": cluster.hosts})},
+            {}, [j.point(cluster) for j in jobs])
+        if not a.dry_run and cluster.emulated:
+            from launch.cluster import ClusterError, check_machine
+
+            try:
+                check_machine()
+            except ClusterError as e:
+                raise StudyError(str(e)) from None
+    except (StudyError, sweeps.SweepError) as e:
+        print(f"launch.study: error: {e}", file=sys.stderr)
+        return 2
+
+    total = sum(j.estimate_s for j in jobs)
+    print(f"# launch.study{' --quick' if a.quick else ''}: {len(jobs)} jobs for "
+          f"{', '.join(claims)}; expected time ~{_fmt(total)} (estimated from the link rates "
+          f"and replayed compute; the progress line corrects it as jobs finish)", flush=True)
+    if not a.dry_run:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        print(f"# load average {load:.2f} on {cores} cores before the first job"
+              + (": something else is running, and its load will be in every timing"
+                 if load > BUSY_LOAD_FRACTION * cores else ""), flush=True)
+    if a.dry_run:
+        for job, pt in zip(jobs, sweep.points()):
+            print(f"# {_describe(job, cluster)}")
+            print(shlex.join(launch_command(pt, sweep, out / f"{sweeps.point_id(pt, sweep)}"
+                                                            ".jsonl")))
+        return 0
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)  # unwind: the running job and cluster are cleaned up
+
+    signal.signal(signal.SIGTERM, on_term)
+    counts = sweeps.run_sweep(sweep)
+    print(f"# {counts['done']} done, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"(already done); results in {out}", file=sys.stderr, flush=True)
+    report = out / "report"
+    res = subprocess.run([sys.executable, "-m", "analysis.report", str(out), "-o", str(report)],
+                         cwd=ROOT)
+    if res.returncode != 0:
+        print(f"launch.study: the report failed (exit {res.returncode})", file=sys.stderr)
+        return 1
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

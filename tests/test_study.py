@@ -1,0 +1,207 @@
+"""The whole study in one command: its plan gives each claim a matched set, bad input
+exits 2 before any job, a second run resumes, and a tiny study runs end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from analysis import match
+from analysis.load import get, knob, num
+from launch.cluster import parse_rate
+from launch.study import FULL, QUICK, Cluster, Scale, default_ranks, plan, planned_records
+from tests.conftest import PY, ROOT, read_jsonl
+
+EMULATED = Cluster(nodes=2, slots=4)
+
+
+def study_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "launch.study", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def runs_of(scale: Scale, claim: str, cluster: Cluster = EMULATED) -> list[dict]:
+    """The planned runs of the jobs ``plan`` makes for ``claim`` alone."""
+    return [r for j in plan(scale, cluster, [claim]) for r in planned_records(j, cluster)]
+
+
+def the_set(runs: list[dict], vary: tuple[str, ...], has: Callable[[list[dict]], bool]
+            ) -> list[dict]:
+    """The one matched set of ``runs`` (by ``analysis.match``) that ``has`` what the claim
+    compares; fails if none or several do."""
+    found = [g for g in match.matched_sets(runs, vary) if has(g)]
+    assert len(found) == 1, [[r["run_id"] for r in g] for g in match.matched_sets(runs, vary)]
+    return found[0]
+
+
+def schemes(g: list[dict]) -> set[tuple]:
+    return {(match.sync_family(r), r.get("algo")) for r in g}
+
+
+@pytest.mark.parametrize("scale", [FULL, QUICK], ids=["full", "quick"])
+def test_each_claim_gets_a_matched_set_on_its_own_variable(scale):
+    # C1: flat native at every rank count asked for
+    c1 = [r for r in runs_of(scale, "C1") if (r["strategy"], r["algo"]) == ("flat", "native")]
+    assert sorted({r["world_size"] for r in c1}) == default_ranks(scale, EMULATED)
+    assert {1, 8} <= set(default_ranks(scale, EMULATED))
+
+    # C2: at each link rate, flat ring and hierarchical in one set differing only in the scheme
+    c2 = [r for r in runs_of(scale, "C2") if r["nodes"] > 1]
+    for rate in scale.rates:
+        at = [r for r in c2 if r["link_shaping"] == f"{parse_rate(rate):g}gbit"]
+        g = the_set(at, ("sync",), lambda g: ("flat", "ring") in schemes(g))
+        assert {("flat", "ring"), ("hierarchical", "hier")} <= schemes(g)
+    assert len({r["link_shaping"] for r in c2}) == 2
+
+    # C3: bucketed at every size (per tensor included) beside flat, one set
+    g = the_set(runs_of(scale, "C3"), ("sync",),
+                lambda g: any(r["strategy"] == "bucketed" for r in g))
+    assert sorted(knob(r, "bucket_mb") for r in g if r["strategy"] == "bucketed") == sorted(
+        scale.bucket_mb)
+    assert 0 in scale.bucket_mb and ("flat", "native") in schemes(g)
+
+    # C4: without and with the straggler, async at every s beside flat, one set each
+    c4 = runs_of(scale, "C4")
+    sets = [g for g in match.matched_sets(c4, ("sync",)) if any(r["strategy"] == "async"
+                                                                for r in g)]
+    assert len(sets) == 2
+    assert {bool(get(g[0], "slow_rank")) for g in sets} == {False, True}
+    for g in sets:
+        assert sorted(knob(r, "staleness") for r in g if r["strategy"] == "async") == sorted(
+            scale.staleness)
+        assert ("flat", "native") in schemes(g)
+    conv = [j for j in plan(scale, EMULATED, ["C4"]) if j.program == "commbench.staleness"]
+    assert len(conv) == 1 and "--staleness" in conv[0].args
+
+    # C5, C6: the real workload on digits at three batch sizes, one set on the batch
+    g = the_set(runs_of(scale, "C6"), ("batch",), lambda g: g[0]["workload"] == "resnet")
+    assert sorted(r["batch_size"] for r in g) == sorted(scale.real_batches)
+    assert len(scale.real_batches) >= 3  # claims.c6 fits a line through three or more
+    assert {get(r, "dataset") for r in g} == {"digits"}
+    assert the_set(runs_of(scale, "C5"), ("batch",), lambda g: g[0]["workload"] == "resnet")
+
+    # C7: k at every value, one set on the accumulation
+    g = the_set(runs_of(scale, "C7"), ("accumulation",),
+                lambda g: len({get(r, "accum_steps") for r in g}) > 1)
+    assert sorted(get(r, "accum_steps") for r in g) == sorted(scale.accum)
+
+
+def test_the_full_study_adds_the_claims_own_batches_with_their_h200_profiles():
+    prof = [r for r in runs_of(FULL, "C5") if r["workload"] == "synthetic"]
+    assert sorted({r["batch_size"] for r in prof}) == list(FULL.profile_batches)
+    for r in prof:
+        path = ROOT / get(r, "compute_profile")
+        assert json.loads(path.read_text())["batch_size"] == r["batch_size"]
+
+
+def test_runs_shared_by_claims_run_once_and_claims_restrict_the_jobs():
+    everything = plan(QUICK, EMULATED)
+    names = [j.name for j in everything]
+    assert len(names) == len(set(names))
+    base = next(j for j in everything if j.name == "flat-np8")
+    assert {"C1", "C2", "C3", "C4", "C7"} <= base.claims
+    some = plan(QUICK, EMULATED, ["C2", "C4"])
+    assert all(j.claims & {"C2", "C4"} for j in some)
+    assert not any(j.name.startswith(("bucketed", "accum", "real")) for j in some)
+    rates = [j.rate for j in everything]  # one cluster per rate: jobs of a rate together
+    assert rates == sorted(rates, key=QUICK.rates.index)
+
+
+def test_quick_study_is_estimated_within_its_budget():
+    quick = sum(j.estimate_s for j in plan(QUICK, EMULATED))
+    full = sum(j.estimate_s for j in plan(FULL, EMULATED))
+    assert 0 < quick <= 20 * 60 < full
+
+
+def test_dry_run_lists_every_job_and_runs_nothing(tmp_path):
+    out = tmp_path / "s"
+    res = study_cli("--quick", "--dry-run", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    jobs = plan(QUICK, EMULATED)
+    commands = [ln for ln in res.stdout.splitlines() if not ln.startswith("#")]
+    assert len(commands) == len(jobs)
+    assert "expected time" in res.stdout
+    for job, cmd in zip(jobs, commands):
+        assert f" -np {job.ranks} " in cmd and f"-m {job.program}" in cmd
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, cause", [
+    (["--claims", "C2,C9"], "unknown claim C9"),
+    (["--ranks", "1,16"], "--ranks 16: more ranks than the cluster has"),
+    (["--nodes", "1", "--claims", "C2"], "cluster has one node"),
+    (["--hosts", "a:4,b"], "--hosts: 'b' is not HOST:SLOTS"),
+    (["--hosts", "a:2,b:2", "--ranks", "8"], "more ranks than the cluster has"),
+    (["--hostfile", "/nonexistent/hosts"], "--hostfile /nonexistent/hosts"),
+    (["--launcher", "horovodrun-gloo", "--claims", "C4"], "C4 needs point-to-point"),
+    (["-o", "/dev/null"], "/dev/null is not a directory"),
+])
+def test_bad_input_exits_2_before_any_job(tmp_path, args, cause):
+    out = tmp_path / "s"
+    res = study_cli("--quick", "-o", str(out), *args)
+    assert res.returncode == 2 and cause in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def _summaries(out) -> list[dict]:
+    return [r for p in out.glob("*.jsonl") for r in read_jsonl(p) if r["kind"] == "summary"]
+
+
+def _c7_row(report) -> str:
+    return next(ln for ln in (report / "README.md").read_text().splitlines()
+                if ln.startswith("| C7 |"))
+
+
+@pytest.mark.mpi
+def test_tiny_study_on_one_host_runs_reports_and_resumes(tmp_path):
+    """C7 on 2 ranks of this host (the real-cluster path: --hosts): two jobs, the report,
+    then a second run that skips both and writes the report again."""
+    out = tmp_path / "s"
+    args = ("--quick", "--claims", "C7", "--hosts", "localhost:2", "--ranks", "2", "-o",
+            str(out))
+    res = study_cli(*args, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "expected time" in res.stdout and "point 2/2" in res.stderr and "eta" in res.stderr
+    recs = _summaries(out)
+    assert sorted({get(r, "accum_steps") for r in recs}) == list(QUICK.accum)
+    assert all(r["wrong"] == 0 for r in recs)
+    row = _c7_row(out / "report")
+    assert "not reproducible here" not in row and "k=4" in row
+    done = {p.name: p.stat().st_mtime for p in out.glob("*.done.json")}
+    assert len(done) == 2
+    again = study_cli(*args, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "2 of 2 points already done" in again.stderr and "point 1/2" not in again.stderr
+    assert {p.name: p.stat().st_mtime for p in out.glob("*.done.json")} == done
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(os.geteuid() != 0, reason="emulated cluster needs root")
+def test_tiny_study_on_the_emulated_cluster(tmp_path):
+    """C7 on 2 emulated nodes x 1 rank at 1 Gbit/s: the runs share one measured link and
+    the report finds them one matched set."""
+    out = tmp_path / "s"
+    res = study_cli("--quick", "--claims", "C7", "--nodes", "2", "--slots", "1", "--ranks", "2",
+                    "-o", str(out), timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    recs = _summaries(out)
+    assert {r["nodes"] for r in recs} == {2} and {r["link_shaping"] for r in recs} == {"1gbit"}
+    assert all(not math.isnan(num(r.get("link_gbps"))) for r in recs)
+    assert len(match.matched_sets(recs, ("accumulation", "sync"))) == 1
+    assert "not reproducible here" not in _c7_row(out / "report")
+
+
+def test_a_jobs_id_does_not_depend_on_its_estimate_or_deadline():
+    """Resuming finds finished jobs by id: a better estimate must not make them new."""
+    from launch.sweep import make_sweep, point_id
+
+    pts = [j.point(EMULATED) for j in plan(QUICK, EMULATED)]
+    sweep = make_sweep({}, {}, pts)
+    moved = [{**p, "estimate_s": p["estimate_s"] * 2, "timeout": p["timeout"] + 1} for p in pts]
+    assert [point_id(p, sweep) for p in pts] == [point_id(p, sweep) for p in moved]
+    assert len({point_id(p, sweep) for p in pts}) == len(pts)
