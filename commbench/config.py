@@ -262,10 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_step_timeout_flag(g)
 
     g = add_output_group(p, "allreduce")
-    g.add_argument("--timeline", action="store_true",
+    g.add_argument("--trace", "--timeline", dest="timeline", action="store_true",
                    help="also record every rank's phase and collective intervals per step "
                         "(kind \"trace\" records; python -m analysis.timeline makes a "
-                        "Chrome trace of them)")
+                        "Chrome trace of them). Under horovodrun write --trace: horovodrun "
+                        "reads --timeline after the program as an ambiguous abbreviation of "
+                        "its own --timeline-filename and exits")
     return p
 
 

@@ -1,3 +1,5 @@
+import importlib
+import sys
 import subprocess
 
 import pytest
@@ -68,3 +70,21 @@ def test_bad_input_without_launcher_exits_2_one_line(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "--steps" in res.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("tool", ["commbench.config", "commbench.microbench", "commbench.ps",
+                                  "commbench.staleness"])
+def test_horovodrun_passes_every_flag_to_the_program(tool, monkeypatch):
+    """horovodrun's own parser reads abbreviations of its options even after the
+    program (``--timeline`` is ambiguous there); every flag of ours must reach the
+    program unchanged, as it would on a user's command line."""
+    launch = pytest.importorskip("horovod.runner.launch")
+    parser = importlib.import_module(tool).build_parser()
+    flags = [o for a in parser._actions for o in a.option_strings
+             if o.startswith("--") and o != "--help" and o != "--timeline"]
+    assert "--trace" in flags or tool != "commbench.config"
+    for flag in flags:
+        argv = ["horovodrun", "-np", "2", "python", "-m", tool, flag, "1"]
+        monkeypatch.setattr(sys, "argv", argv)
+        args = launch.parse_args()
+        assert args.command[-2:] == [flag, "1"], flag
