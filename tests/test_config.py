@@ -1,6 +1,6 @@
 import importlib
-import sys
 import subprocess
+import sys
 
 import pytest
 
