@@ -140,7 +140,8 @@ def load(paths: Iterable[str | Path]) -> Loaded:
 
 def mark_machine_load(records: Sequence[dict]) -> None:
     """On every record of a job: ``loadavg_end`` from the job's ``job_end`` record, and
-    ``started_busy``, whether the job started with the 1-minute load above
+    ``started_busy``, whether the job started with the tasks running or runnable
+    (``runnable_start``, where the launcher read it), else the 1-minute load, above
     ``BUSY_LOAD_FRACTION`` x ``cores`` (others were running: its timings are not its
     own); None where the records carry no load (written before it was kept)."""
     ends = {r.get("job_id"): r.get("loadavg_end") for r in records
@@ -148,7 +149,8 @@ def mark_machine_load(records: Sequence[dict]) -> None:
     for r in records:
         if r.get("kind") != "job_end" and r.get("job_id") in ends:
             r.setdefault("loadavg_end", ends[r["job_id"]])
-        r["started_busy"] = started_busy(r.get("loadavg_start"), r.get("cores"))
+        r["started_busy"] = started_busy(r.get("loadavg_start"), r.get("cores"),
+                                         r.get("runnable_start"))
 
 
 def busy_runs(records: Sequence[dict]) -> list[dict]:
@@ -160,7 +162,7 @@ def busy_runs(records: Sequence[dict]) -> list[dict]:
         if r.get("kind") == "job_end" or key in seen:
             continue
         seen.add(key)
-        if started_busy(r.get("loadavg_start"), r.get("cores")):
+        if started_busy(r.get("loadavg_start"), r.get("cores"), r.get("runnable_start")):
             out.append(r)
     return out
 

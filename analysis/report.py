@@ -26,6 +26,10 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
 def machine_load_lines(records: list[dict]) -> list[str]:
     """The report's flag for runs that started on a busy machine (``analysis.load``)."""
     mark_machine_load(records)  # done by load(); again for records from elsewhere
@@ -37,8 +41,9 @@ def machine_load_lines(records: list[dict]) -> list[str]:
     if not with_load:
         return [*lines, "No run records the machine's load (records written before "
                 "`loadavg_start` was kept).", ""]
-    rule = (f"the 1-minute load average as the job started was above "
-            f"{BUSY_LOAD_FRACTION:g} × the cores")
+    rule = (f"tasks running or runnable just before the job above {BUSY_LOAD_FRACTION:g} × "
+            "the cores, where the launcher counted them; else the 1-minute load average "
+            "as it started, which still holds a job that ended up to a minute before")
     if not busy:
         missing = len(runs) - len(with_load)
         return [*lines, f"No run started on a busy machine ({rule}) among the "
@@ -48,14 +53,15 @@ def machine_load_lines(records: list[dict]) -> list[str]:
     lines += [f"**{len(busy)} of {len(with_load)} runs started on a busy machine** ({rule}: "
               "others were running, so their compute and timings are not their own; "
               "rerun them on an idle machine before comparing):", "",
-              "| file | run | strategy | ranks | load at start | cores | load at end | "
-              "torch threads/rank | thread rule |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| file | run | strategy | ranks | runnable at start | load at start | cores | "
+              "load at end | torch threads/rank | thread rule |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in busy:
         end = r.get("loadavg_end")
         lines.append(f"| `{_cell(r.get('_file'))}` | {_cell(r.get('run_id'))} | "
                      f"{_cell(r.get('strategy') or r.get('kind'))} | {r.get('world_size')} | "
-                     f"{r['loadavg_start']:.2f} | {r.get('cores')} | "
+                     f"{_num(r.get('runnable_start'))} | {_num(r.get('loadavg_start'))} | "
+                     f"{r.get('cores')} | "
                      f"{'n/a' if end is None else f'{end:.2f}'} | {r.get('torch_threads')} | "
                      f"{_cell(r.get('thread_rule'))} |")
     return [*lines, ""]

@@ -26,10 +26,13 @@ of one machine they all pick the same cores, so ``launch`` starts those jobs
 unbound (``hwloc_base_binding_policy none``).
 
 Load: each job records the machine's cores and its 1-minute load average as
-it starts and as it ends (``load_average``). A job that started with the load
-above ``BUSY_LOAD_FRACTION`` x cores shared the machine with other work, so
-its compute and its timings are not its own; ``started_busy`` says so, and
-the analysis flags such runs.
+it starts and as it ends (``load_average``), and, where a launcher counted
+them, the tasks running or runnable just before it (``runnable_tasks``). A job
+that started with those tasks (else that load) above ``BUSY_LOAD_FRACTION`` x
+cores shared the machine with other work, so its compute and its timings are
+not its own; ``started_busy`` says so, and the analysis flags such runs. The
+load average alone would also flag a job started within a minute of another
+one's end, such as every job of a sweep after the first.
 
 Only the standard library: the launchers and the analysis import this too.
 """
@@ -37,6 +40,8 @@ Only the standard library: the launchers and the analysis import this too.
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -46,6 +51,10 @@ MACHINE_RANKS_ENV = "COMMBENCH_MACHINE_RANKS"
 #: reads it before its link test); without it rank 0 reads the load at its start-up,
 #: which then includes the job's own start-up
 LOADAVG_ENV = "COMMBENCH_LOADAVG_BEFORE"
+#: the tasks a launcher saw running or runnable just before the job, itself left out
+#: (``runnable_tasks``): unlike the 1-minute load average, it does not still hold a job
+#: that ended a minute ago (a sweep's previous job), so it decides ``started_busy``
+RUNNABLE_ENV = "COMMBENCH_RUNNABLE_BEFORE"
 RULE_MACHINE = "machine ranks from the launcher"
 RULE_NODE = "ranks on this node"
 
@@ -73,6 +82,40 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except (OSError, AttributeError):  # no /proc/loadavg, or not Unix
         return None
+
+
+def runnable_tasks(samples: int = 10, interval_s: float = 0.1) -> float | None:
+    """Tasks running or runnable on the machine now, this reader left out: the median of
+    ``samples`` readings of /proc/stat's ``procs_running``, ``interval_s`` apart. None
+    where /proc/stat has no such line (not Linux)."""
+    readings = []
+    for i in range(samples):
+        if i:
+            time.sleep(interval_s)
+        try:
+            with open("/proc/stat") as f:
+                line = next((ln for ln in f if ln.startswith("procs_running ")), None)
+        except OSError:
+            return None
+        if line is None:
+            return None
+        readings.append(max(0, int(line.split()[1]) - 1))
+    return float(statistics.median(readings))
+
+
+def runnable_before_job(environ: Mapping[str, str] | None = None) -> float | None:
+    """The launcher's ``runnable_tasks`` before the job (``RUNNABLE_ENV``); None when it
+    gave none (the job's own ranks would be counted if read here)."""
+    raw = (os.environ if environ is None else environ).get(RUNNABLE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{RUNNABLE_ENV}={raw!r}: expected a number >= 0")
+    return value
 
 
 def load_before_job(environ: Mapping[str, str] | None = None) -> tuple[float | None, str]:
@@ -134,9 +177,18 @@ def thread_plan(local_size: int, environ: Mapping[str, str] | None = None,
                       cores=cores)
 
 
-def started_busy(loadavg_start: float | None, cores: int | None) -> bool | None:
-    """True when a job started with the load above ``BUSY_LOAD_FRACTION`` x cores (others
-    were running); None when either figure is missing (records from before they were kept)."""
-    if loadavg_start is None or not cores:
+def started_busy(loadavg_start: float | None, cores: int | None,
+                 runnable_start: float | None = None) -> bool | None:
+    """True when others were running as the job started: the tasks running or runnable
+    just before it (``runnable_start``, where a launcher read it) or else the 1-minute
+    load average, above ``BUSY_LOAD_FRACTION`` x cores. The runnable count decides where
+    there is one: a load average still holds a job that ended up to a minute before
+    (a sweep's previous job) though nothing runs now. None when the figures are missing
+    (records from before they were kept)."""
+    if not cores:
+        return None
+    if runnable_start is not None:
+        return runnable_start > BUSY_LOAD_FRACTION * cores
+    if loadavg_start is None:
         return None
     return loadavg_start > BUSY_LOAD_FRACTION * cores

@@ -173,13 +173,15 @@ def write_atomic(path: str | Path, text: str) -> None:
 def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
                torch_threads: int, config: dict, job_id: str | None = None,
                threads: ThreadPlan | None = None, cores: int | None = None,
-               loadavg_start: float | None = None, loadavg_source: str | None = None) -> dict:
+               loadavg_start: float | None = None, loadavg_source: str | None = None,
+               runnable_start: float | None = None) -> dict:
     """Fields every record of every tool carries: what ran, where, on which versions, and
     the machine's share (``commbench.cores``): ``torch_threads`` per rank and by which
     ``thread_rule`` (the ``rank_cores`` rank 0 may run on shared among ``machine_ranks``
     ranks), and rank 0's machine's ``cores`` and 1-minute load average as the job
     started, ``loadavg_start``, read where ``loadavg_source`` says (its ``job_end``
-    record adds the load at the end)."""
+    record adds the load at the end), and ``runnable_start``, the tasks running or
+    runnable just before the job where a launcher read them (``cores.runnable_tasks``)."""
     return {
         "schema": SCHEMA_VERSION,
         "kind": kind,
@@ -198,6 +200,7 @@ def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
         "cores": cores,
         "loadavg_start": loadavg_start,
         "loadavg_source": loadavg_source,
+        "runnable_start": runnable_start,
         "versions": vers,
         "argv": sys.argv,
         "config": config,

@@ -41,7 +41,13 @@ import torch
 
 from commbench import metrics
 from commbench.comm.base import Communicator
-from commbench.cores import ThreadPlan, load_average, load_before_job, machine_cores
+from commbench.cores import (
+    ThreadPlan,
+    load_average,
+    load_before_job,
+    machine_cores,
+    runnable_before_job,
+)
 from commbench.job import set_torch_threads
 from commbench.report import Column, format_table, rank0_print
 from commbench.results import ResultWriter, default_output, job_header, link_info, versions
@@ -69,7 +75,8 @@ class Output:
 
     def __init__(self, comm: Communicator, cfg: ToolConfig, path: str | Path,
                  threads: ThreadPlan, vers: dict, loadavg_start: float | None,
-                 loadavg_source: str | None = None) -> None:
+                 loadavg_source: str | None = None,
+                 runnable_start: float | None = None) -> None:
         self.comm = comm
         self.cfg = cfg
         self.path = path
@@ -78,6 +85,7 @@ class Output:
         self.versions = vers
         self.loadavg_start = loadavg_start
         self.loadavg_source = loadavg_source
+        self.runnable_start = runnable_start
         self.cores = machine_cores()
         #: joins every record of this job to its ``job_end`` record (one file may hold
         #: several jobs: ``--output`` appends)
@@ -98,10 +106,11 @@ class Output:
         there it is well above the machine's load before the job).
         """
         loadavg_start, source = load_before_job()
+        runnable = runnable_before_job()
         threads = set_torch_threads(comm.local_size)
         vers = versions(comm.versions())
         path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, tool)
-        return cls(comm, cfg, path, threads, vers, loadavg_start, source)
+        return cls(comm, cfg, path, threads, vers, loadavg_start, source, runnable)
 
     def header(self, kind: str, run_id: str | None) -> dict:
         return job_header(kind=kind, run_id=run_id, backend=self.comm.name,
@@ -109,7 +118,8 @@ class Output:
                           torch_threads=self.threads, config=self.cfg.as_dict(),
                           job_id=self.job_id, threads=self.thread_plan, cores=self.cores,
                           loadavg_start=self.loadavg_start,
-                          loadavg_source=self.loadavg_source)
+                          loadavg_source=self.loadavg_source,
+                          runnable_start=self.runnable_start)
 
     def run(self, fields: dict, live: Callable[[], dict] | None = None) -> Run:
         """A new run whose records all carry ``fields`` besides the job's header, and

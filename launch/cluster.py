@@ -43,7 +43,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from commbench.cores import LOADAVG_ENV, MACHINE_RANKS_ENV, load_average
+from commbench.cores import (
+    LOADAVG_ENV,
+    MACHINE_RANKS_ENV,
+    RUNNABLE_ENV,
+    load_average,
+    runnable_tasks,
+)
 from launch import linktest
 
 STATE_DIR = Path(os.environ.get("COMMBENCH_CLUSTER_DIR", "/run/commbench-cluster"))
@@ -395,7 +401,8 @@ LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
 
 
 def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str],
-                link: dict | None = None, load_before: float | None = None) -> list[str]:
+                link: dict | None = None, load_before: float | None = None,
+                runnable_before: float | None = None) -> list[str]:
     """The command that runs ``program`` on ``np`` ranks of the cluster with ``launcher``.
 
     The link reference goes to every rank as COMMBENCH_LINK_* variables,
@@ -404,7 +411,9 @@ def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str
     rank takes cores // np torch threads, not cores // its node's ranks
     (``commbench.cores``). ``load_before``, the machine's load average read before
     the cluster's link test, goes as COMMBENCH_LOADAVG_BEFORE: the job's records then
-    say how busy the machine was before the job itself loaded it.
+    say how busy the machine was before the job itself loaded it; ``runnable_before``,
+    the tasks running or runnable then (``commbench.cores.runnable_tasks``), goes as
+    COMMBENCH_RUNNABLE_BEFORE and decides whether the job started beside other work.
     """
     from launch import commands
 
@@ -413,6 +422,8 @@ def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str
            MACHINE_RANKS_ENV: str(np)}
     if load_before is not None:
         env[LOADAVG_ENV] = f"{load_before:.2f}"
+    if runnable_before is not None:
+        env[RUNNABLE_ENV] = f"{runnable_before:g}"
     if link:
         env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"
         if link.get("wire_gbps"):
@@ -503,6 +514,7 @@ def _cli_run(a) -> int:
     if ephemeral:
         check_machine()
     load_before = load_average()  # before the link test and the job's start-up load it
+    runnable_before = runnable_tasks()
     ctx = (cluster(spec.nodes, spec.slots, a.rate, spec.subnet, spec.name) if ephemeral
            else contextlib.nullcontext(spec))
     with ctx as spec:
@@ -511,7 +523,7 @@ def _cli_run(a) -> int:
             link = measure_link(spec)
             print(f"# link {link['src']} -> {link['dst']}: {link['gbps']:.3f} Gbit/s "
                   f"(shaped {a.rate if ephemeral else spec.rate_gbps})", flush=True)
-        res = run(launch_argv(spec, a.launcher, np, program, link, load_before),
+        res = run(launch_argv(spec, a.launcher, np, program, link, load_before, runnable_before),
                   timeout=a.timeout)
         sys.stdout.write(res.stdout)
         sys.stderr.write(res.stderr)

@@ -231,7 +231,7 @@ def test_report_lists_runs_that_started_on_a_busy_machine():
     text = "\n".join(machine_load_lines(_records()))
     assert "**1 of 2 runs started on a busy machine**" in text
     row = next(ln for ln in text.splitlines() if ln.startswith("| `f.jsonl` | busy |"))
-    assert "| 1.80 | 2 | 3.10 | 1 | machine ranks from the launcher |" in row
+    assert "| n/a | 1.80 | 2 | 3.10 | 1 | machine ranks from the launcher |" in row
     assert "| quiet |" not in text
 
 
@@ -251,3 +251,36 @@ def test_the_launchers_load_reading_is_preferred():
     assert source.startswith("rank 0 at start-up") and (load is None or load >= 0)
     with pytest.raises(ValueError, match=LOADAVG_ENV):
         load_before_job({LOADAVG_ENV: "busy"})
+
+
+def test_the_runnable_count_decides_where_the_launcher_read_it():
+    """A sweep's previous job leaves the 1-minute load high for a minute after it ended
+    though nothing runs: the runnable count before the job decides, where there is one."""
+    assert started_busy(6.0, 2, runnable_start=0.0) is False
+    assert started_busy(0.2, 2, runnable_start=4.0) is True
+    assert started_busy(None, 2, runnable_start=1.0) is False
+    assert started_busy(6.0, None, runnable_start=0.0) is None
+    recs = [_rec("summary", "j3", "after-sweep-job", 6.0, runnable_start=0.0),
+            _rec("summary", "j4", "beside-a-job", 0.9, runnable_start=8.0)]
+    aload.mark_machine_load(recs)
+    assert [r["started_busy"] for r in recs] == [False, True]
+    text = "\n".join(machine_load_lines(recs))
+    assert "**1 of 2 runs started on a busy machine**" in text
+    row = next(ln for ln in text.splitlines() if "| beside-a-job |" in ln)
+    assert "| 8.00 | 0.90 | 2 |" in row and "after-sweep-job" not in text
+
+
+def test_the_launchers_runnable_count_reaches_the_header():
+    from commbench.cores import RUNNABLE_ENV, runnable_before_job, runnable_tasks
+
+    assert runnable_before_job({RUNNABLE_ENV: "3"}) == 3.0
+    assert runnable_before_job({}) is None
+    for bad in ("busy", "-1"):
+        with pytest.raises(ValueError, match=RUNNABLE_ENV):
+            runnable_before_job({RUNNABLE_ENV: bad})
+    n = runnable_tasks(samples=3, interval_s=0.01)
+    assert n is None or n >= 0
+    spec = ClusterSpec(nodes=2, slots=1, name="cbt")
+    argv = launch_argv(spec, "mpirun", 2, ["prog"], runnable_before=2.0)
+    assert f"{RUNNABLE_ENV}=2" in argv
+    assert argv[argv.index(RUNNABLE_ENV) - 1] == "-x"  # forwarded to the other nodes
