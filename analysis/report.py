@@ -85,6 +85,28 @@ def claim_runs_lines(claims: list) -> list[str]:
     return [*lines, ""]
 
 
+def overlap_lines(records: list[dict], res) -> list[str]:
+    """The overlap model: its extrapolation on the one device scenario, and its check
+    against the bucketed runs of the folder (with the fitted parameters)."""
+    from analysis import overlap
+
+    lines = ["## Overlap model (bucketed sync during backward)", "",
+             "Buckets formed as the bucketed strategy forms them, each started when its last "
+             "gradient is ready (the compute profile's ready times), served by the link in "
+             "order, each all-reduce priced by the alpha-beta-gamma model "
+             "(`analysis/overlap.py`). Scaling efficiency = compute / step.", ""]
+    try:
+        dev = overlap.h200()
+    except overlap.ModelError as e:
+        return [*lines, f"No device scenario: {e}.", ""]
+    lines += ["```", *overlap.extrapolation_lines(dev), "```", ""]
+    if res is None:
+        return [*lines, "Not checked against measured bucketed runs: the model is not fitted "
+                "(no microbenchmark records).", ""]
+    checks, skipped = overlap.check_runs(records, res.params)
+    return [*lines, "```", *overlap.check_lines(checks, skipped), "```", ""]
+
+
 def build(records: list[dict], out: Path, native_is: dict[str, str] | None = None,
           sources: list[str] | None = None) -> Path:
     from analysis import model as cost
@@ -132,6 +154,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
               "compute.", "",
               "![model_extrapolation](figures/model_extrapolation.png)", ""]
 
+    lines += overlap_lines(records, res)
     claims = check_all(records, res)
     lines += ["## Seed claims", "",
               "A claim that compares runs compares only runs of one matched set-up: runs "

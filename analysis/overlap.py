@@ -1,0 +1,395 @@
+"""Bucketed overlap in the cost model: buckets reduced while backward still runs.
+
+The no-overlap model (``analysis.model.sync_share``) prices a step as compute
+plus one all-reduce of the whole gradient after backward. The bucketed
+strategy (``commbench/strategies/bucketed.py``, DESIGN.md §5) instead starts
+each bucket as soon as its last gradient is ready. Here that schedule is
+replayed on a compute profile (``commbench.profile``; ``profiles/*.json``):
+
+1. Buckets are formed as ``assign_buckets`` forms them: gradients in backward
+   order, into buckets of at most ``bucket_mb`` MiB (the first at most
+   ``first_bucket_mb``), a tensor over the cap alone, ``bucket_mb=0`` one per
+   tensor. ``analysis/`` may not import the strategies (they import the
+   communicators and torch; ``tests/test_import_contract.py``), so the rule
+   is re-derived here and a test holds the two to the same buckets.
+2. Bucket ``k`` is full at ``r_k``: the latest profiled ready time of its
+   gradients, times ``compute_scale``, counted from the start of backward.
+3. The link serves buckets one at a time, in order (the transfer engine's
+   single thread; every rank issues in the same order):
+   ``start_k = max(r_k, end_{k-1})``, ``end_k = start_k + T(bytes_k)``, with
+   ``T`` the fitted alpha-beta-gamma all-reduce time (``analysis.model.predict``).
+4. Backward ends at ``B = max_k r_k``. Exposed sync ``= max(0, end_last - B)``;
+   step ``= forward + B + optimizer + exposed``; compute ``= forward + B +
+   optimizer``. With no overlap (flat, hierarchical) exposed sync is
+   ``T(all bytes)``.
+
+Scaling efficiency = throughput(p) / (p * throughput(1)) = compute / step, as
+one rank has no sync (DESIGN.md §4).
+
+The device scenario for predictions at scale is one stated device for both
+compute and overlap: the committed H200 ResNet-50 profile at batch 256
+(``profiles/h200-resnet50-b256.json``: forward 40.2 ms, backward 78.2 ms,
+optimizer 1.1 ms, float32), 8 GPUs per node on NVLink 4.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analysis.load import get, knob, num, stat
+from analysis.model import DEFAULT_ALPHA_INTER, ModelError, Params, predict
+
+MB = 2**20  # the bucketed strategy's MB (DDP's bucket_cap_mb unit)
+DEFAULT_BUCKET_MB = 25.0  # commbench.strategies.bucketed.DEFAULT_BUCKET_MB (DDP's)
+FIRST_BUCKET_MB = 1.0  # commbench.strategies.bucketed.FIRST_BUCKET_MB (DDP's first bucket)
+FLOAT32_BYTES = 4  # profiles are recorded in float32
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ROOT / "profiles"
+#: the one device scenario of the extrapolation: ResNet-50, batch 256, one H200
+H200_PROFILE = PROFILES / "h200-resnet50-b256.json"
+#: an H200 node: 8 GPUs on NVLink 4 (900 GB/s per GPU both directions: 450 GB/s each way),
+#: ~2 us per message; reduction at HBM3e speed (4.8 TB/s, 3 bytes moved per byte reduced)
+H200_NODE = {"local_size": 8, "alpha_intra": 2e-6, "beta_intra": 1 / 450e9,
+             "gamma": 3 / 4.8e12}
+STRATEGIES = ("flat", "hierarchical", "bucketed")
+RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+RATES = (25.0, 100.0, 400.0)
+
+
+def assign_buckets(nbytes: Sequence[float], order: Sequence[int], cap_bytes: float,
+                   first_cap_bytes: float | None = None) -> list[list[int]]:
+    """Group tensor indices, taken in ``order``, into buckets of at most ``cap_bytes``.
+
+    The rule of ``commbench.strategies.bucketed.assign_buckets`` (one dtype: a
+    profile's gradients are all float32): a tensor joins the open bucket if it
+    stays within the cap, else opens the next, alone if over the cap itself;
+    the first bucket's cap is ``first_cap_bytes`` where smaller.
+    """
+    if sorted(order) != list(range(len(nbytes))):
+        raise ModelError("backward order must name every gradient exactly once")
+    buckets: list[list[int]] = []
+    size = 0.0
+    for i in order:
+        cap = cap_bytes if len(buckets) != 1 or first_cap_bytes is None else \
+            min(cap_bytes, first_cap_bytes)
+        if buckets and size + nbytes[i] <= cap:
+            buckets[-1].append(i)
+            size += nbytes[i]
+        else:
+            buckets.append([i])
+            size = nbytes[i]
+    return buckets
+
+
+@dataclass
+class Profile:
+    """A compute profile: phase times and each gradient's bytes and ready time (seconds
+    after backward starts), in parameter order; ``order`` is backward's."""
+
+    name: str
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    nbytes: list[float]
+    ready_s: list[float]
+    order: list[int]
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def grad_bytes(self) -> float:
+        return float(sum(self.nbytes))
+
+    def scaled(self, scale: float) -> Profile:
+        return Profile(self.name, self.forward_s * scale, self.backward_s * scale,
+                       self.optimizer_s * scale, self.nbytes,
+                       [t * scale for t in self.ready_s], self.order)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """A ``commbench.profile`` file; bad or missing -> ModelError naming the file."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        grads = d["grads"]
+        index = {g["name"]: i for i, g in enumerate(grads)}
+        order = [index[n] for n in d["backward_order"]]
+        return Profile(path.name, float(d["forward_s"]),
+                       max(float(g["ready_s"]) for g in grads), float(d["optimizer_s"]),
+                       [math.prod(g["shape"]) * FLOAT32_BYTES for g in grads],
+                       [float(g["ready_s"]) for g in grads], order)
+    except OSError as e:
+        raise ModelError(f"compute profile {path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ModelError(f"compute profile {path}: not a commbench.profile file ({e!r})") \
+            from None
+
+
+@dataclass
+class Step:
+    """One predicted step: seconds of compute, exposed sync, step; comm time (sum of
+    the all-reduces); the bucket count."""
+
+    compute_s: float
+    exposed_s: float
+    comm_s: float
+    buckets: int
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.exposed_s
+
+    @property
+    def efficiency(self) -> float:
+        return self.compute_s / self.step_s if self.step_s > 0 else math.nan
+
+
+def schedule(full_s: Sequence[float], allreduce_s: Sequence[float], backward_s: float
+             ) -> tuple[list[float], float]:
+    """Bucket end times and exposed sync: bucket ``k`` starts at ``max(full_k, end_{k-1})``
+    and holds the link ``allreduce_s[k]``; exposed = ``max(0, last end - backward_s)``."""
+    if len(full_s) != len(allreduce_s):
+        raise ModelError(f"{len(full_s)} bucket ready times but {len(allreduce_s)} durations")
+    ends, end = [], 0.0
+    for r, t in zip(full_s, allreduce_s):
+        end = max(r, end) + t
+        ends.append(end)
+    return ends, max(0.0, (ends[-1] if ends else 0.0) - backward_s)
+
+
+def bucketed_step(prof: Profile, allreduce, bucket_mb: float = DEFAULT_BUCKET_MB,
+                  first_bucket_mb: float = FIRST_BUCKET_MB,
+                  bucket_bytes: Sequence[float] | None = None) -> Step:
+    """Predicted step of the bucketed strategy on ``prof``; ``allreduce(bytes)`` -> seconds.
+
+    ``bucket_bytes`` (a run's reported wire bytes, e.g. after fp16 compression) replaces
+    the profile's float32 bytes per bucket where given; it must have one entry per bucket.
+    """
+    groups = assign_buckets(prof.nbytes, prof.order, bucket_mb * MB, first_bucket_mb * MB)
+    sizes = [sum(prof.nbytes[i] for i in g) for g in groups]
+    if bucket_bytes is not None:
+        if len(bucket_bytes) != len(groups):
+            raise ModelError(f"the run reports {len(bucket_bytes)} buckets; the profile "
+                             f"{prof.name} with these caps gives {len(groups)}")
+        sizes = [float(b) for b in bucket_bytes]
+    full = [max(prof.ready_s[i] for i in g) for g in groups]
+    times = [allreduce(n) for n in sizes]
+    _, exposed = schedule(full, times, prof.backward_s)
+    return Step(prof.compute_s, exposed, float(sum(times)), len(groups))
+
+
+def flat_step(prof: Profile, allreduce) -> Step:
+    """No overlap: one all-reduce of the whole gradient after backward."""
+    t = allreduce(prof.grad_bytes)
+    return Step(prof.compute_s, t, t, 1)
+
+
+# --- extrapolation: one device scenario ---------------------------------------------
+
+@dataclass
+class Device:
+    """The device scenario: a compute profile and a node of ``local_size`` GPUs."""
+
+    profile: Profile
+    local_size: int = H200_NODE["local_size"]
+    alpha_intra: float = H200_NODE["alpha_intra"]
+    beta_intra: float = H200_NODE["beta_intra"]
+    gamma: float = H200_NODE["gamma"]
+    alpha_inter: float = DEFAULT_ALPHA_INTER
+
+    def params(self, gbit_s: float) -> Params:
+        return Params(self.alpha_intra, self.beta_intra, self.alpha_inter, 8 / (gbit_s * 1e9),
+                      self.gamma, gamma_folded=False)
+
+    def describe(self) -> str:
+        p = self.profile
+        return (f"{p.name}: forward {p.forward_s * 1e3:.1f} ms, backward "
+                f"{p.backward_s * 1e3:.1f} ms, optimizer {p.optimizer_s * 1e3:.1f} ms, "
+                f"{p.grad_bytes / 1e6:.1f} MB float32 gradient; {self.local_size} GPUs per "
+                f"node, intra {self.alpha_intra * 1e6:g} us + {1 / self.beta_intra / 1e9:g} "
+                f"GB/s, {self.alpha_inter * 1e6:g} us per inter-node message, link at line rate")
+
+
+def h200() -> Device:
+    return Device(load_profile(H200_PROFILE))
+
+
+def predict_step(strategy: str, ranks: int, gbit_s: float, dev: Device,
+                 bucket_mb: float = DEFAULT_BUCKET_MB) -> Step:
+    """Predicted step of ``strategy`` (flat ring, hierarchical, bucketed with a ring per
+    bucket) on ``ranks`` GPUs of ``dev`` with ``gbit_s`` between nodes."""
+    nodes = max(1, math.ceil(ranks / dev.local_size))
+    local = min(ranks, dev.local_size)
+    params = dev.params(gbit_s)
+    if strategy not in STRATEGIES:
+        raise ModelError(f"no overlap model for {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    algo = "hier" if strategy == "hierarchical" else "ring"
+
+    def allreduce(n: float) -> float:
+        return predict(algo, n, ranks, params, nodes, local)
+
+    if strategy == "bucketed":
+        return bucketed_step(dev.profile, allreduce, bucket_mb)
+    return flat_step(dev.profile, allreduce)
+
+
+def extrapolation_lines(dev: Device, rates: Sequence[float] = RATES,
+                        ranks: Sequence[int] = RANKS) -> list[str]:
+    """Step time, exposed sync and scaling efficiency per strategy, ranks and link."""
+    out = [f"# device scenario (compute and overlap): {dev.describe()}",
+           "# flat = one ring all-reduce after backward; hierarchical = reduce-scatter / "
+           "cross all-reduce / all-gather after backward; bucketed = 25 MiB buckets (first "
+           "1 MiB), a ring each, started when full, served in order",
+           f"{'Gbit/s':>6s} {'ranks':>6s} {'strategy':12s} {'step ms':>9s} {'exposed ms':>10s} "
+           f"{'efficiency':>10s}"]
+    for rate in rates:
+        for p in ranks:
+            for s in STRATEGIES:
+                st = predict_step(s, p, rate, dev)
+                out.append(f"{rate:6g} {p:6d} {s:12s} {st.step_s * 1e3:9.1f} "
+                           f"{st.exposed_s * 1e3:10.1f} {st.efficiency:10.1%}")
+    return out
+
+
+# --- the check against measured bucketed runs ---------------------------------------
+
+@dataclass
+class OverlapCheck:
+    """Predicted vs measured exposed sync and step of one bucketed run."""
+
+    run_id: str
+    predicted_exposed_s: float
+    measured_exposed_s: float
+    predicted_step_s: float
+    measured_step_s: float
+
+    @property
+    def exposed_err(self) -> float:
+        return self.predicted_exposed_s / self.measured_exposed_s - 1 \
+            if self.measured_exposed_s > 0 else math.nan
+
+    @property
+    def step_err(self) -> float:
+        return self.predicted_step_s / self.measured_step_s - 1 \
+            if self.measured_step_s > 0 else math.nan
+
+
+def _profile_path(name: str, base: Path | None) -> Path | None:
+    """A run's ``compute_profile`` as given, else beside ``base`` or in ``profiles/``."""
+    p = Path(name)
+    for cand in (p, *([base / p] if base else []), PROFILES / p.name):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _base(rec: dict, base: Path | None) -> Path | None:
+    """Where a run's relative profile path is looked for: ``base``, else its file's folder."""
+    return base if base is not None else (Path(rec["_file"]).parent if rec.get("_file") else None)
+
+
+def run_params(rec: dict, params: Params) -> Params:
+    """The fitted parameters for one run: its measured link rate, where recorded, as the
+    inter-node beta (fitted alpha_inter kept; 0 where not fitted)."""
+    link = num(get(rec, "link_gbps"))
+    if num(rec.get("nodes")) > 1 and link > 0:
+        alpha = params.alpha_inter if not math.isnan(params.alpha_inter) else 0.0
+        return params.with_inter(alpha, 8 / (link * 1e9))
+    return params
+
+
+def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
+               ) -> tuple[list[OverlapCheck], list[str]]:
+    """Each bucketed summary with a compute profile, predicted and compared; and why each
+    other bucketed summary was left out.
+
+    Per bucket the all-reduce is ``native`` (the cheapest flat algorithm) for the
+    engine's blocking all-reduce, ``ring`` for ``--transfer ring``; the compute is the
+    run's measured ``compute_s`` (median), the overlap the profile's ready times.
+    """
+    checks, skipped = [], []
+    for r in records:
+        if r.get("kind") != "summary" or r.get("strategy") != "bucketed":
+            continue
+        rid = str(r.get("run_id"))
+        knobs = r.get("knobs") or {}
+        name = get(r, "compute_profile")
+        why = None
+        if not name:
+            why = "no compute profile"
+        elif num(get(r, "accum_steps")) > 1:
+            why = "accumulation (sync every k-th backward)"
+        elif knobs.get("progress") == "poll":
+            why = "polled iallreduce (libnbc): not modelled"
+        elif _profile_path(str(name), _base(r, base)) is None:
+            why = f"profile {name} not found"
+        if why:
+            skipped.append(f"{rid}: {why}")
+            continue
+        scale = num(get(r, "compute_scale"))  # missing: 1 (the flag's default)
+        prof = load_profile(_profile_path(str(name), _base(r, base)))
+        prof = prof.scaled(scale if scale >= 0 else 1.0)
+        p = run_params(r, params)
+        ranks = int(num(r.get("world_size")))
+        nodes = int(num(r.get("nodes"))) if num(r.get("nodes")) >= 1 else 1
+        local = int(num(r.get("local_size"))) if num(r.get("local_size")) >= 1 else ranks
+        if nodes > 1 and math.isnan(p.beta_inter):
+            skipped.append(f"{rid}: multi-node without a fitted or measured link")
+            continue
+        algo = "ring" if knobs.get("transfer_path") == "ring" else "native"
+
+        def allreduce(n: float, p=p, ranks=ranks, nodes=nodes, local=local, algo=algo):
+            return predict(algo, n, ranks, p, nodes, local)
+
+        bucket_mb = num(knob(r, "bucket_mb", DEFAULT_BUCKET_MB))
+        first = num(knobs.get("first_bucket_mb", FIRST_BUCKET_MB))
+        try:
+            st = bucketed_step(prof, allreduce, bucket_mb, first, knobs.get("bucket_bytes"))
+        except ModelError as e:
+            skipped.append(f"{rid}: {e}")
+            continue
+        compute = stat(r, "compute_s")
+        compute = compute if compute > 0 else st.compute_s
+        checks.append(OverlapCheck(rid, st.exposed_s, stat(r, "exposed_sync_s"),
+                                   compute + st.exposed_s, stat(r, "step_s")))
+    return checks, skipped
+
+
+def median_abs(errs: Sequence[float]) -> float:
+    vals = [abs(e) for e in errs if not math.isnan(e)]
+    return float(np.median(vals)) if vals else math.nan
+
+
+GOAL = 0.15  # median |predicted / measured - 1| on the emulated cluster (issue 18)
+
+
+def check_lines(checks: Sequence[OverlapCheck], skipped: Sequence[str]) -> list[str]:
+    """The report section: per run, then the medians against the 15 % goal."""
+    out = ["# overlap model vs measured bucketed runs: inputs per run are its compute profile "
+           "x compute_scale (ready times), its bucket caps and reported bucket bytes, its "
+           "measured compute_s, the fitted alpha-beta-gamma model (inter-node beta from the "
+           "run's link_gbps)"]
+    if not checks:
+        out.append("no bucketed runs with a compute profile to check against")
+    else:
+        out.append(f"{'run':24s} {'exposed pred ms':>15s} {'meas ms':>9s} {'step pred ms':>12s} "
+                   f"{'meas ms':>9s}")
+        for c in checks:
+            out.append(f"{c.run_id[:24]:24s} {c.predicted_exposed_s * 1e3:15.1f} "
+                       f"{c.measured_exposed_s * 1e3:9.1f} {c.predicted_step_s * 1e3:12.1f} "
+                       f"{c.measured_step_s * 1e3:9.1f}")
+        ex = median_abs([c.exposed_err for c in checks])
+        st = median_abs([c.step_err for c in checks])
+        out.append(f"median |predicted/measured - 1| over {len(checks)} runs: exposed sync "
+                   f"{ex:.1%}, step {st:.1%} (goal <= {GOAL:.0%})")
+    out += [f"left out: {s}" for s in skipped]
+    return out
