@@ -23,9 +23,9 @@ from itertools import product
 
 import numpy as np
 
-from analysis import match
+from analysis import match, overlap
 from analysis.load import get, knob, num, stat
-from analysis.model import ModelResult, Scenario, predict, sync_share
+from analysis.model import ModelResult, Scenario, error_by_algorithm, predict, sync_share
 from commbench import metrics
 
 REPRODUCED, REFUTED, NOT_HERE = "reproduced", "refuted", "not reproducible here"
@@ -77,17 +77,52 @@ def _choose(groups: list[list[dict]], figure: Callable[[list[dict]], tuple[str, 
 
 
 def _scenario(model: ModelResult | None) -> Scenario:
-    return model.scenario if model is not None else Scenario()
+    """The model's scenario, else the one device scenario of predictions at scale (the
+    committed H200 profile; ``analysis.overlap``)."""
+    return model.scenario if model is not None else overlap.default_scenario()
+
+
+def _device(sc: Scenario) -> overlap.Device | None:
+    """The overlap model's device when it is the scenario's (the committed H200 profile):
+    compute and overlap from one device, never two."""
+    try:
+        dev = overlap.h200()
+    except overlap.ModelError:
+        return None
+    return dev if overlap.model_scenario(dev) == sc else None
+
+
+#: C1's scale: global batch above 2048 at the H200 profile's per-GPU batch 256: 16 ranks
+#: (2 nodes, global batch 4096) and 256 ranks (65,536)
+C1_RANKS = (16, 256)
+C1_RATES = (25.0, 100.0)
+
+
+def _c1_prediction(sc: Scenario) -> str:
+    dev = _device(sc)
+    if dev is None:
+        parts = [f"{p} ranks at {r:g} Gbit/s: flat {sync_share('ring', p, r, sc)[1]:.0%}, "
+                 f"hierarchical {sync_share('hier', p, r, sc)[1]:.0%}"
+                 for r in C1_RATES for p in C1_RANKS]
+        return (f"{sc.compute_s * 1e3:.0f} ms compute, {sc.grad_bytes / 1e6:.0f} MB gradient, "
+                "no overlap; sync share " + "; ".join(parts))
+    batch = 256  # the device profile's per-GPU batch
+    parts = []
+    for r in C1_RATES:
+        for p in C1_RANKS:
+            shares = {s: overlap.predict_step(s, p, r, dev) for s in overlap.STRATEGIES}
+            parts.append(f"{p} ranks (global batch {p * batch}) at {r:g} Gbit/s: " + ", ".join(
+                f"{s} {st.exposed_s / st.step_s:.0%}" for s, st in shares.items()))
+    return (f"sync share on {dev.profile.name} ({dev.profile.compute_s * 1e3:.0f} ms compute, "
+            f"{dev.local_size} per node; bucketed overlaps backward, 25 MiB buckets): "
+            + "; ".join(parts))
 
 
 def c1(records, model) -> Claim:
     text = "at global batch > 2048, gradient sync is ~35% of the training step"
     sc = _scenario(model)
-    flat, hier = sync_share("ring", 256, 100, sc)[1], sync_share("hier", 256, 100, sc)[1]
-    f25 = sync_share("ring", 16, 25, sc)[1]
-    pred = (f"ResNet-50, {sc.compute_s * 1e3:.0f} ms A100 compute, 256 ranks (global batch "
-            f"{256 * 256}) on 100 Gbit/s: flat ring {flat:.0%}, hierarchical {hier:.0%}; "
-            f"16 ranks on 25 Gbit/s: flat {f25:.0%}")
+    flat = sync_share("ring", 256, 100, sc)[1]
+    pred = _c1_prediction(sc)
     recs = [r for r in _summaries(records) if not math.isnan(stat(r, "sync_share"))]
     if not recs:
         return Claim("C1", text, "no allreduce summaries", None, pred, NOT_HERE,
@@ -105,7 +140,8 @@ def c1(records, model) -> Claim:
         verdict = REPRODUCED if abs(flat - 0.35) <= 0.10 else REFUTED
         return Claim("C1", text, measured, "sync_share_vs_ranks", pred, NOT_HERE,
                      f"global batch > 2048 needs more ranks than this machine has; the model "
-                     f"{verdict} it at 100 Gbit/s (flat {flat:.0%} vs 35%), and the share "
+                     f"{verdict} it at 256 ranks, 100 Gbit/s (flat ring, no overlap: {flat:.0%} vs "
+                     f"35%), and the share "
                      f"depends mostly on the link speed", **found)
     verdict = REPRODUCED if abs(share - 0.35) <= 0.10 else REFUTED
     return Claim("C1", text, measured, "sync_share_vs_ranks", pred, verdict,
@@ -203,6 +239,11 @@ def c2(records, model) -> Claim:
 
         pred += (f"; with the fitted links at {nodes} x {local}: hier {vs_ring('hier'):.2f}, "
                  f"leader {vs_ring('hier-leader'):.2f}")
+        errs = [f"{a} {e:.0%}" for a, lv, _, e in
+                error_by_algorithm(model.held_points, model.params) if lv == "inter"]
+        if errs:
+            pred += ("; the model's median error on these runs' inter-node microbenchmarks "
+                     f"(>= 1 MiB, not fitted on): {', '.join(errs)}")
     ratios, _ = _c2_ratios(g)
     best = min(ratios, key=ratios.get)
     link = "; ".join(f"{_scheme(r)}: {num(r.get('link_efficiency')):.2f}" for r in g
@@ -233,7 +274,16 @@ def c3(records, model) -> Claim:
     per_tensor = [r for r in buck if num(knob(r, "bucket_mb")) == 0]
     pred = "no overlap term in the alpha-beta model"
     sizes = (per_tensor[0].get("knobs") or {}).get("bucket_bytes") if per_tensor else None
-    if sizes:
+    dev = _device(sc)
+    if dev is not None:
+        flat = overlap.predict_step("flat", 256, 100, dev)
+        steps = {mb: overlap.predict_step("bucketed", 256, 100, dev, mb) for mb in (25, 0)}
+        pred = (f"{dev.profile.name}, 256 ranks, 100 Gbit/s: flat (one all-reduce after "
+                f"backward) exposes {flat.exposed_s * 1e3:.1f} ms; " + "; ".join(
+                    f"{'per-tensor' if mb == 0 else f'{mb} MiB buckets'}: {st.buckets} "
+                    f"all-reduces, exposed {st.exposed_s * 1e3:.1f} ms, overlap "
+                    f"{1 - st.exposed_s / st.comm_s:.2f}" for mb, st in steps.items()))
+    elif sizes:
         nodes = 256 // sc.local_size
         t0 = sum(predict("ring", b, 256, sc.params(100), nodes, sc.local_size) for b in sizes)
         t1 = predict("ring", sum(sizes), 256, sc.params(100), nodes, sc.local_size)

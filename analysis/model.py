@@ -379,6 +379,25 @@ def errors(held: Sequence[Point], params: Params) -> list[ErrorRow]:
     return rows
 
 
+MIB = 2**20
+ERROR_GOAL = 0.15  # median |predicted / measured - 1| on the emulated cluster (issue 18)
+
+
+def error_by_algorithm(held: Sequence[Point], params: Params, min_bytes: float = MIB
+                       ) -> list[tuple[str, str, int, float]]:
+    """(measured algorithm, level, points, median |predicted / measured - 1|) over the
+    points not fitted on of at least ``min_bytes``, all rank counts together."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for pt in held:
+        level = "intra" if pt.nodes <= 1 else "inter"
+        if pt.size < min_bytes or (level == "inter" and math.isnan(params.alpha_inter)):
+            continue
+        pred = predict(pt.algo, pt.size, pt.ranks, params, pt.nodes, pt.local)
+        groups[(pt.label, level)].append(abs(pred / pt.seconds - 1))
+    return [(algo, level, len(e), float(np.median(e)))
+            for (algo, level), e in sorted(groups.items())]
+
+
 # --- extrapolation ---------------------------------------------------------------
 
 @dataclass

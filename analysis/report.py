@@ -85,6 +85,27 @@ def claim_runs_lines(claims: list) -> list[str]:
     return [*lines, ""]
 
 
+def model_error_lines(res) -> list[str]:
+    """The fitted model's error on this folder's own microbenchmarks: per algorithm and
+    link level, messages of at least 1 MiB, points it was not fitted on."""
+    from analysis import model as cost
+
+    head = ["### The model's error on these runs", "",
+            "Median |predicted ÷ measured − 1| per measured algorithm for messages ≥ 1 MiB, "
+            "on the microbenchmark points the fit did not use (goal ≤ "
+            f"{cost.ERROR_GOAL:.0%} on the emulated cluster).", ""]
+    if res is None:
+        return [*head, "No fitted model: no microbenchmark records.", ""]
+    rows = cost.error_by_algorithm(res.held_points, res.params)
+    if not rows:
+        return [*head, "No held-out microbenchmark points of 1 MiB or more.", ""]
+    lines = [*head, "| algorithm | level | points | median error | goal met |",
+             "|---|---|---:|---:|---|"]
+    lines += [f"| {a} | {lv} | {n} | {e:.1%} | {'yes' if e <= cost.ERROR_GOAL else 'no'} |"
+              for a, lv, n, e in rows]
+    return [*lines, ""]
+
+
 def overlap_lines(records: list[dict], res) -> list[str]:
     """The overlap model: its extrapolation on the one device scenario, and its check
     against the bucketed runs of the folder (with the fitted parameters)."""
@@ -132,27 +153,37 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         lines += [f"- `{k}`: {v}" for k, v in skipped.items()] + [""]
 
     lines += ["## Cost model", ""]
+    from analysis import overlap
+    try:  # one device scenario for every prediction at scale: compute and overlap alike
+        dev = overlap.h200()
+    except overlap.ModelError:
+        dev = None
+    sc = overlap.model_scenario(dev) if dev is not None else cost.Scenario()
     res = None
     try:
-        res = cost.analyse(records, native_is)
+        res = cost.analyse(records, native_is, scenario=sc)
     except cost.ModelError as e:
-        lines += [f"Not fitted: {e}. The claims below use the model with its stated "
-                  "A100-class defaults only.", ""]
+        lines += [f"Not fitted: {e}. The predictions below use the stated device scenario "
+                  "only.", ""]
     if res is not None:
         save(cost.fit_figure(res.points, res.fit_points, res.params), figdir / "model_fit")
         lines += ["Fitted by `python -m analysis.model` (see its docstring for the formulas, "
                   "Thakur, Rabenseifner & Gropp 2005).", "", "```",
                   *cost.report_lines(res), "```", "", "![model_fit](figures/model_fit.png)", ""]
-    sc = res.scenario if res is not None else cost.Scenario()
     save(cost.extrapolation_figure(sc), figdir / "model_extrapolation")
-    lines += [f"Extrapolation: ResNet-50 ({sc.grad_bytes / 1e6:.1f} MB float32 gradient), "
-              f"{sc.compute_s * 1e3:.1f} ms compute per step (batch "
-              f"{cost.A100_RESNET50_BATCH} on one A100 80GB at {cost.A100_RESNET50_IMG_S:g} "
-              "img/s, mixed precision: NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5 "
-              f"README), 8 GPUs per node on NVLink, {sc.alpha_inter * 1e6:g} µs per inter-node "
-              "message (stated, RDMA-class), link bandwidth = line rate, no overlap of sync and "
-              "compute.", "",
+    if dev is not None:
+        where = (f"the device scenario of every prediction in this report (the claims' "
+                 f"included): {dev.describe()} (one NVIDIA H200, float32; profiles/README.md)")
+    else:
+        where = (f"ResNet-50 ({sc.grad_bytes / 1e6:.1f} MB float32 gradient), "
+                 f"{sc.compute_s * 1e3:.1f} ms compute per step (batch "
+                 f"{cost.A100_RESNET50_BATCH} on one A100 80GB at {cost.A100_RESNET50_IMG_S:g} "
+                 "img/s: NVIDIA DeepLearningExamples), 8 GPUs per node on NVLink, "
+                 f"{sc.alpha_inter * 1e6:g} µs per inter-node message (the H200 profile "
+                 "was not found)")
+    lines += [f"Extrapolation, no overlap of sync and compute: {where}.", "",
               "![model_extrapolation](figures/model_extrapolation.png)", ""]
+    lines += model_error_lines(res)
 
     lines += overlap_lines(records, res)
     claims = check_all(records, res)

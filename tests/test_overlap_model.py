@@ -197,3 +197,63 @@ def test_report_section_names_its_inputs_and_the_check(tmp_path):
         assert f" 1024 {s}" in text
     unfitted = "\n".join(report.overlap_lines(recs, None))
     assert "not fitted" in unfitted and math.isfinite(len(unfitted))
+
+
+def test_the_fitted_beta_is_kept_only_where_fitted_at_the_runs_link_rate(tmp_path):
+    _write_profile(tmp_path / "tiny.json")
+    mb = {"kind": "microbench", "nodes": 2, "link_gbps": 8.2}
+    # fitted at 8.2 Gbit/s (within 5 % of the run's 8): the fitted 5 ns/B stays, buckets
+    # take 5, 20 and 10 ms: 1 -> 6, 6 -> 26, 26 -> 36 ms; backward ends at 6: exposed 30 ms
+    checks, _ = overlap.check_runs([mb, _record("r1", 0.03, 0.04)], FIT, base=tmp_path)
+    assert checks[0].predicted_exposed_s == pytest.approx(0.030)
+    # fitted at 1 Gbit/s: the run's own 8 Gbit/s (1 ns/B) decides: 4 ms, as above
+    checks, _ = overlap.check_runs([{**mb, "link_gbps": 1.0}, _record("r1", 0.03, 0.04)], FIT,
+                                   base=tmp_path)
+    assert checks[0].predicted_exposed_s == pytest.approx(0.004)
+
+
+def _pt(label: str, size: float, factor: float, nodes: int = 1):
+    from analysis import model
+    t = predict(label, size, 4, FIT4, nodes, 4 // nodes)
+    return model.Point(label, label, size, 4, nodes, 4 // nodes, t * factor)
+
+
+FIT4 = Params(alpha_intra=5e-6, beta_intra=2e-10, alpha_inter=40e-6, beta_inter=8e-9,
+              gamma=1e-10, gamma_folded=False)
+
+
+def test_model_error_per_algorithm_counts_messages_of_1_mib_and_more():
+    from analysis import model
+    # measured = predicted x 1.1 and x 0.8: errors 1/1.1 - 1 and 1/0.8 - 1 (0.0909, 0.25),
+    # median 0.1705; the 512 KiB point (measured x 2) is below 1 MiB and left out
+    pts = [_pt("ring", 2 * MIB, 1.1), _pt("ring", 4 * MIB, 0.8), _pt("ring", MIB / 2, 2.0),
+           _pt("hier", 8 * MIB, 1.25, nodes=2)]
+    rows = model.error_by_algorithm(pts, FIT4)
+    assert rows[0][:3] == ("hier", "inter", 1) and rows[0][3] == pytest.approx(0.2)
+    assert rows[1][:3] == ("ring", "intra", 2)
+    assert rows[1][3] == pytest.approx((1 - 1 / 1.1 + 0.25) / 2)
+    res = SimpleNamespace(held_points=pts, params=FIT4)
+    text = "\n".join(report.model_error_lines(res))
+    assert "| ring | intra | 2 | 17.0% | no |" in text
+    assert "| hier | inter | 1 | 20.0% | no |" in text
+    near = model.error_by_algorithm([_pt("rd", 2 * MIB, 1.05)], FIT4)  # 1/1.05 - 1: 4.8 %
+    text = "\n".join(report.model_error_lines(SimpleNamespace(held_points=[
+        _pt("rd", 2 * MIB, 1.05)], params=FIT4)))
+    assert near[0][3] == pytest.approx(1 - 1 / 1.05) and "| rd | intra | 1 | 4.8% | yes |" in text
+    assert "no fitted model" in "\n".join(report.model_error_lines(None)).lower()
+
+
+def test_claims_predict_at_their_own_scale_on_the_one_device():
+    from analysis import claims
+    c1 = claims.c1([], None)
+    dev = overlap.h200()
+    for p in claims.C1_RANKS:
+        assert f"global batch {p * 256}" in c1.model
+        for r in claims.C1_RATES:
+            st = overlap.predict_step("bucketed", p, r, dev)
+            assert f"{p} ranks (global batch {p * 256}) at {r:g} Gbit/s" in c1.model
+            assert f"bucketed {st.exposed_s / st.step_s:.0%}" in c1.model
+    assert dev.profile.name in c1.model
+    c3 = claims.c3([], None)
+    st = overlap.predict_step("bucketed", 256, 100, dev, 25)
+    assert f"exposed {st.exposed_s * 1e3:.1f} ms" in c3.model
