@@ -267,14 +267,16 @@ def extrapolation_lines(dev: Device, rates: Sequence[float] = RATES,
            "# flat = one ring all-reduce after backward; hierarchical = reduce-scatter / "
            "cross all-reduce / all-gather after backward; bucketed = 25 MiB buckets (first "
            "1 MiB), a ring each, started when full, served in order",
-           f"{'Gbit/s':>6s} {'ranks':>6s} {'strategy':12s} {'step ms':>9s} {'exposed ms':>10s} "
-           f"{'efficiency':>10s}"]
+           "# per strategy: step ms / exposed sync ms / scaling efficiency (compute / step)",
+           f"{'Gbit/s':>6s} {'ranks':>6s} " + " ".join(f"{s:>24s}" for s in STRATEGIES)]
     for rate in rates:
         for p in ranks:
+            cells = []
             for s in STRATEGIES:
                 st = predict_step(s, p, rate, dev)
-                out.append(f"{rate:6g} {p:6d} {s:12s} {st.step_s * 1e3:9.1f} "
-                           f"{st.exposed_s * 1e3:10.1f} {st.efficiency:10.1%}")
+                cells.append(f"{st.step_s * 1e3:7.1f} /{st.exposed_s * 1e3:7.1f} /"
+                             f"{st.efficiency:7.1%}")
+            out.append(f"{rate:6g} {p:6d} " + " ".join(f"{c:>24s}" for c in cells))
     return out
 
 

@@ -193,8 +193,10 @@ def test_report_section_names_its_inputs_and_the_check(tmp_path):
     for inp in ("compute profile", "bucket caps", "compute_s", "link_gbps"):
         assert inp in text
     assert "median |predicted/measured - 1| over 1 runs: exposed sync 20.0%" in text
+    dev = overlap.h200()
     for s in overlap.STRATEGIES:
-        assert f" 1024 {s}" in text
+        st = overlap.predict_step(s, 1024, 25.0, dev)
+        assert f"{st.step_s * 1e3:7.1f} /{st.exposed_s * 1e3:7.1f} /{st.efficiency:7.1%}" in text
     unfitted = "\n".join(report.overlap_lines(recs, None))
     assert "not fitted" in unfitted and math.isfinite(len(unfitted))
 
