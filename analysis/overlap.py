@@ -354,6 +354,8 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         why = None
         if not name:
             why = "no compute profile"
+        elif get(r, "slow_rank") or num(get(r, "compute_jitter")) > 0:
+            why = "straggler settings (the profile's times are every rank's)"
         elif num(get(r, "accum_steps")) > 1:
             why = "accumulation (sync every k-th backward)"
         elif knobs.get("progress") == "poll":

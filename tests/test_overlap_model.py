@@ -156,7 +156,9 @@ def test_check_against_hand_made_bucketed_runs(tmp_path):
     # profile's schedule (test above) exposes 4 ms; step = measured compute 10 + 4 ms.
     recs = [_record("r1", 0.005, 0.015), _record("r2", 0.004, 0.014),
             _record("r3", 0.004, 0.014, config={"compute_ms": 100.0}),
-            _record("r4", 0.004, 0.014, knobs={"progress": "poll"})]
+            _record("r4", 0.004, 0.014, knobs={"progress": "poll"}),
+            _record("r5", 0.004, 0.014, config={"compute_profile": "tiny.json",
+                                                "slow_rank": [1, 2.0]})]
     checks, skipped = overlap.check_runs(recs, FIT, base=tmp_path)
     assert [c.run_id for c in checks] == ["r1", "r2"]
     assert [c.predicted_exposed_s for c in checks] == pytest.approx([0.004, 0.004])
@@ -164,7 +166,8 @@ def test_check_against_hand_made_bucketed_runs(tmp_path):
     # exposed errors 0.8 - 1 = -0.2 and 0: median 10 %; step -1/15 and 0: median 1/30
     assert overlap.median_abs([c.exposed_err for c in checks]) == pytest.approx(0.1)
     assert overlap.median_abs([c.step_err for c in checks]) == pytest.approx(1 / 30)
-    assert skipped == ["r3: no compute profile", "r4: polled iallreduce (libnbc): not modelled"]
+    assert skipped == ["r3: no compute profile", "r4: polled iallreduce (libnbc): not modelled",
+                       "r5: straggler settings (the profile's times are every rank's)"]
     text = "\n".join(overlap.check_lines(checks, skipped))
     assert "exposed sync 10.0%, step 3.3% (goal <= 15%)" in text
 
