@@ -289,6 +289,12 @@ def c3(records, model) -> Claim:
         t1 = predict("ring", sum(sizes), 256, sc.params(100), nodes, sc.local_size)
         pred = (f"{len(sizes)} per-tensor all-reduces cost {t0 * 1e3:.1f} ms vs {t1 * 1e3:.1f} ms "
                 f"one-shot at 256 ranks, 100 Gbit/s (latency terms)")
+    if model is not None:
+        checks, _ = overlap.check_runs(records, model.params)
+        if checks:
+            pred += (f"; the overlap model's median error on {len(checks)} bucketed runs here: "
+                     f"exposed sync {overlap.median_abs([c.exposed_err for c in checks]):.0%}, "
+                     f"step {overlap.median_abs([c.step_err for c in checks]):.0%}")
     if not buck:
         return Claim("C3", text, "no bucketed runs", None, pred, NOT_HERE, "no data")
     groups = match.matched_sets(buck)  # repeats of one set-up and bucket size

@@ -262,3 +262,13 @@ def test_claims_predict_at_their_own_scale_on_the_one_device():
     c3 = claims.c3([], None)
     st = overlap.predict_step("bucketed", 256, 100, dev, 25)
     assert f"exposed {st.exposed_s * 1e3:.1f} ms" in c3.model
+
+
+def test_c3_gives_the_overlap_models_error_on_the_runs_here(tmp_path):
+    from analysis import claims
+    _write_profile(tmp_path / "tiny.json")
+    recs = [_record("r1", 0.005, 0.015, _file=str(tmp_path / "x.jsonl")),
+            _record("r2", 0.004, 0.014, _file=str(tmp_path / "x.jsonl"))]
+    c3 = claims.c3(recs, SimpleNamespace(params=FIT, scenario=overlap.default_scenario()))
+    # as in the hand-made check above: exposed errors 20 % and 0, step 1/15 and 0
+    assert "median error on 2 bucketed runs here: exposed sync 10%, step 3%" in c3.model
