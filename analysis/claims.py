@@ -141,8 +141,7 @@ def c1(records, model) -> Claim:
         return Claim("C1", text, measured, "sync_share_vs_ranks", pred, NOT_HERE,
                      f"global batch > 2048 needs more ranks than this machine has; the model "
                      f"{verdict} it at 256 ranks, 100 Gbit/s (flat ring, no overlap: {flat:.0%} vs "
-                     f"35%), and the share "
-                     f"depends mostly on the link speed", **found)
+                     "35%), and the share depends mostly on the link speed", **found)
     verdict = REPRODUCED if abs(share - 0.35) <= 0.10 else REFUTED
     return Claim("C1", text, measured, "sync_share_vs_ranks", pred, verdict,
                  f"measured {share:.0%} vs 35% (agreement: within 10 points)", **found)

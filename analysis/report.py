@@ -131,6 +131,7 @@ def overlap_lines(records: list[dict], res) -> list[str]:
 def build(records: list[dict], out: Path, native_is: dict[str, str] | None = None,
           sources: list[str] | None = None) -> Path:
     from analysis import model as cost
+    from analysis import overlap
     from analysis.claims import check_all
     from analysis.figures import FIGURES, save
     from analysis.plot import build as build_figures
@@ -153,7 +154,6 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         lines += [f"- `{k}`: {v}" for k, v in skipped.items()] + [""]
 
     lines += ["## Cost model", ""]
-    from analysis import overlap
     try:  # one device scenario for every prediction at scale: compute and overlap alike
         dev = overlap.h200()
     except overlap.ModelError:
