@@ -574,8 +574,12 @@ def _cli_run(a) -> int:
         raise ClusterError("run: give the program after --")
     if program[0] in ("python", "python3"):
         program = [sys.executable, *program[1:]]
+    asked = node_slots(a.nodes, a.slots) if a.slots else None  # bad --slots: exit 2 first
     existing = ClusterSpec.load(a.name)
     ephemeral = existing is None
+    if existing and asked and asked != existing.slots:
+        raise ClusterError(f"--slots {a.slots}: cluster {a.name} is up with {existing.layout}; "
+                           f"leave --nodes/--slots out to use it, or take it down first")
     if ephemeral and not a.slots:
         raise ClusterError(f"cluster {a.name} is not up: bring it up first or give "
                            "--nodes and --slots (or --slots per node, e.g. 3,1) for a cluster "

@@ -195,3 +195,13 @@ def test_study_cli_bad_slots_exit_2(tmp_path):
                           str(tmp_path / "s")], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 2 and "--slots 3,x" in res.stderr, res.stderr
+
+
+def test_cli_run_refuses_slots_that_differ_from_the_cluster_up(tmp_path, monkeypatch, capsys):
+    """A cluster already up with 2 x 2 is not silently used for ``--slots 3,1``."""
+    import launch.cluster as lc
+
+    monkeypatch.setattr(lc, "STATE_DIR", tmp_path)
+    ClusterSpec(nodes=2, slots=2, name=NAME).save()  # a state file only; nothing is made
+    assert lc._cli(["run", "--name", NAME, "--slots", "3,1", "--", "true"]) == 2
+    assert "--slots 3,1: cluster cbs is up with 2 nodes x 2 slots" in capsys.readouterr().err
