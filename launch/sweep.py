@@ -133,8 +133,9 @@ def _check_slots(name: str, value) -> int | list[int]:
 
 def _grid_value(name: str, key: str, value):
     """``value`` of grid key ``key`` checked (``name`` says where it was given)."""
-    return _check_slots(name, value) if key == "slots" else \
-        _check_value(name, value, GRID_KEYS[key][0])
+    if key == "slots":
+        return _check_slots(name, value)
+    return _check_value(name, value, GRID_KEYS[key][0])
 
 
 def layout_of(point: dict, where: str = "grid") -> list[int] | None:
