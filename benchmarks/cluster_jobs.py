@@ -36,11 +36,13 @@ def layouts(text: str) -> list[tuple[int, int]]:
     return [parse_layout(x) for x in text.split(",") if x.strip()]
 
 
-def cluster_argv(nodes: int, slots: int, rate: str, program: Sequence[str],
+def cluster_argv(nodes: int, slots: int | Sequence[int], rate: str, program: Sequence[str],
                  timeout_s: float) -> list[str]:
-    """``python -m launch.cluster run`` of ``program`` on ``nodes`` x ``slots`` ranks."""
+    """``python -m launch.cluster run`` of ``program`` on ``nodes`` x ``slots`` ranks
+    (``slots`` one number for every node, or one per node: ``[3, 1]``)."""
+    per_node = str(slots) if isinstance(slots, int) else ",".join(map(str, slots))
     return [sys.executable, "-m", "launch.cluster", "run", "--nodes", str(nodes),
-            "--slots", str(slots), "--rate", rate, "--launcher", "mpirun",
+            "--slots", per_node, "--rate", rate, "--launcher", "mpirun",
             "--timeout", str(timeout_s), "--", *program]
 
 

@@ -1,4 +1,4 @@
-"""An emulated cluster on one machine: N nodes x S slots, links shaped with tc.
+"""An emulated cluster on one machine: N nodes x S slots (or S1,S2,... per node), links shaped.
 
 Each node is a Linux network namespace joined to a bridge by a veth pair
 (``eth0`` inside the node) on a private subnet; processes started on a node
@@ -20,6 +20,7 @@ bridge, firewall rule and process of the cluster.
 Usage::
 
     sudo python -m launch.cluster up --nodes 2 --slots 4 --rate 1gbit
+    sudo python -m launch.cluster up --slots 3,1 --rate 1gbit     # uneven: 3 + 1 ranks
     python -m launch.cluster status
     python -m launch.cluster run -- python -m commbench.allreduce   # mpirun across the nodes
     sudo python -m launch.cluster down
@@ -74,6 +75,59 @@ def parse_rate(rate: str | None) -> float | None:
     return float(m.group(1)) * RATE_UNITS[m.group(2).lower()]
 
 
+def parse_slots(text: str | int | Sequence[int], flag: str = "--slots") -> list[int]:
+    """Slots as given: ``'3,1'`` or ``[3, 1]`` -> [3, 1] (one per node); ``'4'`` or 4 ->
+    [4] (which ``node_slots`` spreads over every node). ``flag`` names the setting in errors."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        values: list = [text]
+    elif isinstance(text, str):
+        values = [v.strip() for v in text.split(",")]
+    elif isinstance(text, (list, tuple)):
+        values = list(text)
+    else:
+        raise ClusterError(f"{flag}: cannot read slots {text!r}; write e.g. 4 (every node) "
+                           "or 3,1 (per node)")
+    shown = ",".join(str(v) for v in values) if not isinstance(text, str) else text
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str)
+                                                               and v.isdigit())):
+            raise ClusterError(f"{flag} {shown}: {v!r} is not a whole number; write slots "
+                               "per node as e.g. 4 (every node) or 3,1")
+        out.append(int(v))
+    if any(v < 1 for v in out):
+        raise ClusterError(f"{flag} {shown}: every node needs at least 1 slot")
+    return out
+
+
+def node_slots(nodes: int | None, slots: str | int | Sequence[int], *,
+               nodes_flag: str = "--nodes", slots_flag: str = "--slots") -> list[int]:
+    """Slots of each node: one number for every node of ``nodes``, or a list with one
+    entry per node (``nodes`` may then be None, and must match its length if given)."""
+    if nodes is not None and nodes < 1:
+        raise ClusterError(f"{nodes_flag} must be >= 1, got {nodes}")
+    per_node = parse_slots(slots, slots_flag)
+    listed = not isinstance(slots, int) and (len(per_node) > 1 or not isinstance(slots, str))
+    if len(per_node) == 1 and not listed:  # one number: every node
+        if nodes is None:
+            raise ClusterError(f"{slots_flag} {per_node[0]}: give {nodes_flag} too, or list "
+                               f"every node's slots (e.g. {slots_flag} "
+                               f"{per_node[0]},{per_node[0]})")
+        return per_node * nodes
+    if nodes is not None and nodes != len(per_node):
+        raise ClusterError(f"{nodes_flag} {nodes} does not match {slots_flag} "
+                           f"{','.join(map(str, per_node))} ({len(per_node)} nodes): give one "
+                           f"slot count per node, or one number for every node")
+    return per_node
+
+
+def layout_text(slots: Sequence[int]) -> str:
+    """``2 nodes x 4 slots``, or ``2 nodes (3+1 slots)`` when the nodes differ."""
+    if len(set(slots)) == 1:
+        return f"{len(slots)} node{'s' if len(slots) > 1 else ''} x {slots[0]} slots"
+    return f"{len(slots)} nodes ({'+'.join(map(str, slots))} slots)"
+
+
 def _tc_rate(gbps: float) -> str:
     return f"{int(round(gbps * 1e6))}kbit"
 
@@ -89,8 +143,12 @@ class Node:
 
 @dataclass
 class ClusterSpec:
-    nodes: int
-    slots: int
+    """The cluster's shape and names. ``slots`` is one number for every node or a list,
+    one per node (``nodes`` may then be None); after construction it is always the
+    per-node list and ``nodes`` its length."""
+
+    nodes: int | None
+    slots: list[int] | int | str
     rate_gbps: float | None = None
     subnet: str = DEFAULT_SUBNET
     name: str = DEFAULT_NAME
@@ -101,10 +159,8 @@ class ClusterSpec:
     created: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.nodes < 1:
-            raise ClusterError(f"--nodes must be >= 1, got {self.nodes}")
-        if self.slots < 1:
-            raise ClusterError(f"--slots must be >= 1, got {self.slots}")
+        self.slots = node_slots(self.nodes, self.slots)
+        self.nodes = len(self.slots)
         if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", self.name):
             raise ClusterError(f"--name must be 1-6 lowercase letters/digits, got {self.name!r}")
         try:
@@ -121,6 +177,15 @@ class ClusterSpec:
                 Node(index=i, name=f"{self.name}node{i}", netns=f"{self.name}-n{i}",
                      veth=f"{self.name}-v{i}", addr=str(hosts[9 + i]))
                 for i in range(1, self.nodes + 1)]
+
+    @property
+    def ranks(self) -> int:
+        """Slots of all nodes together: the most ranks a job may have."""
+        return sum(self.slots)
+
+    @property
+    def layout(self) -> str:
+        return layout_text(self.slots)
 
     @property
     def prefixlen(self) -> int:
@@ -149,8 +214,13 @@ class ClusterSpec:
         return STATE_DIR / self.name / "hostfile"
 
     def hosts_arg(self) -> str:
-        """``node1:S,node2:S`` as horovodrun's -H and mpirun's --host take it."""
-        return ",".join(f"{n.addr}:{self.slots}" for n in self.node_list)
+        """``node1:S1,node2:S2`` as horovodrun's -H and mpirun's --host take it."""
+        return ",".join(f"{n.addr}:{s}" for n, s in zip(self.node_list, self.slots))
+
+    def hostfile_text(self) -> str:
+        """The Open MPI host file: ``ADDR slots=S`` per node, in node order (ranks fill
+        the first node first)."""
+        return "".join(f"{n.addr} slots={s}\n" for n, s in zip(self.node_list, self.slots))
 
     def save(self) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
@@ -276,8 +346,7 @@ def up(spec: ClusterSpec) -> ClusterSpec:
         base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
         spec.hosts_file.write_text(base.rstrip("\n") + "\n# emulated cluster\n" + "".join(
             f"{n.addr} {n.name}\n" for n in spec.node_list))
-        spec.hostfile.write_text("".join(f"{n.addr} slots={spec.slots}\n"
-                                         for n in spec.node_list))
+        spec.hostfile.write_text(spec.hostfile_text())
         spec.save()
         return spec
     except BaseException:
@@ -359,20 +428,21 @@ def status(name: str = DEFAULT_NAME) -> str:
     if spec is None:
         return f"cluster {name}: down"
     rate = f"{spec.rate_gbps:g} Gbit/s" if spec.rate_gbps else "unshaped"
-    lines = [f"cluster {spec.name}: {spec.nodes} nodes x {spec.slots} slots, links {rate}, "
+    lines = [f"cluster {spec.name}: {spec.layout}, links {rate}, "
              f"subnet {spec.subnet}, bridge {spec.bridge} ({spec.bridge_addr})"]
     pids = node_pids(spec)
-    for n in spec.node_list:
-        lines.append(f"  {n.name:<10} {n.addr:<15} netns {n.netns:<8} "
+    for n, s in zip(spec.node_list, spec.slots):
+        lines.append(f"  {n.name:<10} {n.addr:<15} netns {n.netns:<8} {s} slots  "
                      f"{len(pids[n.netns])} processes")
     lines.append(f"  hostfile {spec.hostfile}; rsh agent {spec.agent}")
     return "\n".join(lines)
 
 
 @contextlib.contextmanager
-def cluster(nodes: int, slots: int, rate: str | None = None, subnet: str = DEFAULT_SUBNET,
-            name: str = DEFAULT_NAME) -> Iterator[ClusterSpec]:
-    """Bring a cluster up for the ``with`` block; take it down on exit, failure or signal."""
+def cluster(nodes: int | None, slots: int | str | Sequence[int], rate: str | None = None,
+            subnet: str = DEFAULT_SUBNET, name: str = DEFAULT_NAME) -> Iterator[ClusterSpec]:
+    """Bring a cluster up for the ``with`` block; take it down on exit, failure or signal.
+    ``slots``: one number for every node, or one per node (``nodes`` may then be None)."""
     spec = up(ClusterSpec(nodes=nodes, slots=slots, rate_gbps=parse_rate(rate),
                           subnet=subnet, name=name))
     previous = {}
@@ -447,8 +517,11 @@ def _cli(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def shape_args(sp, required: bool) -> None:
-        sp.add_argument("--nodes", type=int, required=required, help="number of nodes")
-        sp.add_argument("--slots", type=int, required=required, help="ranks per node")
+        sp.add_argument("--nodes", type=int, help="number of nodes (default: as many as "
+                        "--slots lists)")
+        sp.add_argument("--slots", required=required, metavar="S|S1,S2,...",
+                        help="ranks per node: one number for every node, or one per node "
+                             "(3,1: 3 ranks on the first node, 1 on the second)")
         sp.add_argument("--rate", default="none",
                         help="link rate per node, tc syntax: 200mbit, 1gbit, 10gbit, none")
         sp.add_argument("--subnet", default=DEFAULT_SUBNET, help="private subnet for the nodes")
@@ -470,8 +543,9 @@ def _cli(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         if a.cmd == "up":
-            spec = up(ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
-                                  subnet=a.subnet, name=a.name))
+            spec = ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
+                               subnet=a.subnet, name=a.name)  # checks before making anything
+            spec = up(spec)
             print(status(spec.name))
         elif a.cmd == "down":
             check_machine()
@@ -500,17 +574,21 @@ def _cli_run(a) -> int:
         raise ClusterError("run: give the program after --")
     if program[0] in ("python", "python3"):
         program = [sys.executable, *program[1:]]
+    asked = node_slots(a.nodes, a.slots) if a.slots else None  # bad --slots: exit 2 first
     existing = ClusterSpec.load(a.name)
     ephemeral = existing is None
-    if ephemeral and not (a.nodes and a.slots):
+    if existing and asked and asked != existing.slots:
+        raise ClusterError(f"--slots {a.slots}: cluster {a.name} is up with {existing.layout}; "
+                           f"leave --nodes/--slots out to use it, or take it down first")
+    if ephemeral and not a.slots:
         raise ClusterError(f"cluster {a.name} is not up: bring it up first or give "
-                           "--nodes and --slots for a cluster that lives for this run")
+                           "--nodes and --slots (or --slots per node, e.g. 3,1) for a cluster "
+                           "that lives for this run")
     spec = existing or ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
                                    subnet=a.subnet, name=a.name)
-    np = a.np or spec.nodes * spec.slots
-    if np > spec.nodes * spec.slots:
-        raise ClusterError(f"--np {np} is more ranks than {spec.nodes} nodes x {spec.slots} "
-                           "slots")
+    np = a.np or spec.ranks
+    if np > spec.ranks:
+        raise ClusterError(f"--np {np} is more ranks than {spec.layout}")
     if ephemeral:
         check_machine()
     load_before = load_average()  # before the link test and the job's start-up load it

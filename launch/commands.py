@@ -81,7 +81,7 @@ def emulated_mca(spec) -> dict[str, str]:
         # Leave placement to the kernel, as on a shared machine (horovodrun does too).
         "hwloc_base_binding_policy": "none",
     }
-    if spec.nodes * spec.slots > (os.cpu_count() or 1):
+    if spec.ranks > (os.cpu_count() or 1):
         # All emulated nodes share this machine's cores, but each node's slots look
         # free to Open MPI, so its ranks would busy-poll; with 8 ranks on 2 cores the
         # spinning ranks starve the ones moving data (a 2x4 ring fell from 0.95 to
@@ -91,10 +91,17 @@ def emulated_mca(spec) -> dict[str, str]:
     return mca
 
 
+def _check_fits(spec, np: int) -> None:
+    if np > spec.ranks:
+        raise ValueError(f"{np} ranks do not fit {spec.layout}")
+
+
 def mpirun_emulated(spec, np: int, program: Sequence[str]) -> list[str]:
-    """mpirun across an emulated cluster (``launch.cluster``): host file + rsh agent."""
-    if np > spec.nodes * spec.slots:
-        raise ValueError(f"{np} ranks do not fit {spec.nodes} nodes x {spec.slots} slots")
+    """mpirun across an emulated cluster (``launch.cluster``): host file + rsh agent.
+
+    The host file gives each node its own slots (``3,1``: 3 ranks on the first node, 1 on
+    the second); ranks fill the nodes in order."""
+    _check_fits(spec, np)
     env = [k for k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS") if k in os.environ]
     return mpirun(np, program, hostfile=str(spec.hostfile), oversubscribe=True,
                   mca=emulated_mca(spec), env=env)
@@ -104,8 +111,7 @@ def horovodrun_emulated(spec, np: int, program: Sequence[str], *, controller: st
                         horovodrun_bin: str | None = None) -> list[str]:
     """horovodrun across an emulated cluster: the cluster's ``ssh`` first on PATH,
     its interface named, and (MPI) the rsh agent passed to mpirun."""
-    if np > spec.nodes * spec.slots:
-        raise ValueError(f"{np} ranks do not fit {spec.nodes} nodes x {spec.slots} slots")
+    _check_fits(spec, np)
     extra = ["--network-interfaces", "eth0"]
     if controller == "mpi":
         mca = emulated_mca(spec)

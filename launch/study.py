@@ -109,13 +109,24 @@ class Cluster:
     """Where the jobs run: the emulated cluster (``rates`` shaped) or a real one (``hosts``)."""
 
     nodes: int
-    slots: int
+    slots: int | tuple[int, ...]  # every node's, or one per node (3 + 1: (3, 1))
     launcher: str = "mpirun"
     hosts: str | None = None  # a real cluster; None: emulated
 
     @property
+    def node_slots(self) -> list[int]:
+        """Slots of each node, in the order ranks fill them."""
+        return [self.slots] * self.nodes if isinstance(self.slots, int) else list(self.slots)
+
+    @property
     def ranks(self) -> int:
-        return self.nodes * self.slots
+        return sum(self.node_slots)
+
+    @property
+    def layout(self) -> str:
+        from launch.cluster import layout_text
+
+        return layout_text(self.node_slots)
 
     @property
     def emulated(self) -> bool:
@@ -146,7 +157,8 @@ class Job:
     def point(self, cluster: Cluster) -> dict:
         p: dict = {"name": self.name, "ranks": self.ranks}
         if cluster.emulated:
-            p.update(nodes=cluster.nodes, slots=cluster.slots, rate=self.rate or "none")
+            slots = cluster.slots if isinstance(cluster.slots, int) else list(cluster.slots)
+            p.update(nodes=cluster.nodes, slots=slots, rate=self.rate or "none")
         p.update(program=self.program, args=list(self.args), estimate_s=round(self.estimate_s),
                  timeout=float(max(600, round(4 * self.estimate_s))))
         return p
@@ -244,8 +256,11 @@ def planned_records(job: Job, cluster: Cluster) -> list[dict]:
 
     ns = build_parser().parse_args(job.args)
     cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
-    local = [min(cluster.slots, job.ranks - i * cluster.slots)
-             for i in range(math.ceil(job.ranks / cluster.slots))]
+    local, left = [], job.ranks  # ranks fill the nodes in order
+    for s in cluster.node_slots:
+        if left > 0:
+            local.append(min(s, left))
+            left -= s
     backend = "mpi" if cluster.launcher == "mpirun" else "horovod"
     controller = {"horovodrun": "mpi", "horovodrun-gloo": "gloo"}.get(cluster.launcher)
     recs = []
@@ -316,7 +331,7 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
         compute *= float(slow.split(":")[1]) if slow else 1.0
     p = job.ranks
     moved = 2 * (p - 1) / p * params * 4  # bytes each rank sends in a ring all-reduce
-    if p <= cluster.slots:
+    if p <= cluster.node_slots[0]:  # all on the first node
         comm = moved / SHM_BYTES_S
     else:
         gbps = _gbps(job.rate) if cluster.emulated else ASSUMED_GBPS
@@ -374,20 +389,25 @@ def make_cluster(a: argparse.Namespace) -> Cluster:
     hosts = parse_hosts(a.hosts, a.hostfile)
     if hosts:
         slots = [int(h.split(":")[1]) for h in hosts.split(",")]
-        if len(set(slots)) > 1:
-            raise StudyError(f"--hosts: every host needs the same slots, got {hosts}")
-        return Cluster(len(slots), slots[0], a.launcher, hosts)
-    if a.nodes < 1 or a.slots < 1:
-        raise StudyError(f"--nodes {a.nodes} --slots {a.slots}: both must be >= 1")
-    return Cluster(a.nodes, a.slots, a.launcher)
+        return Cluster(len(slots), slots[0] if len(set(slots)) == 1 else tuple(slots),
+                       a.launcher, hosts)
+    from launch.cluster import ClusterError, node_slots
+
+    listed = a.slots is not None and "," in a.slots
+    try:  # default 2 nodes x 4 slots; a per-node list gives the nodes
+        per_node = node_slots(a.nodes if a.nodes is not None or listed else 2,
+                              a.slots if a.slots is not None else "4")
+    except ClusterError as e:
+        raise StudyError(str(e)) from None
+    slots = per_node[0] if not listed else tuple(per_node)
+    return Cluster(len(per_node), slots, a.launcher)
 
 
 def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
           scale: Scale) -> None:
     """Refuse what cannot run before any job starts."""
     wanted = list(ranks or default_ranks(scale, cluster))
-    where = (f"{cluster.nodes} nodes x {cluster.slots} slots"
-             + ("" if cluster.emulated else f" ({cluster.hosts})"))
+    where = cluster.layout + ("" if cluster.emulated else f" ({cluster.hosts})")
     too_many = [r for r in wanted if r > cluster.ranks]
     if too_many:
         raise StudyError(f"--ranks {max(too_many)}: more ranks than the cluster has "
@@ -437,8 +457,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results directory (default results/study or results/study-quick); "
                         "the report goes to its report/")
     g = p.add_argument_group("where (default: an emulated cluster on this machine, as root)")
-    g.add_argument("--nodes", type=int, default=2, help="emulated nodes (default 2)")
-    g.add_argument("--slots", type=int, default=4, help="ranks per emulated node (default 4)")
+    g.add_argument("--nodes", type=int, default=None,
+                   help="emulated nodes (default 2, or as many as --slots lists)")
+    g.add_argument("--slots", default=None, metavar="S|S1,S2,...",
+                   help="ranks per emulated node: one number for every node (default 4) or "
+                        "one per node (3,1)")
     g.add_argument("--hosts", default=None, metavar="A:8,B:8",
                    help="a real cluster's hosts and slots (no link shaping: one link rate)")
     g.add_argument("--hostfile", default=None, help="or an Open MPI host file (HOST slots=N)")
@@ -449,18 +472,18 @@ def build_parser() -> argparse.ArgumentParser:
 def launch_command(point: dict, sweep: sweeps.Sweep, out: Path) -> list[str]:
     """The command ``launch.sweep`` will run for ``point`` (on the emulated cluster it
     brings up for the point's link rate; nothing is made here)."""
-    if "nodes" not in point:
+    if "slots" not in point:
         return sweeps.launch_point(point, sweep, out, sweeps._Clusters())
     from launch.cluster import ClusterSpec, launch_argv, parse_rate
 
-    spec = ClusterSpec(nodes=point["nodes"], slots=point["slots"],
+    spec = ClusterSpec(nodes=point.get("nodes"), slots=point["slots"],
                        rate_gbps=parse_rate(point["rate"]), name=sweeps.CLUSTER_NAME)
     return launch_argv(spec, sweep.launcher, point["ranks"],
                        sweeps.point_program(point, sweep, out))
 
 
 def _describe(job: Job, cluster: Cluster) -> str:
-    where = (f"{job.ranks} ranks on {cluster.nodes} x {cluster.slots} emulated, link "
+    where = (f"{job.ranks} ranks on {cluster.layout} emulated, link "
              f"{job.rate}" if cluster.emulated else f"{job.ranks} ranks on {cluster.hosts}")
     return (f"{','.join(sorted(job.claims)):<12} {job.name:<22} {where}, "
             f"~{_fmt(job.estimate_s)}")

@@ -13,11 +13,16 @@ A sweep file (TOML or JSON) names the launcher, fixed arguments and a grid::
     ranks = [2, 4]
     algo = ["native", "ring"]
     model = ["resnet18", "resnet50"]
-    # nodes/slots/rate run the point on an emulated cluster (launch.cluster)
+    # nodes/slots/rate run the point on an emulated cluster (launch.cluster);
+    # slots = [4] is 4 on every node, slots = ["3,1"] one uneven layout (nodes then optional)
 
 or the same from flags::
 
     python -m launch.sweep --set ranks=2,4 --set algo=native,ring -o results/s -- --steps 10
+    python -m launch.sweep --set slots=3+1,2+2 --set rate=1gbit -o results/u   # two layouts
+
+In ``--set`` commas separate a key's values, so per-node slots there are
+joined with ``+`` (``slots=3+1``); in a file write ``"3,1"``, ``"3+1"`` or ``[3, 1]``.
 
 Each point writes ``<output>/<point id>.jsonl``; a finished point also
 ``<id>.done.json``, a failed one ``<id>.failed.json`` (exit status, timeout,
@@ -54,7 +59,7 @@ from launch.execute import run
 GRID_KEYS: dict[str, tuple[type, str | None]] = {
     "ranks": (int, None),
     "nodes": (int, None),
-    "slots": (int, None),
+    "slots": (int, None),  # or per node: "3,1" / "3+1" / [3, 1] (see _check_slots)
     "rate": (str, None),
     "strategy": (str, "--strategy"),
     "algo": (str, "--algo"),
@@ -112,13 +117,47 @@ def _check_value(key: str, value, typ: type):
     return value
 
 
+def _check_slots(name: str, value) -> int | list[int]:
+    """A point's slots: an int (every node, as before) or a per-node list of ints, from
+    ``[3, 1]``, ``"3,1"`` or ``"3+1"``; ``name`` names the setting in errors."""
+    from launch.cluster import ClusterError, parse_slots
+
+    text = value.replace("+", ",") if isinstance(value, str) else value
+    try:
+        per_node = parse_slots(text, name)
+    except ClusterError as e:
+        raise SweepError(str(e)) from None
+    every_node = isinstance(value, int) or (isinstance(value, str) and len(per_node) == 1)
+    return per_node[0] if every_node else per_node
+
+
+def _grid_value(name: str, key: str, value):
+    """``value`` of grid key ``key`` checked (``name`` says where it was given)."""
+    if key == "slots":
+        return _check_slots(name, value)
+    return _check_value(name, value, GRID_KEYS[key][0])
+
+
+def layout_of(point: dict, where: str = "grid") -> list[int] | None:
+    """Slots per node of a point on an emulated cluster (None: no cluster)."""
+    from launch.cluster import ClusterError, node_slots
+
+    if "slots" not in point:
+        return None
+    try:
+        return node_slots(point.get("nodes"), point["slots"], nodes_flag=f"{where}.nodes",
+                          slots_flag=f"{where}.slots")
+    except ClusterError as e:
+        raise SweepError(str(e)) from None
+
+
 def _check_points(points: list[dict]) -> list[dict]:
     checked = []
     for i, pt in enumerate(points):
         out = {}
         for k, v in pt.items():
             if k in GRID_KEYS:
-                out[k] = _check_value(f"points[{i}].{k}", v, GRID_KEYS[k][0])
+                out[k] = _grid_value(f"points[{i}].{k}", k, v)
             elif k in POINT_KEYS:
                 out[k] = _check_value(f"points[{i}].{k}", v, POINT_KEYS[k])
             else:
@@ -149,7 +188,7 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
         values = values if isinstance(values, list) else [values]
         if not values:
             raise SweepError(f"grid.{k}: empty list")
-        checked[k] = [_check_value(f"grid.{k}", v, GRID_KEYS[k][0]) for v in values]
+        checked[k] = [_grid_value(f"grid.{k}", k, v) for v in values]
     for value in checked.get("strategy", []):
         for name in value.split(","):
             if name.strip() in MOVED_STRATEGIES:
@@ -162,12 +201,15 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
               point_list=None if points is None else _check_points(points))
     for p in s.points():
         ranks, nodes, slots = p.get("ranks"), p.get("nodes"), p.get("slots")
-        if (nodes is None) != (slots is None):
+        if nodes is not None and slots is None:
             raise SweepError("grid: nodes and slots go together")
         if ranks is not None and ranks < 1:
             raise SweepError(f"grid.ranks: must be >= 1, got {ranks}")
-        if nodes is not None and ranks is not None and ranks > nodes * slots:
-            raise SweepError(f"grid: {ranks} ranks is more than {nodes} nodes x {slots} slots")
+        layout = layout_of(p)
+        if layout is not None and ranks is not None and ranks > sum(layout):
+            from launch.cluster import layout_text
+
+            raise SweepError(f"grid: {ranks} ranks is more than {layout_text(layout)}")
         if "rate" in p:
             from launch.cluster import ClusterError, parse_rate
 
@@ -207,6 +249,9 @@ def parse_set(items: list[str]) -> dict:
             raise SweepError(f"--set {item!r}: use KEY=V1,V2 with KEY one of "
                              f"{', '.join(GRID_KEYS)}")
         typ = GRID_KEYS[key][0]
+        if key == "slots":  # checked with the grid; "3+1" is one per-node layout
+            grid[key] = [v for v in values.split(",") if v]
+            continue
         try:
             grid[key] = [typ(v) for v in values.split(",") if v]
         except ValueError:
@@ -215,13 +260,18 @@ def parse_set(items: list[str]) -> dict:
     return grid
 
 
+def _show(value) -> str:
+    """A grid value as labels write it: per-node slots [3, 1] as ``3+1``."""
+    return "+".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def point_id(point: dict, sweep: Sweep) -> str:
     """Stable id of a point: the same parameters give the same id in every run."""
     what = {k: v for k, v in point.items() if k not in RUN_ONLY}
     key = json.dumps({"p": what, "program": sweep.program, "args": sweep.args,
                       "launcher": sweep.launcher}, sort_keys=True)
     label = point.get("name") or "-".join(
-        f"{k}{v}" for k, v in point.items() if k in GRID_KEYS)
+        f"{k}{_show(v)}" for k, v in point.items() if k in GRID_KEYS)
     label = label.replace("/", "_").replace(" ", "_")[:80]
     return f"{label}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
@@ -243,14 +293,16 @@ class _Clusters:
         self.spec = None
         self.link = None
 
-    def get(self, nodes: int, slots: int, rate: str | None):
+    def get(self, slots: list[int], rate: str | None):
+        """The cluster with ``slots`` per node (a list, one per node) and links at ``rate``."""
         from launch.cluster import cluster, measure_link
 
-        key = (nodes, slots, rate)
+        key = (tuple(slots), rate)
         if key != self.key:
             self.close()
-            self.spec = self.stack.enter_context(cluster(nodes, slots, rate, name=CLUSTER_NAME))
-            self.link = measure_link(self.spec) if nodes > 1 else None
+            self.spec = self.stack.enter_context(cluster(None, list(slots), rate,
+                                                         name=CLUSTER_NAME))
+            self.link = measure_link(self.spec) if len(slots) > 1 else None
             self.key = key
         return self.spec, self.link
 
@@ -261,11 +313,12 @@ class _Clusters:
 
 def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> list[str]:
     prog = point_program(point, sweep, out)
-    if "nodes" in point:
+    layout = layout_of(point)
+    if layout is not None:
         from launch.cluster import launch_argv
 
-        spec, link = clusters.get(point["nodes"], point["slots"], point.get("rate"))
-        np = point.get("ranks", point["nodes"] * point["slots"])
+        spec, link = clusters.get(layout, point.get("rate"))
+        np = point.get("ranks", spec.ranks)
         return launch_argv(spec, sweep.launcher, np, prog, link)
     np = point.get("ranks", 1)
     if sweep.launcher == "mpirun":
@@ -310,7 +363,7 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
             out = outdir / f"{pid}.jsonl"
             for stale in (out, outdir / f"{pid}.failed.json"):
                 stale.unlink(missing_ok=True)  # interrupted or failed before: start clean
-            label = point.get("name") or " ".join(f"{a}={b}" for a, b in point.items()
+            label = point.get("name") or " ".join(f"{a}={_show(b)}" for a, b in point.items()
                                                   if a in GRID_KEYS)
             t = time.time()
             try:
@@ -365,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             sweep_d["args"] = [*sweep_d.get("args", []), *extra]
         sweep = make_sweep(sweep_d, grid_d)
-        if any("nodes" in pt for pt in sweep.points()):
+        if any("slots" in pt for pt in sweep.points()):
             from launch.cluster import ClusterError, check_machine
 
             try:

@@ -134,6 +134,39 @@ def test_emulated_nodes_share_the_machines_cores(tmp_path):
     assert f"torch threads/rank {max(1, cores // 2)} ({RULE_MACHINE})" in res.stdout
 
 
+@pytest.mark.mpi
+def test_uneven_nodes_from_the_command_line(tmp_path):
+    """``--slots 2,1`` and no --nodes, no host file: 3 ranks, 2 on the first node and 1 on
+    the second, and both all-reduces (flat and two-level) give the right sums."""
+    out = tmp_path / "r.jsonl"
+    cmd = [PY, "-m", "launch.cluster", "run", "--name", NAME, "--slots", "2,1", "--rate",
+           "1gbit", "--no-link-test", "--timeout", "200", "--",
+           PY, "-m", "commbench.microbench", "-b", "1M", "-e", "1M", "--algo", "native,hier",
+           "-n", "2", "-w", "1", "--output", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the cluster takes itself down on SIGTERM
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"job did not end within 240 s:\n{stdout[-3000:]}{stderr[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        from launch.cluster import down
+
+        down(name=NAME)  # whatever a killed run left (a no-op after a clean one)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    recs = [r for r in read_jsonl(out) if r["kind"] == "microbench"]
+    assert {r["algo"] for r in recs} == {"native", "hier"}, recs
+    for r in recs:
+        assert r["world_size"] == 3 and r["nodes"] == 2 and r["local_sizes"] == [2, 1], r
+        assert r["hostnames"] == [f"{NAME}node1", f"{NAME}node1", f"{NAME}node2"], r
+        assert r["wrong"] == 0, r
+
+
 def test_shaped_link_measures_within_ten_percent():
     with cluster(2, 1, rate="200mbit", name=NAME) as spec:
         link = measure_link(spec, seconds=3.0)

@@ -1,0 +1,207 @@
+"""Uneven nodes from the command line: ``--slots 3,1`` (slots per node), without a host file.
+
+Pure Python: parsing, the host file and host list the cluster writes, the launch commands,
+sweep layouts and the study's cluster; bad input exits 2 before anything is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+import pytest
+
+from benchmarks.cluster_jobs import cluster_argv
+from launch import commands, study
+from launch.cluster import ClusterError, ClusterSpec, layout_text, node_slots, parse_slots
+from launch.sweep import SweepError, launch_point, make_sweep, parse_set, point_id
+from tests.conftest import PY, ROOT
+
+NAME = "cbs"
+
+
+@pytest.mark.parametrize("nodes,slots,expected", [
+    (None, "3,1", [3, 1]),
+    (2, "3,1", [3, 1]),
+    (2, "4", [4, 4]),
+    (3, 2, [2, 2, 2]),
+    (None, [2, 1], [2, 1]),
+    (None, "1, 2 ,3", [1, 2, 3]),
+    (1, [4], [4]),
+])
+def test_node_slots(nodes, slots, expected):
+    assert node_slots(nodes, slots) == expected
+
+
+@pytest.mark.parametrize("nodes,slots,message", [
+    (None, "0,2", "--slots 0,2: every node needs at least 1 slot"),
+    (None, "3,x", "--slots 3,x: 'x' is not a whole number"),
+    (None, "3,,1", "is not a whole number"),
+    (None, "-1", "is not a whole number"),
+    (3, "3,1", "--nodes 3 does not match --slots 3,1 (2 nodes)"),
+    (1, [2, 2], "--nodes 1 does not match --slots 2,2 (2 nodes)"),
+    (None, "4", "--slots 4: give --nodes too"),
+    (0, "2", "--nodes must be >= 1"),
+])
+def test_node_slots_bad_input(nodes, slots, message):
+    with pytest.raises(ClusterError) as e:
+        node_slots(nodes, slots)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_parse_slots_names_the_given_setting():
+    with pytest.raises(ClusterError, match=r"^grid\.slots 0,2:"):
+        parse_slots("0,2", "grid.slots")
+
+
+def test_layout_text():
+    assert layout_text([4, 4]) == "2 nodes x 4 slots"
+    assert layout_text([3, 1]) == "2 nodes (3+1 slots)"
+
+
+def test_spec_3_1_host_list_and_host_file():
+    spec = ClusterSpec(nodes=None, slots="3,1", name=NAME)
+    assert (spec.nodes, spec.slots, spec.ranks) == (2, [3, 1], 4)
+    a, b = (n.addr for n in spec.node_list)
+    assert spec.hosts_arg() == f"{a}:3,{b}:1"
+    assert spec.hostfile_text() == f"{a} slots=3\n{b} slots=1\n"
+    assert spec.layout == "2 nodes (3+1 slots)"
+    # the same number on every node still means what it did
+    even = ClusterSpec(nodes=2, slots=3, name=NAME)
+    assert even.slots == [3, 3] and even.hosts_arg() == f"{a}:3,{b}:3"
+
+
+def test_spec_round_trips_through_its_state_file(tmp_path, monkeypatch):
+    import launch.cluster as lc
+
+    monkeypatch.setattr(lc, "STATE_DIR", tmp_path)
+    ClusterSpec(nodes=None, slots=[3, 1], name=NAME).save()
+    loaded = ClusterSpec.load(NAME)
+    assert loaded.slots == [3, 1] and loaded.nodes == 2
+
+
+def test_launch_commands_for_3_1():
+    spec = ClusterSpec(nodes=None, slots="3,1", name=NAME)
+    argv = commands.mpirun_emulated(spec, 4, ["true"])
+    assert argv[argv.index("--hostfile") + 1] == str(spec.hostfile)
+    hvd = commands.horovodrun_emulated(spec, 4, ["true"], horovodrun_bin="horovodrun")
+    assert hvd[hvd.index("-H") + 1] == spec.hosts_arg()
+    for build in (commands.mpirun_emulated, commands.horovodrun_emulated):
+        with pytest.raises(ValueError, match=r"5 ranks do not fit 2 nodes \(3\+1 slots\)"):
+            build(spec, 5, ["true"])
+    for slots, given in (([3, 1], "3,1"), (4, "4")):
+        argv = cluster_argv(2, slots, "1gbit", ["true"], 60)
+        assert argv[argv.index("--slots") + 1] == given
+
+
+def test_sweep_layouts():
+    sweep = make_sweep({}, parse_set(["slots=3+1,2+2", "rate=1gbit"]))
+    assert [p["slots"] for p in sweep.points()] == [[3, 1], [2, 2]]
+    assert point_id(sweep.points()[0], sweep).startswith("slots3+1-rate1gbit-")
+    assert make_sweep({}, {"slots": ["3,1"], "nodes": [2]}).points()[0]["slots"] == [3, 1]
+    assert make_sweep({}, {"slots": [[3, 1]]}).points()[0]["slots"] == [3, 1]
+    # one number per value keeps its meaning (and its point ids)
+    even = make_sweep({}, {"slots": [2], "nodes": [2]})
+    assert even.points() == [{"slots": 2, "nodes": 2}]
+    assert make_sweep({}, parse_set(["slots=4,2", "nodes=2"])).grid["slots"] == [4, 2]
+
+
+@pytest.mark.parametrize("grid,message", [
+    ({"slots": ["3+1"], "nodes": [3]}, "grid.nodes 3 does not match grid.slots 3,1 (2 nodes)"),
+    ({"slots": ["0+2"]}, "grid.slots 0,2: every node needs at least 1 slot"),
+    ({"slots": ["3+x"]}, "grid.slots 3,x"),
+    ({"slots": ["3+1"], "ranks": [5]}, "5 ranks is more than 2 nodes (3+1 slots)"),
+    ({"slots": [4]}, "give grid.nodes too"),
+])
+def test_sweep_bad_layouts(grid, message):
+    with pytest.raises(SweepError) as e:
+        make_sweep({}, grid)
+    assert message in str(e.value)
+
+
+def test_sweep_point_on_uneven_cluster_goes_to_its_launcher(tmp_path):
+    """launch_point asks for the cluster by its per-node slots and fills its ranks."""
+    class FakeClusters:
+        def get(self, slots, rate):
+            self.asked = (slots, rate)
+            return ClusterSpec(nodes=None, slots=slots, name=NAME), None
+
+    sweep = make_sweep({}, {"slots": ["2+1"], "rate": ["1gbit"]})
+    fake = FakeClusters()
+    argv = launch_point(sweep.points()[0], sweep, tmp_path / "p.jsonl", fake)
+    assert fake.asked == ([2, 1], "1gbit")
+    assert argv[argv.index("-np") + 1] == "3"
+
+
+def _study_args(**kw) -> argparse.Namespace:
+    return study.build_parser().parse_args(
+        [a for k, v in kw.items() for a in (f"--{k}", str(v))])
+
+
+def test_study_cluster_uneven():
+    c = study.make_cluster(_study_args(slots="3,1"))
+    assert (c.nodes, c.node_slots, c.ranks, c.layout) == (2, [3, 1], 4, "2 nodes (3+1 slots)")
+    assert study.make_cluster(_study_args()) == study.Cluster(2, 4)
+    assert study.make_cluster(_study_args(nodes=3)) == study.Cluster(3, 4)
+    assert study.make_cluster(_study_args(slots=2)) == study.Cluster(2, 2)
+    real = study.make_cluster(_study_args(hosts="a:3,b:1"))
+    assert real.node_slots == [3, 1] and not real.emulated
+    with pytest.raises(study.StudyError, match="--nodes 3 does not match --slots 3,1"):
+        study.make_cluster(_study_args(nodes=3, slots="3,1"))
+    job = study.Job(name="j", claims={"C1"}, ranks=4, args=["--strategy", "flat"],
+                    rate="1gbit")
+    assert job.point(c)["slots"] == [3, 1]
+    recs = study.planned_records(job, c)
+    assert recs and all(r["local_sizes"] == [3, 1] and r["nodes"] == 2 for r in recs)
+    three = study.planned_records(study.Job(name="k", claims={"C1"}, ranks=3,
+                                            args=["--strategy", "flat"]), c)
+    assert all(r["local_sizes"] == [3] and r["nodes"] == 1 for r in three)
+
+
+@pytest.mark.parametrize("cmd,args,message", [
+    ("run", ["--slots", "0,2"], "--slots 0,2: every node needs at least 1 slot"),
+    ("run", ["--slots", "3,x"], "--slots 3,x"),
+    ("run", ["--nodes", "3", "--slots", "3,1"], "--nodes 3 does not match --slots 3,1"),
+    ("run", ["--slots", "2"], "give --nodes too"),
+    ("run", ["--slots", "2,1", "--np", "4"], "--np 4 is more ranks than 2 nodes (2+1 slots)"),
+    ("up", ["--slots", "3,1", "--nodes", "1"], "--nodes 1 does not match --slots 3,1"),
+    ("up", ["--slots", "1,0"], "--slots 1,0"),
+])
+def test_cli_bad_slots_exit_2_before_creating_anything(cmd, args, message):
+    tail = ["--", "python", "-c", "pass"] if cmd == "run" else []
+    res = subprocess.run([PY, "-m", "launch.cluster", cmd, "--name", NAME, *args, *tail],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "down" in subprocess.run([PY, "-m", "launch.cluster", "status", "--name", NAME],
+                                    cwd=ROOT, capture_output=True, text=True,
+                                    timeout=60).stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "slots=3+1", "--set", "nodes=3"], "grid.nodes 3 does not match grid.slots"),
+    (["--set", "slots=0+1"], "grid.slots 0,1"),
+])
+def test_sweep_cli_bad_slots_exit_2(tmp_path, args, message):
+    res = subprocess.run([PY, "-m", "launch.sweep", *args, "-o", str(tmp_path / "s")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_study_cli_bad_slots_exit_2(tmp_path):
+    res = subprocess.run([PY, "-m", "launch.study", "--slots", "3,x", "--dry-run", "-o",
+                          str(tmp_path / "s")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "--slots 3,x" in res.stderr, res.stderr
+
+
+def test_cli_run_refuses_slots_that_differ_from_the_cluster_up(tmp_path, monkeypatch, capsys):
+    """A cluster already up with 2 x 2 is not silently used for ``--slots 3,1``."""
+    import launch.cluster as lc
+
+    monkeypatch.setattr(lc, "STATE_DIR", tmp_path)
+    ClusterSpec(nodes=2, slots=2, name=NAME).save()  # a state file only; nothing is made
+    assert lc._cli(["run", "--name", NAME, "--slots", "3,1", "--", "true"]) == 2
+    assert "--slots 3,1: cluster cbs is up with 2 nodes x 2 slots" in capsys.readouterr().err
