@@ -312,6 +312,12 @@ class _Clusters:
 
 
 def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> list[str]:
+    """The point's command. The machine's load and its running tasks are read here, just
+    before the point runs (after its cluster's link test), and go to the ranks, so the
+    records say how busy the machine was before this job loaded it (``commbench.cores``);
+    read by rank 0 at start-up they would include the job's own start-up."""
+    from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
+
     prog = point_program(point, sweep, out)
     layout = layout_of(point)
     if layout is not None:
@@ -319,13 +325,22 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> l
 
         spec, link = clusters.get(layout, point.get("rate"))
         np = point.get("ranks", spec.ranks)
-        return launch_argv(spec, sweep.launcher, np, prog, link)
+        return launch_argv(spec, sweep.launcher, np, prog, link, load_average(),
+                           runnable_tasks())
     np = point.get("ranks", 1)
     if sweep.launcher == "mpirun":
-        return commands.mpirun(np, prog, hosts=sweep.hosts)
-    hvd = str(Path(sys.executable).parent / "horovodrun")
-    return commands.horovodrun(np, prog, hosts=sweep.hosts, horovodrun_bin=hvd,
-                               controller="gloo" if sweep.launcher.endswith("gloo") else "mpi")
+        argv = commands.mpirun(np, prog, hosts=sweep.hosts)
+    else:
+        hvd = str(Path(sys.executable).parent / "horovodrun")
+        argv = commands.horovodrun(np, prog, hosts=sweep.hosts, horovodrun_bin=hvd,
+                                   controller="gloo" if sweep.launcher.endswith("gloo")
+                                   else "mpi")
+    if sweep.hosts:  # other machines: this one's load says nothing of theirs
+        return argv
+    load, runnable = load_average(), runnable_tasks()
+    env = [f"{k}={v:g}" for k, v in ((LOADAVG_ENV, load), (RUNNABLE_ENV, runnable))
+           if v is not None]
+    return ["env", *env, *argv] if env else argv
 
 
 def _fmt_s(s: float) -> str:

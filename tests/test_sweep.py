@@ -73,6 +73,9 @@ def test_four_points_complete_then_rerun_runs_nothing(tmp_path):
     for p in out.glob("*.jsonl"):
         recs = read_jsonl(p)  # without the job_end record that closes the file
         assert recs[-1]["kind"] == "summary" and recs[-1]["wrong"] == 0
+        # read by the sweep before the point, not by rank 0 after its own start-up
+        assert recs[-1]["loadavg_source"] == "launcher, before the job"
+        assert recs[-1]["runnable_start"] is not None and recs[-1]["runnable_start"] >= 0
     before = {p.name: p.stat().st_mtime for p in out.iterdir()}
     again = sweep_cli(str(f))
     assert again.returncode == 0
@@ -134,3 +137,5 @@ def test_point_on_emulated_cluster(tmp_path):
     recs = [r for p in out.glob("*.jsonl") for r in read_jsonl(p)]
     assert recs[-1]["nodes"] == 2 and recs[-1]["link_gbps"] > 0.5
     assert recs[-1]["link_shaping"] == "1gbit"
+    assert recs[-1]["loadavg_source"] == "launcher, before the job"
+    assert recs[-1]["runnable_start"] is not None
