@@ -74,6 +74,12 @@ class Scale:
     model: str  # synthetic workload's model
     profile: str  # replayed H200 compute, recorded at ``batch``
     batch: int
+    #: factor on the profile's times (``--compute-scale``): an H200 beside a 25-100 Gbit/s
+    #: link computes about as long as that link moves the gradient; at the emulated
+    #: 1 Gbit/s, unscaled H200 backward would be ~2 % of flat's transfer and nothing
+    #: could overlap it (C3 would be refuted by the set-up, not by bucketing). Scaled so
+    #: that backward takes about as long as flat's transfer on 2 x 4 at 1 Gbit/s.
+    compute_scale: float
     steps: int
     warmup: int
     every_rank: bool  # C1 at every rank count up to 8 (else powers of two), and the cluster's
@@ -91,13 +97,15 @@ class Scale:
     profile_batches: tuple[int, ...]  # C5 with replayed compute at the claim's batches
 
 
-FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, steps=20, warmup=3,
+FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, compute_scale=20.0,
+             steps=20, warmup=3,
              every_rank=True, rates=("1gbit", "200mbit"),
              slow_algos=("native", "ring", "hier", "hier-leader"),
              bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
              accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
              conv_mitigations="none,lr", conv_ps=True, profile_batches=(256, 1024))
-QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, steps=6, warmup=1,
+QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, compute_scale=50.0,
+              steps=6, warmup=1,
               every_rank=False, rates=("1gbit", "200mbit"), slow_algos=("ring", "hier"),
               bucket_mb=(0, 25), staleness=(0, 1, 4), straggler_factor=2.0, accum=(1, 4),
               real_batches=(16, 64, 128), real_steps=40, conv_steps=60,
@@ -169,6 +177,7 @@ class Job:
 def _synthetic(scale: Scale, *, profile: str | None = None, batch: int | None = None) -> list[str]:
     return ["--workload", "synthetic", "--model", scale.model,
             "--compute-profile", f"{PROFILES}/{profile or scale.profile}",
+            "--compute-scale", f"{scale.compute_scale:g}",
             "--batch-size", str(batch or scale.batch),
             "--steps", str(scale.steps), "--warmup", str(scale.warmup), "--quiet"]
 
@@ -325,7 +334,8 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
         compute = batch * REAL_S_PER_SAMPLE * share
     else:
         prof = json.loads((ROOT / _flag(a, "--compute-profile")).read_text())
-        compute = prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"]
+        compute = (prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"]) * float(
+            _flag(a, "--compute-scale", "1"))
         compute += params * HOST_S_PER_PARAM * share
         slow = _flag(a, "--slow-rank")
         compute *= float(slow.split(":")[1]) if slow else 1.0
