@@ -10,8 +10,8 @@ replayed on a compute profile (``commbench.profile``; ``profiles/*.json``):
    order, into buckets of at most ``bucket_mb`` MiB (the first at most
    ``first_bucket_mb``), a tensor over the cap alone, ``bucket_mb=0`` one per
    tensor. ``analysis/`` may not import the strategies (they import the
-   communicators and torch; ``tests/test_import_contract.py``), so the rule
-   is re-derived here and a test holds the two to the same buckets.
+   communicators and torch; ``tests/test_import_contract.py``): the rule lives
+   in ``commbench.buckets`` (standard library only), which both use.
 2. Bucket ``k`` is full at ``r_k``: the latest profiled ready time of its
    gradients, times ``compute_scale``, counted from the start of backward.
 3. The link serves buckets one at a time, in order (the transfer engine's
@@ -44,6 +44,7 @@ import numpy as np
 
 from analysis.load import get, knob, num, stat
 from analysis.model import DEFAULT_ALPHA_INTER, ModelError, Params, Scenario, predict
+from commbench.buckets import assign_buckets as _assign_buckets
 
 MB = 2**20  # the bucketed strategy's MB (DDP's bucket_cap_mb unit)
 DEFAULT_BUCKET_MB = 25.0  # commbench.strategies.bucketed.DEFAULT_BUCKET_MB (DDP's)
@@ -65,27 +66,13 @@ RATES = (25.0, 100.0, 400.0)
 
 def assign_buckets(nbytes: Sequence[float], order: Sequence[int], cap_bytes: float,
                    first_cap_bytes: float | None = None) -> list[list[int]]:
-    """Group tensor indices, taken in ``order``, into buckets of at most ``cap_bytes``.
-
-    The rule of ``commbench.strategies.bucketed.assign_buckets`` (one dtype: a
-    profile's gradients are all float32): a tensor joins the open bucket if it
-    stays within the cap, else opens the next, alone if over the cap itself;
-    the first bucket's cap is ``first_cap_bytes`` where smaller.
-    """
-    if sorted(order) != list(range(len(nbytes))):
-        raise ModelError("backward order must name every gradient exactly once")
-    buckets: list[list[int]] = []
-    size = 0.0
-    for i in order:
-        cap = cap_bytes if len(buckets) != 1 or first_cap_bytes is None else \
-            min(cap_bytes, first_cap_bytes)
-        if buckets and size + nbytes[i] <= cap:
-            buckets[-1].append(i)
-            size += nbytes[i]
-        else:
-            buckets.append([i])
-            size = nbytes[i]
-    return buckets
+    """The bucketed strategy's rule (``commbench.buckets``; one dtype: a profile's
+    gradients are all float32); a profile whose order is not a permutation is a
+    ModelError."""
+    try:
+        return _assign_buckets(nbytes, order, cap_bytes, first_cap_bytes=first_cap_bytes)
+    except ValueError as e:
+        raise ModelError(str(e)) from None
 
 
 @dataclass

@@ -77,6 +77,7 @@ from functools import partial
 
 import torch
 
+from commbench.buckets import assign_buckets
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS, TransferEngine
 from commbench.strategies.base import COMPRESSIONS, Strategy, unpack_mean
@@ -88,35 +89,6 @@ DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
 #: link idle until it filled (benchmarks/peer_fairness.py, 2 x 4 at 1 Gbit/s: bucketed / DDP
 #: step 1.060 before, 0.945 after, one run each)
 FIRST_BUCKET_MB = 1.0
-
-
-def assign_buckets(nbytes: Sequence[int], order: Sequence[int], cap_bytes: float,
-                   dtypes: Sequence[torch.dtype] | None = None,
-                   first_cap_bytes: float | None = None) -> list[list[int]]:
-    """Group tensor indices, taken in ``order``, into buckets of at most ``cap_bytes``.
-
-    A tensor is added to the open bucket if the bucket stays within the cap
-    (and holds the same dtype); otherwise the bucket is closed and the tensor
-    opens the next one, alone if it exceeds the cap by itself. ``cap_bytes=0``
-    gives one bucket per tensor. The first bucket's cap is ``first_cap_bytes``
-    where that is smaller (DDP's 1 MiB: the link starts early in backward).
-    """
-    if sorted(order) != list(range(len(nbytes))):
-        raise ValueError("backward order must name every gradient exactly once")
-    buckets: list[list[int]] = []
-    size = 0
-    for i in order:
-        cap = cap_bytes if len(buckets) != 1 or first_cap_bytes is None else \
-            min(cap_bytes, first_cap_bytes)
-        fits = buckets and size + nbytes[i] <= cap and (
-            dtypes is None or dtypes[i] == dtypes[buckets[-1][0]])
-        if fits:
-            buckets[-1].append(i)
-            size += nbytes[i]
-        else:
-            buckets.append([i])
-            size = nbytes[i]
-    return buckets
 
 
 class _Bucket:
