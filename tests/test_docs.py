@@ -23,7 +23,7 @@ PACKAGE_FILES = ("__init__.py", "__main__.py")  # listed by their package's fold
 DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: a listing line: ``- `commbench/comm/ring.py` — what it is``
-LISTED = re.compile(r"^- `([^`]+)` — \S")
+LISTED = re.compile(r"^- `([^`]+)`\s+(?:—|–|-)\s+\S")
 #: a Markdown link or image target: ``[text](target)``; the target ends at a space or ")"
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*```")
