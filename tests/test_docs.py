@@ -5,7 +5,8 @@ Pure file reading (no process, no import of the project's modules): fast, no loc
 - ``docs/layout.md`` lists every module: each ``.py`` file under the code
   packages appears as a line ``- `path` — ...`` (a package's ``__init__.py`` and
   ``__main__.py`` by its folder, ``path/``), and every listed path exists.
-- Every relative link in ``README.md`` and ``docs/*.md`` points at an existing file.
+- Every relative link in ``README.md`` and ``docs/*.md`` points at an existing file
+  (and, for a Markdown page, at one of its headings where it names one).
 - The README starts with the two commands, and CI (``.ci/run``) runs its test command.
 """
 
@@ -70,20 +71,42 @@ def test_every_listed_path_exists() -> None:
     assert not gone, f"{LAYOUT.relative_to(ROOT)} lists paths that do not exist: {gone}"
 
 
-def relative_links(page: Path) -> list[tuple[int, str]]:
-    """(line number, target) of every link in ``page`` that is not a URL or an anchor,
-    outside fenced code blocks."""
+def links(page: Path) -> list[tuple[int, str]]:
+    """(line number, target) of every link in ``page`` outside fenced code blocks."""
     out, fenced = [], False
     for n, line in enumerate(page.read_text().splitlines(), 1):
         if FENCE.match(line):
             fenced = not fenced
             continue
-        if fenced:
+        if not fenced:
+            out += [(n, target) for target in LINK.findall(line)]
+    return out
+
+
+def relative_links(page: Path) -> list[tuple[int, str]]:
+    """Links to files: not a URL (http:, mailto:, ...), not a heading of the same page."""
+    return [(n, t) for n, t in links(page)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I) and not t.startswith("#")]
+
+
+def same_page_anchors(page: Path) -> list[tuple[int, str]]:
+    return [(n, t) for n, t in links(page) if t.startswith("#")]
+
+
+def anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub makes for ``page``: lower case, punctuation dropped
+    (hyphens and underscores kept), spaces as hyphens; a repeated one gets ``-1``, ``-2``."""
+    seen: dict[str, int] = {}
+    out, fenced = set(), False
+    for line in page.read_text().splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        if fenced or not (m := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)):
             continue
-        for target in LINK.findall(line):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
-                continue  # http:, https:, mailto: ...; a heading on the same page
-            out.append((n, target))
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
     return out
 
 
@@ -91,12 +114,17 @@ def relative_links(page: Path) -> list[tuple[int, str]]:
 def test_relative_links_point_at_files(page: Path) -> None:
     broken = []
     for n, target in relative_links(page):
-        path = target.split("#", 1)[0]
+        path, _, anchor = target.partition("#")
         resolved = (page.parent / path).resolve()
         if not resolved.exists():
             broken.append(f"line {n}: {target}")
         elif not resolved.is_relative_to(ROOT):
             broken.append(f"line {n}: {target} (outside the repository)")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"line {n}: {target} (no such heading)")
+    for n, target in same_page_anchors(page):
+        if target[1:] not in anchors(page):
+            broken.append(f"line {n}: {target} (no such heading)")
     assert not broken, f"{page.relative_to(ROOT)}: broken links: {broken}"
 
 
