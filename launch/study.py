@@ -95,6 +95,7 @@ class Scale:
     conv_mitigations: str
     conv_ps: bool
     profile_batches: tuple[int, ...]  # C5 with replayed compute at the claim's batches
+    micro_iters: int  # timed all-reduces per size in the cost model's microbenchmarks
 
 
 FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, compute_scale=20.0,
@@ -103,13 +104,15 @@ FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, com
              slow_algos=("native", "ring", "hier", "hier-leader"),
              bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
              accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
-             conv_mitigations="none,lr", conv_ps=True, profile_batches=(256, 1024))
+             conv_mitigations="none,lr", conv_ps=True, profile_batches=(256, 1024),
+             micro_iters=10)
 QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, compute_scale=50.0,
               steps=6, warmup=1,
               every_rank=False, rates=("1gbit", "200mbit"), slow_algos=("ring", "hier"),
               bucket_mb=(0, 25), staleness=(0, 1, 4), straggler_factor=2.0, accum=(1, 4),
               real_batches=(16, 64, 128), real_steps=40, conv_steps=60,
-              conv_mitigations="none", conv_ps=False, profile_batches=())
+              conv_mitigations="none", conv_ps=False, profile_batches=(),
+              micro_iters=5)
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,18 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
         else:
             add(f"flat-np{n}-b{b}", "C5", n, ["--strategy", "flat", "--algo", "native",
                                                 *_synthetic(scale, profile=profile, batch=b)])
+    # the cost model's fit and its check (C1's extrapolation, the error on these runs):
+    # ring, native and hierarchical all-reduces of 64 KiB..64 MiB on one node (fixes the
+    # intra-node alpha-beta) and on every node at the first rate (fixes the link's)
+    local = cluster.node_slots[0]
+    sizes = ["-b", "64K", "-e", "64M", "-f", "4", "-n", str(scale.micro_iters), "-w", "2",
+             "--quiet"]
+    if local >= 2:
+        add(f"microbench-np{local}", "C1", local, ["--algo", "native,ring", *sizes],
+            program="commbench.microbench")
+    if cluster.nodes >= 2:
+        add(f"microbench-np{n}", "C1", n, ["--algo", "native,ring,hier", *sizes],
+            program="commbench.microbench")
     for k in scale.accum:
         if k != 1:
             add(f"accum-k{k}", "C7", n, ["--strategy", "flat", "--algo", "native",
@@ -327,6 +342,12 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
             _flag(a, "--mitigations", "none").split(",")) + (0 if "--no-ps" in a else 2)
         step = 32 * REAL_S_PER_SAMPLE * share
         return STARTUP_S + runs * int(_flag(a, "--steps", "200")) * step * 1.2  # + evaluations
+    if job.program == "commbench.microbench":  # every size, each algorithm: ~ its link time
+        top = 64 << 20
+        moved = sum(top >> (2 * i) for i in range(6)) * 2 * len(_flag(a, "--algo").split(","))
+        gbps = (_gbps(job.rate) if cluster.emulated else ASSUMED_GBPS) or ASSUMED_GBPS
+        iters = int(_flag(a, "-n")) + int(_flag(a, "-w"))
+        return STARTUP_S + iters * moved * 8 / (gbps * 1e9)
     model = _flag(a, "--model")
     params = _params(model)
     batch, k = int(_flag(a, "--batch-size", "32")), int(_flag(a, "--accum-steps", "1"))
