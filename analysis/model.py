@@ -48,11 +48,10 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from analysis.cli import UsageError, parser, run, warn
+from analysis.cli import UsageError, entry, output_dir, parser, warn
 from analysis.load import get, load, num
 
 PROG = "analysis.model"
@@ -580,6 +579,13 @@ def mark_native(records: Sequence[dict], native_is: dict[str, str] | None) -> No
             r["native_algorithm"] = algo
 
 
+def add_native_is(p) -> None:
+    """The ``--native-is ALGO=PATH`` flag of every command that reads microbenchmarks."""
+    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
+                   help="native records in PATH ran this algorithm (Open MPI forced with "
+                        "OMPI_MCA_coll_tuned_allreduce_algorithm); repeatable")
+
+
 def parse_native_is(items: Sequence[str]) -> dict[str, str]:
     """``ALGO=PATH`` items as {result file: algorithm}."""
     out = {}
@@ -610,9 +616,7 @@ def body(argv: list[str]) -> int:
                      "training step's sync share to large clusters.")
     p.add_argument("paths", nargs="+", help="result files or directories")
     p.add_argument("-o", "--output", help="directory for the figures (PNG, SVG) and fit.json")
-    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
-                   help="native records in PATH ran this algorithm (Open MPI forced with "
-                        "OMPI_MCA_coll_tuned_allreduce_algorithm); repeatable")
+    add_native_is(p)
     p.add_argument("--fit", default=None,
                    help="measured algorithms to fit on, comma list of labels (ring, hier, "
                         "mpi-ring, mpi-rd, mpi-rabenseifner; default, per link level: mpi-ring "
@@ -641,9 +645,7 @@ def body(argv: list[str]) -> int:
     bad = [a for a in fit_algos if a not in fittable]
     if bad:
         raise UsageError(f"--fit: cannot fit on {bad[0]!r}; choose from {', '.join(fittable)}")
-    out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"-o/--output: {out} is not a directory")
+    out = output_dir(args.output, create=False) if args.output else None
     native_is = parse_native_is(args.native_is)
     loaded = load(args.paths)
     warn(PROG, loaded.warnings)
@@ -661,7 +663,7 @@ def body(argv: list[str]) -> int:
         import json
 
         from analysis.figures import save
-        out.mkdir(parents=True, exist_ok=True)
+        output_dir(out)
         save(fit_figure(res.points, res.fit_points, res.params), out / "model_fit")
         save(extrapolation_figure(sc, rates), out / "model_extrapolation")
         (out / "fit.json").write_text(json.dumps(
@@ -671,8 +673,7 @@ def body(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(PROG, body, argv)
+main = entry(PROG, body)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analysis.cli import UsageError, parser, run, warn
+from analysis.cli import entry, output_dir, parser, warn
 from analysis.load import busy_runs, load, mark_machine_load
 from commbench.cores import BUSY_LOAD_FRACTION
 
@@ -205,31 +205,23 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
 
 
 def body(argv: list[str]) -> int:
-    from analysis.model import parse_native_is
+    from analysis.model import add_native_is, parse_native_is
 
     p = parser(PROG, "Write a Markdown report: figures, cost model and the seed claims C1-C8.")
     p.add_argument("paths", nargs="+", help="result files or directories")
     p.add_argument("-o", "--output", default="report", help="directory for README.md + figures")
-    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
-                   help="as for analysis.model: native records in PATH ran ALGO")
+    add_native_is(p)
     args = p.parse_args(argv)
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o/--output: {out} is not a directory")
+    out = output_dir(args.output, create=False)
     native_is = parse_native_is(args.native_is)
     loaded = load(args.paths)
     warn(PROG, loaded.warnings)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"-o/--output: cannot create {out}: {e.strerror}") from None
-    page = build(loaded.records, out, native_is, [str(x) for x in args.paths])
+    page = build(loaded.records, output_dir(out), native_is, [str(x) for x in args.paths])
     print(f"wrote {page}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(PROG, body, argv)
+main = entry(PROG, body)
 
 
 if __name__ == "__main__":
