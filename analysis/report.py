@@ -158,7 +158,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         dev = overlap.h200()
     except overlap.ModelError:
         dev = None
-    sc = overlap.model_scenario(dev) if dev is not None else cost.Scenario()
+    sc = overlap.model_scenario(dev) if dev is not None else cost.a100_scenario()
     res = None
     try:
         res = cost.analyse(records, native_is, scenario=sc)
@@ -175,12 +175,10 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         where = (f"the device scenario of every prediction in this report (the claims' "
                  f"included): {dev.describe()} (one NVIDIA H200, float32; profiles/README.md)")
     else:
-        where = (f"ResNet-50 ({sc.grad_bytes / 1e6:.1f} MB float32 gradient), "
-                 f"{sc.compute_s * 1e3:.1f} ms compute per step (batch "
-                 f"{cost.A100_RESNET50_BATCH} on one A100 80GB at {cost.A100_RESNET50_IMG_S:g} "
-                 "img/s: NVIDIA DeepLearningExamples), 8 GPUs per node on NVLink, "
-                 f"{sc.alpha_inter * 1e6:g} µs per inter-node message (the H200 profile "
-                 "was not found)")
+        where = (f"{sc.name} ({sc.grad_bytes / 1e6:.1f} MB float32 gradient, "
+                 f"{sc.compute_s * 1e3:.1f} ms compute per step: NVIDIA DeepLearningExamples), "
+                 f"{sc.local_size} GPUs per node on NVLink, {sc.alpha_inter * 1e6:g} µs per "
+                 "inter-node message (the H200 profile was not found)")
     lines += [f"Extrapolation, no overlap of sync and compute: {where}.", "",
               "![model_extrapolation](figures/model_extrapolation.png)", ""]
     lines += model_error_lines(res)
