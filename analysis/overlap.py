@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.load import get, knob, num, stat
+from analysis.match import PROFILES, profile_file
 from analysis.model import H200_NODE, ModelError, Node, Params, Scenario, a100_scenario, predict
 from commbench.buckets import assign_buckets as _assign_buckets
 
@@ -51,8 +52,6 @@ DEFAULT_BUCKET_MB = 25.0  # commbench.strategies.bucketed.DEFAULT_BUCKET_MB (DDP
 FIRST_BUCKET_MB = 1.0  # commbench.strategies.bucketed.FIRST_BUCKET_MB (DDP's first bucket)
 FLOAT32_BYTES = 4  # profiles are recorded in float32
 
-ROOT = Path(__file__).resolve().parent.parent
-PROFILES = ROOT / "profiles"
 #: the one device scenario of the extrapolation: ResNet-50, batch 256, one H200
 H200_PROFILE = PROFILES / "h200-resnet50-b256.json"
 STRATEGIES = ("flat", "hierarchical", "bucketed")
@@ -276,20 +275,6 @@ class OverlapCheck:
             if self.measured_step_s > 0 else math.nan
 
 
-def _profile_path(name: str, base: Path | None) -> Path | None:
-    """A run's ``compute_profile`` as given, else beside ``base`` or in ``profiles/``."""
-    p = Path(name)
-    for cand in (p, *([base / p] if base else []), PROFILES / p.name):
-        if cand.is_file():
-            return cand
-    return None
-
-
-def _base(rec: dict, base: Path | None) -> Path | None:
-    """Where a run's relative profile path is looked for: ``base``, else its file's folder."""
-    return base if base is not None else (Path(rec["_file"]).parent if rec.get("_file") else None)
-
-
 def run_params(rec: dict, params: Params, fit_links: Sequence[float] = ()) -> Params:
     """The fitted parameters for one run. Its inter-node beta is the fitted one where every
     multi-host microbenchmark fitted on ran at the run's measured link rate (within 5 %),
@@ -333,13 +318,13 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
             why = "accumulation (sync every k-th backward)"
         elif knobs.get("progress") == "poll":
             why = "polled iallreduce (libnbc): not modelled"
-        elif _profile_path(str(name), _base(r, base)) is None:
+        elif profile_file(r, base) is None:
             why = f"profile {name} not found"
         if why:
             skipped.append(f"{rid}: {why}")
             continue
         scale = num(get(r, "compute_scale"))  # missing: 1 (the flag's default)
-        prof = load_profile(_profile_path(str(name), _base(r, base)))
+        prof = load_profile(profile_file(r, base))
         prof = prof.scaled(scale if scale >= 0 else 1.0)
         p = run_params(r, params, fit_links)
         ranks = int(num(r.get("world_size")))

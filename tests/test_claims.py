@@ -334,6 +334,38 @@ def test_c5_does_not_pool_a_straggler_run_into_the_batch_sweep():
     assert c.runs == {"batch 32": [b32["run_id"]], "batch 64": [b64["run_id"]]}
 
 
+def _profiled(batch: int, profile: str | None = None, **kw) -> dict:
+    """A run replaying a committed H200 profile (the study's C5 runs: each batch its own)."""
+    name = profile or f"h200-resnet50-b{batch}.json"
+    return run(batch_size=batch, config={"batch_size": batch, "compute_profile":
+                                         f"profiles/{name}", "compute_scale": 20.0}, **kw)
+
+
+def test_c5_pairs_runs_whose_profile_follows_their_batch():
+    b256, b1024 = _profiled(256, throughput=100.0), _profiled(1024, throughput=150.0)
+    # the profile is part of the batch: any other difference still separates the runs
+    assert match.differences(b256, b1024) == ["compute", "batch"]
+    assert match.same_setup(b256, b1024, vary=("batch",))
+    assert not match.same_setup(b256, b1024, vary=("sync",))
+    c = claim("C5", [b256, b1024])
+    assert c.verdict == claims.REPRODUCED and "x1.50" in c.measured
+    assert c.runs == {"batch 256": [b256["run_id"]], "batch 1024": [b1024["run_id"]]}
+    assert "profiles of each batch, resnet50 on NVIDIA H200" in c.setup
+
+
+def test_c5_still_separates_profiles_of_another_model_scale_or_batch():
+    b256 = _profiled(256)
+    other_model = _profiled(64, "h200-resnet18-b64.json")
+    other_scale = _profiled(1024)
+    other_scale["config"]["compute_scale"] = 50.0
+    wrong_batch = _profiled(1024, "h200-resnet50-b256.json")  # a profile of another batch
+    missing = _profiled(1024, "h200-resnet50-b999.json")  # not found: known by name only
+    for b in (other_model, other_scale, wrong_batch, missing):
+        assert match.differences(b256, b, ("batch",)) == ["compute"], b["config"]
+    c = claim("C5", [b256, other_model, other_scale, wrong_batch, missing])
+    assert c.verdict == claims.NOT_HERE and c.reason.endswith("differs in compute")
+
+
 # -- the report page ---------------------------------------------------------------------
 
 def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
