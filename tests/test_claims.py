@@ -282,7 +282,7 @@ def test_c4_without_a_matched_set_is_not_reproducible_here():
     c = claim("C4", [asyn, flat])
     assert c.verdict == claims.NOT_HERE
     assert "matched set-up" in c.reason and c.runs == {}
-    assert c.reason.endswith("the closest pair here differs in compute")
+    assert "the closest pair here differs in compute; accuracy: no convergence runs" in c.reason
 
 
 def test_c4_compares_the_parameter_server_by_its_measured_staleness():
@@ -291,6 +291,67 @@ def test_c4_compares_the_parameter_server_by_its_measured_staleness():
     c = claim("C4", [flat, ps])
     assert c.verdict == claims.REFUTED and "2.00x" in c.measured
     assert "measured staleness 1.6" in c.measured
+
+
+def conv(s: int | None, accuracy: float, mitigation: str = "none", *, ranks: int = 4,
+         steps: int = 200) -> dict:
+    """One configuration of the convergence study (``commbench.staleness``'s
+    ``staleness_summary``): async at staleness ``s``, or the parameter server (``s`` None)."""
+    strategy = "async" if s is not None else "ps"
+    cfg = {"staleness": [0, 1, 2, 4], "mitigations": ["none", "lr"], "ps": True,
+           "staleness_warmup": 20, "steps": steps, "eval_every": 10, "target_accuracy": 0.9,
+           "lr": 0.02, "batch_size": 32, "model": "smallcnn", "image_size": 32, "seed": 0}
+    knobs = ({"compression": "none", "staleness": s, "staleness_lr": mitigation == "lr",
+              "staleness_warmup": 0, "buffers": 1} if s is not None else
+             {"servers": 1, "workers": ranks - 1, "staleness_lr": mitigation == "lr"})
+    return {"schema": 2, "kind": "staleness_summary", "job_id": "conv",
+            "run_id": f"conv{next(_ids):04d}", "backend": "mpi", "world_size": ranks,
+            "nodes": 1, "local_size": ranks, "local_sizes": [ranks], "torch_threads": 1,
+            "thread_rule": "ranks on this node", "config": cfg, "strategy": strategy,
+            "algo": None, "workload": "resnet", "model": "smallcnn", "batch_size": 32,
+            "image_size": 32, "device": "cpu", "dtype": "float32", "knobs": knobs,
+            "staleness_config": s, "mitigation": mitigation, "final_accuracy": accuracy,
+            "best_accuracy": accuracy, "wall_s": 10.0, "throughput": 1000.0,
+            "staleness_mean": float(s or 0)}
+
+
+def _study(accuracies: dict[int, float], ranks: int = 4) -> list[dict]:
+    return [conv(s, a, ranks=ranks) for s, a in accuracies.items()]
+
+
+def test_c4_gives_the_held_out_accuracy_at_each_staleness_with_its_runs():
+    speed = _cluster_job({"flat": 40.0, "async": 20.0})
+    study = [*_study({0: 0.93, 1: 0.67, 2: 0.09, 4: 0.35}), conv(4, 0.37, "lr"), conv(None, 0.95)]
+    c = claim("C4", [*speed, *study])
+    assert ("held-out accuracy after 200 steps: s=0 0.930, s=1 0.670, s=2 0.090, s=4 0.350, "
+            "s=4 with lr 0.370, ps 0.950") in c.measured
+    assert c.runs["convergence s=2"] == [study[2]["run_id"]]
+    assert c.runs["convergence ps"] == [study[-1]["run_id"]]
+    assert ids_of(c) == {r["run_id"] for r in [*speed, *study]}
+    assert "s=4 lost 0.580 of held-out accuracy" in c.reason
+    assert c.verdict == claims.REFUTED  # the speed-up half: 0.50x
+
+
+@pytest.mark.parametrize("accuracy_at_4, verdict", [(0.60, claims.REPRODUCED),
+                                                    (0.92, claims.REFUTED)])
+def test_c4_is_reproduced_only_when_both_halves_are(accuracy_at_4, verdict):
+    speed = _cluster_job({"flat": 10.0, "async": 30.0})  # 3x
+    c = claim("C4", [*speed, *_study({0: 0.93, 4: accuracy_at_4})])
+    assert c.verdict == verdict
+    assert claim("C4", speed).verdict == claims.NOT_HERE  # the accuracy half unmeasured
+
+
+def test_c4_accuracy_compares_convergence_runs_of_one_set_up_only():
+    speed = _cluster_job({"flat": 10.0, "async": 30.0})
+    two, four = _study({0: 0.95}, ranks=2), _study({4: 0.30}, ranks=4)
+    longer = [conv(4, 0.80, steps=400)]  # another step count: not a repeat
+    c = claim("C4", [*speed, *two, *four, *longer])
+    assert c.verdict == claims.NOT_HERE and "convergence" not in " ".join(c.runs)
+    assert "no convergence runs at s = 0 and s > 0" in c.reason
+    both = _study({0: 0.95, 4: 0.30}, ranks=2)
+    c = claim("C4", [*speed, *both, *four, *longer])
+    assert c.verdict == claims.REPRODUCED and "2 ranks on 1 node(s)" in c.measured
+    assert c.runs["convergence s=4"] == [both[1]["run_id"]]
 
 
 # -- C2: hierarchical vs flat ring -----------------------------------------------------
