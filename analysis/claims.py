@@ -147,19 +147,7 @@ def c1(records, model) -> Claim:
                  f"measured {share:.0%} vs 35% (agreement: within 10 points)", **found)
 
 
-def _scheme(r: dict) -> str:
-    """A run's sync scheme in words: ``flat (ring)``, ``hierarchical (hier)``, ``async s=1``,
-    ``ps (measured staleness 2.4)``, ``bucketed 25 MB``."""
-    family, algo = match.sync_family(r), r.get("algo")
-    if family == "async":
-        return f"async s={knob(r, 'staleness')}"
-    if family == "ps":
-        s = num(knob(r, "staleness"))
-        return "ps" + ("" if math.isnan(s) else f" (measured staleness {s:.2g})")
-    if family in ("bucketed", "ddp"):
-        mb = num(knob(r, "bucket_mb"))
-        return f"{family}" + ("" if math.isnan(mb) else f" {mb:g} MB")
-    return f"{family} ({algo})" if algo else str(family)
+_scheme = match.scheme_words
 
 
 def _not_matched(kinds: str, vary: str, pairs: Iterable[tuple[dict, dict]] = ()) -> str:

@@ -68,6 +68,23 @@ def sync_scheme(rec: dict) -> tuple:
     return (family, rec.get("algo"), *knobs)
 
 
+def scheme_words(r: dict) -> str:
+    """A run's sync scheme in words: ``flat (ring)``, ``hierarchical (hier)``, ``async s=1``,
+    ``ps (measured staleness 2.4)``, ``bucketed 25 MB``; a microbenchmark's algorithm."""
+    family, algo = sync_family(r), r.get("algo")
+    if family == "async":
+        return f"async s={knob(r, 'staleness')}"
+    if family == "ps":
+        s = num(knob(r, "staleness"))
+        return "ps" + ("" if math.isnan(s) else f" (measured staleness {s:.2g})")
+    if family in ("bucketed", "ddp"):
+        mb = num(knob(r, "bucket_mb"))
+        return f"{family}" + ("" if math.isnan(mb) else f" {mb:g} MB")
+    if family is None:
+        return str(algo)
+    return f"{family} ({algo})" if algo else str(family)
+
+
 def _local_sizes(r: dict) -> tuple:
     sizes = r.get("local_sizes")
     return tuple(sizes) if sizes else (r.get("local_size"),)
@@ -95,8 +112,8 @@ def _compute(r: dict) -> tuple | None:
     if r.get("workload") == "resnet":
         return None
     profile = get(r, "compute_profile")
-    if profile:
-        return ("profile", profile, num(get(r, "compute_scale", 1.0)))
+    if profile:  # by its file name: a path says where the job ran, not what it replayed
+        return ("profile", Path(str(profile)).name, num(get(r, "compute_scale", 1.0)))
     return ("ms", num(get(r, "compute_ms")))
 
 
@@ -256,14 +273,14 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
     figure names)."""
     skip = {*vary, "sync"}
     parts = []
-    if "ranks" not in skip:
+    if "ranks" not in skip and not {"nodes", "local_sizes"} <= skip:
         sizes = "+".join(str(s) for s in _local_sizes(rec))
         parts.append(f"{rec.get('world_size')} ranks on {rec.get('nodes')} node(s) ({sizes})")
     if "link_shaping" not in skip or "link_rate" not in skip:
         rate = _link_rate(rec)
         link = _link_shaping(rec) or "unshaped"
         parts.append(f"link {link}" + (f" ({rate:.3g} Gbit/s measured)" if rate else ""))
-    if "model" not in skip:
+    if "model" not in skip and rec.get("model") is not None:
         name, dataset, image, classes = _workload(rec)
         parts.append(f"{name} {rec.get('model')}"
                      + (f" on {dataset}" if dataset not in (None, "synthetic") else "")
@@ -274,10 +291,11 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
         if recorded != compute:  # the batch's own profile: say what it was recorded on
             parts.append(f"compute: profiles of each batch, {recorded[1]} on {recorded[2]}, "
                          f"x {recorded[-1]:g}")
-        else:
-            parts.append(f"compute {compute[1]} x {compute[2]:g}" if compute[0] == "profile"
-                         else f"compute {compute[1]:g} ms")
-    if "batch" not in skip:
+        elif compute[0] == "profile":
+            parts.append(f"compute {compute[1]} x {compute[2]:g}")
+        elif not math.isnan(compute[1]):
+            parts.append(f"compute {compute[1]:g} ms")
+    if "batch" not in skip and rec.get("batch_size") is not None:
         parts.append(f"batch {rec.get('batch_size')}")
     if "accumulation" not in skip and _accumulation(rec) != 1:
         parts.append(f"accumulation {_accumulation(rec)}")
