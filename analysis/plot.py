@@ -27,7 +27,7 @@ def build(records: list[dict], only: list[str] | None = None) -> tuple[dict, dic
     for name, (_question, fn) in FIGURES.items():
         if only and name not in only:
             continue
-        fig, why = fn(records)
+        fig, why, _ = fn(records)
         if fig is None:
             skipped[name] = why
         else:
