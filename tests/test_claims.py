@@ -221,12 +221,95 @@ def test_staleness_figure_leaves_out_flat_runs_of_a_stale_job():
             run("async", "native", config={"staleness": 0}, throughput=90),
             run("async", "native", config={"staleness": 1}, throughput=95),
             run("async", "native", config={"staleness": 2}, throughput=97)]
-    fig, why = figures.staleness(recs)
+    fig, why, series = figures.staleness(recs)
     assert why is None
-    labels = [ln.get_label() for ln in fig.axes[1].get_lines()] + \
-        [c.get_label() for c in fig.axes[1].containers]
-    assert any(lab.startswith("async") for lab in labels)
-    assert not any(lab.startswith("flat") for lab in labels)
+    assert [s.label for s in series] == ["async"]  # one line: s = 0, 1, 2
+    assert sorted(load.get(r, "staleness") for r in series[0].runs) == [0, 1, 2]
+    # the flat run is drawn as the set-up's synchronous reference, not as a staleness
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()
+            if ln.get_label().startswith("flat")] == ["flat (native) (synchronous reference)"]
+
+
+# -- figures from a mixed folder: a series per matched set, a panel per set-up ----------
+
+def _mixed() -> list[dict]:
+    """Runs of three set-ups, as a folder gathered from several studies holds them: flat
+    and bucketed on 2 emulated nodes at 2, 4 and 8 ranks (1 Gbit/s), the same with a
+    straggler, and flat on one host (no link) at 1 and 2 ranks."""
+    recs = []
+    for local in (1, 2, 4):
+        for straggler in (None, [1, 2.0]):
+            cfg = {"slow_rank": straggler}
+            recs += [run("flat", "native", local=local, sync_share=0.1 * local, config=cfg),
+                     run("bucketed", None, local=local, sync_share=0.05 * local, config=cfg)]
+    recs += [run("flat", "native", nodes=1, local=n, link=None, gbps=None, sync_share=0.05 * n)
+             for n in (1, 2)]
+    return recs
+
+
+def _legend_labels(ax) -> list[str]:
+    leg = ax.get_legend()
+    return [t.get_text() for t in leg.get_texts()] if leg else []
+
+
+@pytest.mark.parametrize("name", ["sync_share_vs_ranks", "scaling"])
+def test_rank_figures_draw_one_series_per_matched_set_in_a_panel_per_set_up(name):
+    recs = _mixed()
+    fig, why, series = figures.FIGURES[name][1](recs)
+    assert why is None
+    sets = match.matched_sets(recs, figures.RANKS)
+    assert len(series) == len(sets) == 5
+    assert sorted(sorted(r["run_id"] for r in s.runs) for s in series) == sorted(
+        sorted(r["run_id"] for r in g) for g in sets)
+    # a panel (row) per set-up, titled in words, its series' labels in its legend
+    setups = list(dict.fromkeys(s.setup for s in series))
+    assert len(setups) == 3 and any("straggler rank 1 x 2" in t for t in setups)
+    rows = fig.axes if name == "sync_share_vs_ranks" else fig.axes[1::2]
+    for ax, setup in zip(rows, setups):
+        assert ax.get_legend() is not None  # beside the axes: anchored right of them
+        assert ax.get_legend().get_bbox_to_anchor().x0 >= ax.get_window_extent().x1
+        assert sorted(_legend_labels(ax)) == sorted(s.label for s in series if s.setup == setup)
+        assert ax.get_ylim()[0] == 0
+    first = fig.axes[0]
+    assert first.get_title(loc="left").replace("\n", " ") == setups[0]
+
+
+def test_sweep_figures_keep_set_ups_apart_and_the_batch_profile_follows_the_batch():
+    b256, b1024 = _profiled(256, throughput=100.0), _profiled(1024, throughput=150.0)
+    other = [run(batch_size=b, config={"batch_size": b}, nodes=1, local=2, link=None, gbps=None)
+             for b in (32, 64)]
+    fig, why, series = figures.batch_size([b256, b1024, *other])
+    assert why is None and len(series) == 2
+    assert {tuple(sorted(r["batch_size"] for r in s.runs)) for s in series} == {(256, 1024),
+                                                                                 (32, 64)}
+    ks = [run(config={"accum_steps": k}) for k in (1, 4)]
+    fig, why, series = figures.accumulation([*ks, run(config={"accum_steps": 2}, nodes=1,
+                                                      link=None, gbps=None)])
+    assert why is None and len(series) == 1 and series[0].runs == ks
+    assert all(ax.get_ylim()[0] == 0 for ax in fig.axes)
+
+
+def _microbench(algo: str, nodes: int, busbw: float, size: int = 1 << 26) -> dict:
+    return {"schema": 2, "kind": "microbench", "run_id": f"mb{next(_ids):04d}", "algo": algo,
+            "size": size, "busbw": busbw, "world_size": 4 * nodes, "nodes": nodes,
+            "local_size": 4, "local_sizes": [4] * nodes, "backend": "mpi",
+            "link_shaping": "1gbit" if nodes > 1 else None,
+            "link_gbps": 0.95 if nodes > 1 else None, "torch_threads": 1}
+
+
+def test_the_link_is_drawn_as_a_ceiling_of_the_ring_only():
+    two = [_microbench(a, 2, bw) for a, bw in (("ring", 0.11), ("hier", 0.16), ("native", 0.1))]
+    one = [_microbench(a, 1, 1.1) for a in ("ring", "hier")]
+    fig, why, series = figures.busbw_vs_size([*two, *one])
+    assert why is None and len(series) == 5
+    cluster, host = fig.axes  # the cluster first: more ranks
+    link = [lab for lab in _legend_labels(cluster) if lab.startswith("link")]
+    assert len(link) == 1 and "ceiling of ring" in link[0].replace("\n", " ")
+    assert "hier, native can pass it" in link[0].replace("\n", " ")
+    assert not any(lab.startswith("link") for lab in _legend_labels(host))  # one host: no link
+    fig, _, _ = figures.busbw_vs_size([two[1]])
+    (lab,) = [x for x in _legend_labels(fig.axes[0]) if x.startswith("link")]
+    assert "not a ceiling for hier" in lab.replace("\n", " ")
 
 
 # -- C4: async vs synchronous ----------------------------------------------------------
