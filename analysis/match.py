@@ -200,10 +200,19 @@ FIELDS: dict[str, Callable[[dict], Any]] = {
 }
 
 
+def _thread_rule(r: dict) -> Any:
+    """The rule that set a rank's torch threads (cores shared among the machine's ranks):
+    with the ranks free, the count follows them; records without a rule keep the count."""
+    rule = r.get("thread_rule")
+    return rule if rule else ("torch threads", r.get("torch_threads"))
+
+
 #: readers that replace a field's own where a variable is free: the compute profile follows
-#: the batch (h200-resnet50-b256.json at batch 256, ...-b1024.json at 1024)
+#: the batch (h200-resnet50-b256.json at batch 256, ...-b1024.json at 1024), a rank's torch
+#: threads follow the ranks sharing the machine's cores
 FREE_WITH: dict[str, dict[str, Callable[[dict], Any]]] = {
     "batch": {"compute": _compute_any_batch},
+    "ranks": {"threads": _thread_rule},
 }
 
 

@@ -127,7 +127,7 @@ ONE_FIELD = {
     "compression": _knobs(compression="fp16"),
     "backend": _top(backend="horovod"),
     "launcher": lambda r: r["versions"].update(horovod_controller="gloo"),
-    "threads": _top(torch_threads=2),
+    "threads": _top(thread_rule="one thread per rank", torch_threads=2),
     "straggler": _cfg(slow_rank=[3, 2.0]),
     "sync": _top(algo="ring"),
 }
@@ -150,6 +150,16 @@ def test_runs_differing_in_one_field_are_matched_only_when_it_is_the_variable(na
     assert not match.same_setup(a, b, vary=(other,))
     assert len(match.matched_sets([a, b])) == 2
     assert len(match.matched_sets([a, b], vary=(name,))) == 1
+
+
+def test_torch_threads_follow_the_ranks_under_one_thread_rule():
+    one, two = run(nodes=1, local=1, torch_threads=2), run(nodes=1, local=2, torch_threads=1)
+    assert match.differences(one, two) == ["ranks", "local_sizes", "threads"]
+    assert match.same_setup(one, two, vary=figures.RANKS)
+    other_rule = {**two, "thread_rule": "one thread per rank"}
+    assert match.differences(one, other_rule, figures.RANKS) == ["threads"]
+    no_rule = [{**r, "thread_rule": None} for r in (one, two)]  # older records: the count
+    assert match.differences(*no_rule, figures.RANKS) == ["threads"]
 
 
 def test_same_run_twice_is_matched_and_unknown_fields_are_refused():
