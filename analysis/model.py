@@ -480,8 +480,8 @@ def extrapolation_figure(sc: Scenario, rates: Sequence[float] = EXTRAP_RATES,
     ax.set_xlabel("ranks (GPUs)")
     ax.set_ylabel("sync share (exposed sync / step), no overlap")
     ax.set_ylim(0, 1)
-    ax.set_title(f"Model: gradient sync share, {sc.grad_bytes / 1e6:.1f} MB gradient, "
-                 f"{sc.compute_s * 1e3:.1f} ms compute, {sc.local_size} ranks/node",
+    ax.set_title(f"Model on {sc.name}: gradient sync share, {sc.grad_bytes / 1e6:.1f} MB "
+                 f"gradient, {sc.compute_s * 1e3:.1f} ms compute, {sc.local_size} ranks/node",
                  fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -503,9 +503,9 @@ def fit_figure(pts: Sequence[Point], fit_pts: Sequence[Point], params: Params):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     color = {lab: colors[i % len(colors)] for i, lab in enumerate(labels)}
     fitted = {id(pt) for pt in fit_pts}
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4.6),
-                             squeeze=False)
-    for ax, ((p, nodes, local), panel) in zip(axes[0], sorted(panels.items())):
+    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(8.5, 3.6 * max(1, len(panels))),
+                             squeeze=False, layout="constrained")
+    for ax, ((p, nodes, local), panel) in zip(axes[:, 0], sorted(panels.items())):
         for (name, algo), ser in sorted(panel.items()):
             ser.sort(key=lambda pt: pt.size)
             xs = [pt.size for pt in ser]
@@ -524,10 +524,10 @@ def fit_figure(pts: Sequence[Point], fit_pts: Sequence[Point], params: Params):
         ax.set_ylabel("all-reduce time (µs)")
         ax.set_title(f"{p} ranks, {nodes} node{'s' if nodes > 1 else ''}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
+                  borderaxespad=0)  # beside the axes: never over a point
     fig.suptitle("Cost model (lines) vs microbenchmark (markers; filled: fitted on, open: "
                  "held out)", fontsize=10)
-    fig.tight_layout()
     return fig
 
 

@@ -112,7 +112,7 @@ def test_scaling_figure_has_throughput_and_efficiency(drawn):
     figs, _ = drawn
     ax1, ax2 = figs["scaling"].axes
     assert ax1.get_ylabel() == "throughput (samples/s)"
-    assert ax2.get_ylabel().startswith("scaling efficiency (vs 1 rank")
+    assert ax2.get_ylabel().replace("\n", " ").startswith("scaling efficiency (vs 1 rank")
     eff = _series(ax2)
     flat = eff["flat (native)"]
     assert flat[0] == [1, 2] and flat[1][0] == pytest.approx(1.0)
