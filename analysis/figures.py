@@ -233,6 +233,14 @@ def _legend(ax, source=None) -> None:
                   bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False, borderaxespad=0)
 
 
+def _panel(ax, setup: str, ylabel: str) -> None:
+    """A one-panel row's y label (its axis from zero), set-up title and legend beside it."""
+    ax.set_ylabel(ylabel)
+    _from_zero(ax)
+    _title(ax, setup)
+    _legend(ax)
+
+
 def _finish(fig: Figure, axes, title: str, left: Sequence[str] = ()) -> Figure:
     """Grid, the title, and a footnote counting the set-ups not drawn."""
     for ax in getattr(axes, "flat", axes):
@@ -266,32 +274,36 @@ def _rank_axis(ax) -> None:
 
 # -- the figures ---------------------------------------------------------------
 
-def sync_share_vs_ranks(records: Sequence[dict]) -> Result:
-    recs = [r for r in summaries(records) if not math.isnan(stat(r, "sync_share"))]
+def _rank_sweep(records: Sequence[dict], field: str, cols: int, width: float):
+    """The summaries with ``field``, as set-ups over ranks: (drawn, left out, colours,
+    figure, axes), or None where no summary has it."""
+    recs = [r for r in summaries(records) if not math.isnan(stat(r, field))]
     if not recs:
-        return Result(None, "no allreduce summaries with a sync share")
+        return None
     drawn, left = setups(recs, RANKS, _ranks)
-    colors = palette([s.label for s in _all(drawn)])
-    fig, axes = _grid(len(drawn), 1)
+    return (drawn, left, palette([s.label for s in _all(drawn)]),
+            *_grid(len(drawn), cols, width=width))
+
+
+def sync_share_vs_ranks(records: Sequence[dict]) -> Result:
+    start = _rank_sweep(records, "sync_share", 1, 5.0)
+    if start is None:
+        return Result(None, "no allreduce summaries with a sync share")
+    drawn, left, colors, fig, axes = start
     for (setup, series), ax in zip(drawn, axes[:, 0]):
         for s in series:
             _line(ax, s.runs, _ranks, "sync_share", s.label, color=colors[s.label])
         _rank_axis(ax)
-        ax.set_ylabel("sync share\n(exposed sync / step)")
-        _from_zero(ax)
-        _title(ax, setup)
-        _legend(ax)
+        _panel(ax, setup, "sync share\n(exposed sync / step)")
     return Result(_finish(fig, axes, "Sync share vs ranks (median, bars p5-p95 over steps), "
                                      "one panel per set-up", left), None, _all(drawn))
 
 
 def scaling(records: Sequence[dict]) -> Result:
-    recs = [r for r in summaries(records) if not math.isnan(stat(r, "throughput"))]
-    if not recs:
+    start = _rank_sweep(records, "throughput", 2, 4.2)
+    if start is None:
         return Result(None, "no allreduce summaries with a throughput")
-    drawn, left = setups(recs, RANKS, _ranks)
-    colors = palette([s.label for s in _all(drawn)])
-    fig, axes = _grid(len(drawn), 2, width=4.2)
+    drawn, left, colors, fig, axes = start
     for (setup, series), (ax1, ax2) in zip(drawn, axes):
         for s in series:
             _line(ax1, s.runs, _ranks, "throughput", s.label, color=colors[s.label])
@@ -433,10 +445,7 @@ def busbw_vs_size(records: Sequence[dict]) -> Result:
         _link_line(ax, [r for s in series for r in s.runs], [s.label for s in series])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        _from_zero(ax)
-        _title(ax, setup)
-        _legend(ax)
+        _panel(ax, setup, "bus bandwidth (GB/s)")
     return Result(_finish(fig, axes, "All-reduce bus bandwidth vs message size (median of "
                                      "repeats; band: min-max)", left), None, _all(drawn))
 
