@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 from analysis.load import LoadError
 
@@ -41,3 +43,32 @@ def run(prog: str, body: Callable[[list[str]], int], argv: list[str] | None) -> 
         return 2
     except BrokenPipeError:
         return 1
+
+
+def entry(prog: str, body: Callable[[list[str]], int]) -> Callable[[list[str] | None], int]:
+    """A module's ``main(argv=None)``: ``body`` run under ``run``'s error rule."""
+    def main(argv: list[str] | None = None) -> int:
+        return run(prog, body, argv)
+    return main
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a failure to write ``path`` (the ``-o/--output`` flag's) into a UsageError."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"-o/--output: cannot write {path}: {e.strerror}") from None
+
+
+def output_dir(path: str | Path, create: bool = True) -> Path:
+    """The ``-o/--output`` directory: refused when it is a file; made when ``create``."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o/--output: {out} is not a directory")
+    if create:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"-o/--output: cannot create {out}: {e.strerror}") from None
+    return out

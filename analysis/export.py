@@ -14,7 +14,7 @@ import io
 import sys
 from pathlib import Path
 
-from analysis.cli import UsageError, parser, run, warn
+from analysis.cli import UsageError, entry, parser, warn, writing
 from analysis.load import load, tidy
 from commbench.results import write_atomic
 
@@ -49,17 +49,14 @@ def body(argv: list[str]) -> int:
         out = Path(args.output)
         if out.is_dir():
             raise UsageError(f"-o/--output: {out} is a directory")
-        try:
+        with writing(out):
             out.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(out, text)
-        except OSError as e:
-            raise UsageError(f"-o/--output: cannot write {out}: {e.strerror}") from None
         print(f"{len(records)} records -> {out}", file=sys.stderr)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(PROG, body, argv)
+main = entry(PROG, body)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ comparison never pools runs of different clusters, models or compute.
 A set-up is read from what the records carry (``commbench/results.py``): the
 header (ranks, nodes, local sizes, backend, thread rule), the run fields
 (model, workload, batch, link shaping and the measured link rate) and the job's
-``config`` for the workload's settings (compute, straggler). Strategy knobs
+``config`` for the workload's settings (compute, straggler). A field may be read
+otherwise when a variable is free (``FREE_WITH``): with the batch free, two runs'
+compute profiles agree when they were recorded on the same model and device, each
+at its run's batch (the file names differ: ``h200-resnet50-b256.json``,
+``...-b1024.json``). Strategy knobs
 count only where the strategy acts on them (``analysis.load.knob``): a flat run
 of a ``--staleness 1`` job is no less synchronous than one of a job without it.
 A hierarchical algorithm is hierarchical whichever flag chose it
@@ -20,11 +24,17 @@ run the same code).
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable, Collection, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from analysis.load import KNOB_STRATEGIES, get, knob, num
+
+#: the committed compute profiles (``commbench.profile`` files)
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
 #: algorithms that reduce in two levels from the node topology, under either flag
 HIERARCHICAL_ALGOS = ("hier", "hier-leader")
@@ -58,6 +68,23 @@ def sync_scheme(rec: dict) -> tuple:
     return (family, rec.get("algo"), *knobs)
 
 
+def scheme_words(r: dict) -> str:
+    """A run's sync scheme in words: ``flat (ring)``, ``hierarchical (hier)``, ``async s=1``,
+    ``ps (measured staleness 2.4)``, ``bucketed 25 MB``; a microbenchmark's algorithm."""
+    family, algo = sync_family(r), r.get("algo")
+    if family == "async":
+        return f"async s={knob(r, 'staleness')}"
+    if family == "ps":
+        s = num(knob(r, "staleness"))
+        return "ps" + ("" if math.isnan(s) else f" (measured staleness {s:.2g})")
+    if family in ("bucketed", "ddp"):
+        mb = num(knob(r, "bucket_mb"))
+        return f"{family}" + ("" if math.isnan(mb) else f" {mb:g} MB")
+    if family is None:
+        return str(algo)
+    return f"{family} ({algo})" if algo else str(family)
+
+
 def _local_sizes(r: dict) -> tuple:
     sizes = r.get("local_sizes")
     return tuple(sizes) if sizes else (r.get("local_size"),)
@@ -85,9 +112,50 @@ def _compute(r: dict) -> tuple | None:
     if r.get("workload") == "resnet":
         return None
     profile = get(r, "compute_profile")
-    if profile:
-        return ("profile", profile, num(get(r, "compute_scale", 1.0)))
+    if profile:  # by its file name: a path says where the job ran, not what it replayed
+        return ("profile", Path(str(profile)).name, num(get(r, "compute_scale", 1.0)))
     return ("ms", num(get(r, "compute_ms")))
+
+
+def profile_file(rec: dict, base: Path | None = None) -> Path | None:
+    """A run's ``compute_profile`` file: as recorded, else beside ``base`` (default: the
+    run's result file), else in the repository's ``profiles/``; None where not found."""
+    name = get(rec, "compute_profile")
+    if not name:
+        return None
+    if base is None and rec.get("_file"):
+        base = Path(rec["_file"]).parent
+    p = Path(str(name))
+    for cand in (p, *([base / p] if base else []), PROFILES / p.name):
+        if cand.is_file():
+            return cand
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_head(path: Path) -> tuple | None:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        return (d["model"], d["device"], d.get("image_size"), d.get("num_classes"),
+                d["batch_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _compute_any_batch(r: dict) -> tuple | None:
+    """The replayed compute when the batch is the claim's variable (C5): a profile is
+    recorded at one batch, so runs at two batches carry two files; what must agree is
+    what the profile was recorded on (its model, device, image size and classes) and its
+    scale, with each run's profile recorded at that run's own batch. A profile that
+    cannot be read is known by its file name alone (and matches no other batch's)."""
+    compute = _compute(r)
+    if compute is None or compute[0] != "profile":
+        return compute
+    path = profile_file(r)
+    head = _profile_head(path) if path is not None else None
+    if head is None or num(head[4]) != num(r.get("batch_size")):
+        return compute
+    return ("profile recorded on", *head[:4], compute[2])
 
 
 def _accumulation(r: dict) -> int:
@@ -132,6 +200,22 @@ FIELDS: dict[str, Callable[[dict], Any]] = {
 }
 
 
+def _thread_rule(r: dict) -> Any:
+    """The rule that set a rank's torch threads (cores shared among the machine's ranks):
+    with the ranks free, the count follows them; records without a rule keep the count."""
+    rule = r.get("thread_rule")
+    return rule if rule else ("torch threads", r.get("torch_threads"))
+
+
+#: readers that replace a field's own where a variable is free: the compute profile follows
+#: the batch (h200-resnet50-b256.json at batch 256, ...-b1024.json at 1024), a rank's torch
+#: threads follow the ranks sharing the machine's cores
+FREE_WITH: dict[str, dict[str, Callable[[dict], Any]]] = {
+    "batch": {"compute": _compute_any_batch},
+    "ranks": {"threads": _thread_rule},
+}
+
+
 #: each field in words, for messages
 WORDS = {"ranks": "ranks", "nodes": "nodes", "local_sizes": "ranks per node",
          "link_shaping": "link shaping", "link_rate": "measured link rate", "model": "model",
@@ -157,7 +241,10 @@ def _check(vary: Collection[str]) -> None:
 def differences(a: dict, b: dict, vary: Collection[str] = ()) -> list[str]:
     """The fields of ``FIELDS``, outside ``vary``, in which runs ``a`` and ``b`` differ."""
     _check(vary)
-    return [name for name, read in FIELDS.items()
+    readers = dict(FIELDS)
+    for v in vary:
+        readers.update(FREE_WITH.get(v, {}))
+    return [name for name, read in readers.items()
             if name not in vary and not _same(name, read(a), read(b))]
 
 
@@ -195,23 +282,29 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
     figure names)."""
     skip = {*vary, "sync"}
     parts = []
-    if "ranks" not in skip:
+    if "ranks" not in skip and not {"nodes", "local_sizes"} <= skip:
         sizes = "+".join(str(s) for s in _local_sizes(rec))
         parts.append(f"{rec.get('world_size')} ranks on {rec.get('nodes')} node(s) ({sizes})")
     if "link_shaping" not in skip or "link_rate" not in skip:
         rate = _link_rate(rec)
         link = _link_shaping(rec) or "unshaped"
         parts.append(f"link {link}" + (f" ({rate:.3g} Gbit/s measured)" if rate else ""))
-    if "model" not in skip:
+    if "model" not in skip and rec.get("model") is not None:
         name, dataset, image, classes = _workload(rec)
         parts.append(f"{name} {rec.get('model')}"
                      + (f" on {dataset}" if dataset not in (None, "synthetic") else "")
                      + (f" {image} px" if image else "") + f", {rec.get('device') or '?'}")
     compute = _compute(rec)
+    recorded = _compute_any_batch(rec) if "batch" in skip else compute
     if "compute" not in skip and compute is not None:
-        parts.append(f"compute {compute[1]} x {compute[2]:g}" if compute[0] == "profile"
-                     else f"compute {compute[1]:g} ms")
-    if "batch" not in skip:
+        if recorded != compute:  # the batch's own profile: say what it was recorded on
+            parts.append(f"compute: profiles of each batch, {recorded[1]} on {recorded[2]}, "
+                         f"x {recorded[-1]:g}")
+        elif compute[0] == "profile":
+            parts.append(f"compute {compute[1]} x {compute[2]:g}")
+        elif not math.isnan(compute[1]):
+            parts.append(f"compute {compute[1]:g} ms")
+    if "batch" not in skip and rec.get("batch_size") is not None:
         parts.append(f"batch {rec.get('batch_size')}")
     if "accumulation" not in skip and _accumulation(rec) != 1:
         parts.append(f"accumulation {_accumulation(rec)}")

@@ -39,6 +39,13 @@ the cheapest of the three flat algorithms unless ``--native-is ALGO=PATH``
 says which one the library was forced to (Open MPI:
 ``OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=``
 3 recursive doubling, 4 ring, 6 Rabenseifner).
+
+Extrapolation (sync share at 8-1024 GPUs, no overlap): on the one device
+scenario of ``analysis.report`` and the overlap model (``--device h200``: the
+committed H200 ResNet-50 profile at batch 256, 8 GPUs per node;
+``analysis/overlap.py``), or on ``--device a100`` (NVIDIA's published A100
+throughput); ``--compute-ms``, ``--grad-bytes``, ``--local-size`` and
+``--alpha-inter-us`` replace the device's own values.
 """
 
 from __future__ import annotations
@@ -47,12 +54,11 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
-from analysis.cli import UsageError, parser, run, warn
+from analysis.cli import UsageError, entry, output_dir, parser, warn
 from analysis.load import get, load, num
 
 PROG = "analysis.model"
@@ -65,7 +71,7 @@ ALGO_NAMES = {"ring": "ring", "rd": "recursive doubling", "rabenseifner": "Raben
               "hier": "hierarchical", "hier-leader": "hierarchical leader",
               "native": "native (best of ring, rd, Rabenseifner)"}
 
-# --- extrapolation defaults: ResNet-50 on A100-class nodes ---------------------------
+# --- extrapolation scenarios: ResNet-50 on A100 and H200 nodes -----------------------
 #: ResNet-50's gradient: 25,557,032 float32 parameters (torchvision; commbench.models)
 RESNET50_GRAD_BYTES = 25_557_032 * 4
 #: one A100 80GB, mixed precision, batch 256: 2470 img/s (NVIDIA DeepLearningExamples,
@@ -78,6 +84,11 @@ A100_RESNET50_COMPUTE_S = A100_RESNET50_BATCH / A100_RESNET50_IMG_S
 #: message; reduction at HBM speed (~1.9 TB/s, 3 bytes moved per byte reduced)
 A100_NODE = {"local_size": 8, "alpha_intra": 2e-6, "beta_intra": 1 / 300e9,
              "gamma": 3 / 1.9e12}
+#: an H200 node (the report's device scenario, ``analysis.overlap``): 8 GPUs on NVLink 4
+#: (900 GB/s per GPU both directions: 450 GB/s each way), ~2 us per message; reduction at
+#: HBM3e speed (4.8 TB/s, 3 bytes moved per byte reduced)
+H200_NODE = {"local_size": 8, "alpha_intra": 2e-6, "beta_intra": 1 / 450e9,
+             "gamma": 3 / 4.8e12}
 #: inter-node latency per message in the extrapolation: an RDMA-class fabric (NCCL over
 #: InfiniBand: a few microseconds per message); stated, not fitted, because the emulated
 #: cluster's links are TCP through network namespaces, whose per-message cost is far larger
@@ -400,21 +411,42 @@ def error_by_algorithm(held: Sequence[Point], params: Params, min_bytes: float =
 
 # --- extrapolation ---------------------------------------------------------------
 
-@dataclass
-class Scenario:
-    """A training step to extrapolate: gradient bytes, compute seconds, node shape."""
+@dataclass(kw_only=True)
+class Node:
+    """Where an all-reduce at scale runs: ``local_size`` GPUs per node, their link and
+    reduction speed, and the latency of an inter-node message; the inter-node bandwidth is
+    the link rate asked for (``params``). Base of the no-overlap model's ``Scenario`` and
+    the overlap model's ``analysis.overlap.Device``."""
 
-    grad_bytes: float = RESNET50_GRAD_BYTES
-    compute_s: float = A100_RESNET50_COMPUTE_S
-    local_size: int = A100_NODE["local_size"]
-    alpha_intra: float = A100_NODE["alpha_intra"]
-    beta_intra: float = A100_NODE["beta_intra"]
-    gamma: float = A100_NODE["gamma"]
+    local_size: int
+    alpha_intra: float
+    beta_intra: float
+    gamma: float
     alpha_inter: float = DEFAULT_ALPHA_INTER
 
     def params(self, gbit_s: float) -> Params:
         return Params(self.alpha_intra, self.beta_intra, self.alpha_inter, 8 / (gbit_s * 1e9),
                       self.gamma, gamma_folded=False)
+
+    def node(self) -> dict:
+        """This node's fields alone (to build another scenario on the same node)."""
+        return {f.name: getattr(self, f.name) for f in fields(Node)}
+
+
+@dataclass(kw_only=True)
+class Scenario(Node):
+    """A training step to extrapolate on a node: gradient bytes and compute seconds."""
+
+    grad_bytes: float
+    compute_s: float
+    name: str = "custom"
+
+
+def a100_scenario() -> Scenario:
+    """ResNet-50, batch 256, on A100 nodes (NVIDIA's published throughput; no profile)."""
+    return Scenario(grad_bytes=RESNET50_GRAD_BYTES, compute_s=A100_RESNET50_COMPUTE_S,
+                    name=f"ResNet-50 batch {A100_RESNET50_BATCH} on A100 80GB at "
+                         f"{A100_RESNET50_IMG_S:g} img/s", **A100_NODE)
 
 
 def sync_share(algo: str, ranks: int, gbit_s: float, sc: Scenario) -> tuple[float, float]:
@@ -448,8 +480,8 @@ def extrapolation_figure(sc: Scenario, rates: Sequence[float] = EXTRAP_RATES,
     ax.set_xlabel("ranks (GPUs)")
     ax.set_ylabel("sync share (exposed sync / step), no overlap")
     ax.set_ylim(0, 1)
-    ax.set_title(f"Model: gradient sync share, {sc.grad_bytes / 1e6:.1f} MB gradient, "
-                 f"{sc.compute_s * 1e3:.1f} ms compute, {sc.local_size} ranks/node",
+    ax.set_title(f"Model on {sc.name}: gradient sync share, {sc.grad_bytes / 1e6:.1f} MB "
+                 f"gradient, {sc.compute_s * 1e3:.1f} ms compute, {sc.local_size} ranks/node",
                  fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -471,9 +503,9 @@ def fit_figure(pts: Sequence[Point], fit_pts: Sequence[Point], params: Params):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     color = {lab: colors[i % len(colors)] for i, lab in enumerate(labels)}
     fitted = {id(pt) for pt in fit_pts}
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4.6),
-                             squeeze=False)
-    for ax, ((p, nodes, local), panel) in zip(axes[0], sorted(panels.items())):
+    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(8.5, 3.6 * max(1, len(panels))),
+                             squeeze=False, layout="constrained")
+    for ax, ((p, nodes, local), panel) in zip(axes[:, 0], sorted(panels.items())):
         for (name, algo), ser in sorted(panel.items()):
             ser.sort(key=lambda pt: pt.size)
             xs = [pt.size for pt in ser]
@@ -492,10 +524,10 @@ def fit_figure(pts: Sequence[Point], fit_pts: Sequence[Point], params: Params):
         ax.set_ylabel("all-reduce time (µs)")
         ax.set_title(f"{p} ranks, {nodes} node{'s' if nodes > 1 else ''}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
+                  borderaxespad=0)  # beside the axes: never over a point
     fig.suptitle("Cost model (lines) vs microbenchmark (markers; filled: fitted on, open: "
                  "held out)", fontsize=10)
-    fig.tight_layout()
     return fig
 
 
@@ -533,8 +565,10 @@ def analyse(records: Sequence[dict], native_is: dict[str, str] | None = None,
             fit_pts += f
             held += h
     params = fit(fit_pts)
-    sc = scenario or Scenario()
-    return ModelResult(params, fit_pts, held, pts, errors(held, params), sc)
+    if scenario is None:  # the one device scenario of predictions at scale
+        from analysis.overlap import default_scenario
+        scenario = default_scenario()
+    return ModelResult(params, fit_pts, held, pts, errors(held, params), scenario)
 
 
 def report_lines(res: ModelResult, rates: Sequence[float] = EXTRAP_RATES,
@@ -561,7 +595,7 @@ def report_lines(res: ModelResult, rates: Sequence[float] = EXTRAP_RATES,
                    f"{e.median_abs_err:8.1%} {e.p90_abs_err:8.1%} {int(e.worst_size):14d} "
                    f"{e.worst_err:+8.1%}")
     sc = res.scenario
-    out += ["", f"# extrapolation: {sc.grad_bytes / 1e6:.1f} MB gradient, compute "
+    out += ["", f"# extrapolation on {sc.name}: {sc.grad_bytes / 1e6:.1f} MB gradient, compute "
                 f"{sc.compute_s * 1e3:.1f} ms/step, {sc.local_size} ranks/node, inter alpha "
                 f"{sc.alpha_inter * 1e6:.1f} us, no overlap: sync share",
             f"{'ranks':>6s} " + " ".join(f"{f'{a} {r:g}G':>12s}" for r in rates
@@ -578,6 +612,13 @@ def mark_native(records: Sequence[dict], native_is: dict[str, str] | None) -> No
         algo = (native_is or {}).get(r.get("_file"))
         if algo and r.get("kind") == "microbench" and r.get("algo") == "native":
             r["native_algorithm"] = algo
+
+
+def add_native_is(p) -> None:
+    """The ``--native-is ALGO=PATH`` flag of every command that reads microbenchmarks."""
+    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
+                   help="native records in PATH ran this algorithm (Open MPI forced with "
+                        "OMPI_MCA_coll_tuned_allreduce_algorithm); repeatable")
 
 
 def parse_native_is(items: Sequence[str]) -> dict[str, str]:
@@ -604,15 +645,47 @@ def _floats(text: str) -> list[float]:
     return vals
 
 
+#: the device scenarios of the command line; h200 is the report's (``analysis.overlap``)
+DEVICES = ("h200", "a100")
+
+
+def cli_scenario(device: str = "h200", compute_ms: float | None = None,
+                 grad_bytes: float | None = None, local_size: int | None = None,
+                 alpha_inter_us: float | None = None) -> Scenario:
+    """The command line's scenario: ``device``'s, with the values given replacing its own."""
+    from analysis import overlap
+
+    if device not in DEVICES:
+        raise UsageError(f"--device {device!r}: choose from {', '.join(DEVICES)}")
+    if device == "h200":
+        try:
+            sc = overlap.model_scenario(overlap.h200())
+        except ModelError as e:
+            raise UsageError(f"--device h200: {e} (or use --device a100)") from None
+    else:
+        sc = a100_scenario()
+    given = {"--compute-ms": compute_ms, "--grad-bytes": grad_bytes,
+             "--local-size": local_size, "--alpha-inter-us": alpha_inter_us}
+    bad = [k for k, v in given.items() if v is not None and not v > 0]
+    if bad:
+        raise UsageError(f"{', '.join(bad)} must be > 0")
+    changed = {k: v for k, v in given.items() if v is not None}
+    scaled = {"compute_s": None if compute_ms is None else compute_ms / 1e3,
+              "grad_bytes": grad_bytes, "local_size": local_size,
+              "alpha_inter": None if alpha_inter_us is None else alpha_inter_us * 1e-6}
+    sc = replace(sc, **{k: v for k, v in scaled.items() if v is not None})
+    if changed:
+        sc.name += " with " + ", ".join(f"{k} {v:g}" for k, v in changed.items())
+    return sc
+
+
 def body(argv: list[str]) -> int:
     p = parser(PROG, "Fit the alpha-beta(-gamma) all-reduce cost model to microbenchmark "
                      "results, check it on what it was not fitted on, and extrapolate a "
                      "training step's sync share to large clusters.")
     p.add_argument("paths", nargs="+", help="result files or directories")
     p.add_argument("-o", "--output", help="directory for the figures (PNG, SVG) and fit.json")
-    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
-                   help="native records in PATH ran this algorithm (Open MPI forced with "
-                        "OMPI_MCA_coll_tuned_allreduce_algorithm); repeatable")
+    add_native_is(p)
     p.add_argument("--fit", default=None,
                    help="measured algorithms to fit on, comma list of labels (ring, hier, "
                         "mpi-ring, mpi-rd, mpi-rabenseifner; default, per link level: mpi-ring "
@@ -620,48 +693,47 @@ def body(argv: list[str]) -> int:
     p.add_argument("--ranks", default=None,
                    help="only records of these rank counts (comma list), e.g. leave out runs "
                         "with more ranks than cores, where latency is the scheduler's")
-    p.add_argument("--compute-ms", type=float, default=A100_RESNET50_COMPUTE_S * 1e3,
-                   help="compute time of the extrapolated step (default: ResNet-50, batch 256, "
-                        "one A100 80GB, 2470 img/s, NVIDIA DeepLearningExamples)")
-    p.add_argument("--grad-bytes", type=float, default=RESNET50_GRAD_BYTES,
-                   help="gradient bytes per step (default ResNet-50, float32)")
+    p.add_argument("--device", choices=DEVICES, default="h200",
+                   help="device scenario of the extrapolation: h200 = the committed H200 "
+                        "ResNet-50 profile at batch 256 on 8-GPU NVLink 4 nodes, the one "
+                        "analysis.report and the overlap model use; a100 = ResNet-50 at batch "
+                        "256, 2470 img/s on one A100 80GB (NVIDIA DeepLearningExamples), "
+                        "8-GPU NVLink 3 nodes")
+    p.add_argument("--compute-ms", type=float, default=None,
+                   help="compute time of the extrapolated step (default: the device's)")
+    p.add_argument("--grad-bytes", type=float, default=None,
+                   help="gradient bytes per step (default: the device's)")
     p.add_argument("--rates", default="25,100,400", help="inter-node link speeds, Gbit/s")
-    p.add_argument("--local-size", type=int, default=A100_NODE["local_size"],
-                   help="ranks (GPUs) per node in the extrapolation")
-    p.add_argument("--alpha-inter-us", type=float, default=DEFAULT_ALPHA_INTER * 1e6,
-                   help="inter-node latency per message in the extrapolation (an RDMA-class "
-                        "fabric; the emulated cluster's fitted TCP latency is far larger)")
+    p.add_argument("--local-size", type=int, default=None,
+                   help="ranks (GPUs) per node in the extrapolation (default: the device's)")
+    p.add_argument("--alpha-inter-us", type=float, default=None,
+                   help="inter-node latency per message in the extrapolation (default: the "
+                        f"device's, {DEFAULT_ALPHA_INTER * 1e6:g} us: an RDMA-class fabric; the "
+                        "emulated cluster's fitted TCP latency is far larger)")
     args = p.parse_args(argv)
-    if min(args.compute_ms, args.grad_bytes, args.local_size, args.alpha_inter_us) <= 0:
-        raise UsageError("--compute-ms, --grad-bytes, --local-size and --alpha-inter-us must "
-                         "be > 0")
+    sc = cli_scenario(args.device, args.compute_ms, args.grad_bytes, args.local_size,
+                      args.alpha_inter_us)
     rates = _floats(args.rates)
     fit_algos = [a.strip() for a in (args.fit or "").split(",") if a.strip()]
     fittable = (*FLAT_ALGOS, "hier", *(f"mpi-{a}" for a in FLAT_ALGOS))
     bad = [a for a in fit_algos if a not in fittable]
     if bad:
         raise UsageError(f"--fit: cannot fit on {bad[0]!r}; choose from {', '.join(fittable)}")
-    out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"-o/--output: {out} is not a directory")
+    out = output_dir(args.output, create=False) if args.output else None
     native_is = parse_native_is(args.native_is)
     loaded = load(args.paths)
     warn(PROG, loaded.warnings)
-    sc = Scenario(grad_bytes=args.grad_bytes, compute_s=args.compute_ms / 1e3,
-                  local_size=args.local_size)
     try:
         res = analyse(loaded.records, native_is, fit_algos, sc,
                       [int(x) for x in _floats(args.ranks)] if args.ranks else None)
     except ModelError as e:
         raise UsageError(str(e)) from None
-    if args.alpha_inter_us is not None:
-        sc.alpha_inter = args.alpha_inter_us * 1e-6
     print("\n".join(report_lines(res, rates)))
     if out is not None:
         import json
 
         from analysis.figures import save
-        out.mkdir(parents=True, exist_ok=True)
+        output_dir(out)
         save(fit_figure(res.points, res.fit_points, res.params), out / "model_fit")
         save(extrapolation_figure(sc, rates), out / "model_extrapolation")
         (out / "fit.json").write_text(json.dumps(
@@ -671,8 +743,7 @@ def body(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(PROG, body, argv)
+main = entry(PROG, body)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from analysis.load import get, knob, num, stat
-from analysis.model import DEFAULT_ALPHA_INTER, ModelError, Params, Scenario, predict
+from analysis.match import PROFILES, profile_file
+from analysis.model import H200_NODE, ModelError, Node, Params, Scenario, a100_scenario, predict
 from commbench.buckets import assign_buckets as _assign_buckets
 
 MB = 2**20  # the bucketed strategy's MB (DDP's bucket_cap_mb unit)
@@ -51,14 +52,8 @@ DEFAULT_BUCKET_MB = 25.0  # commbench.strategies.bucketed.DEFAULT_BUCKET_MB (DDP
 FIRST_BUCKET_MB = 1.0  # commbench.strategies.bucketed.FIRST_BUCKET_MB (DDP's first bucket)
 FLOAT32_BYTES = 4  # profiles are recorded in float32
 
-ROOT = Path(__file__).resolve().parent.parent
-PROFILES = ROOT / "profiles"
 #: the one device scenario of the extrapolation: ResNet-50, batch 256, one H200
 H200_PROFILE = PROFILES / "h200-resnet50-b256.json"
-#: an H200 node: 8 GPUs on NVLink 4 (900 GB/s per GPU both directions: 450 GB/s each way),
-#: ~2 us per message; reduction at HBM3e speed (4.8 TB/s, 3 bytes moved per byte reduced)
-H200_NODE = {"local_size": 8, "alpha_intra": 2e-6, "beta_intra": 1 / 450e9,
-             "gamma": 3 / 4.8e12}
 STRATEGIES = ("flat", "hierarchical", "bucketed")
 RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
 RATES = (25.0, 100.0, 400.0)
@@ -182,20 +177,11 @@ def flat_step(prof: Profile, allreduce) -> Step:
 
 # --- extrapolation: one device scenario ---------------------------------------------
 
-@dataclass
-class Device:
-    """The device scenario: a compute profile and a node of ``local_size`` GPUs."""
+@dataclass(kw_only=True)
+class Device(Node):
+    """The device scenario: a compute profile on a node (``analysis.model.Node``)."""
 
     profile: Profile
-    local_size: int = H200_NODE["local_size"]
-    alpha_intra: float = H200_NODE["alpha_intra"]
-    beta_intra: float = H200_NODE["beta_intra"]
-    gamma: float = H200_NODE["gamma"]
-    alpha_inter: float = DEFAULT_ALPHA_INTER
-
-    def params(self, gbit_s: float) -> Params:
-        return Params(self.alpha_intra, self.beta_intra, self.alpha_inter, 8 / (gbit_s * 1e9),
-                      self.gamma, gamma_folded=False)
 
     def describe(self) -> str:
         p = self.profile
@@ -209,23 +195,22 @@ class Device:
 def h200() -> Device:
     """The device scenario of every prediction at scale (ModelError if its profile is
     missing)."""
-    return Device(load_profile(H200_PROFILE))
+    return Device(profile=load_profile(H200_PROFILE), **H200_NODE)
 
 
 def default_scenario() -> Scenario:
-    """The H200 device as the no-overlap model's Scenario; the model's A100 defaults only
+    """The H200 device as the no-overlap model's Scenario; the model's A100 scenario only
     where the committed profile is absent (an installed copy without ``profiles/``)."""
     try:
         return model_scenario(h200())
     except ModelError:
-        return Scenario()
+        return a100_scenario()
 
 
 def model_scenario(dev: Device) -> Scenario:
     """The device as the no-overlap model's Scenario (same gradient, compute and node)."""
     return Scenario(grad_bytes=dev.profile.grad_bytes, compute_s=dev.profile.compute_s,
-                    local_size=dev.local_size, alpha_intra=dev.alpha_intra,
-                    beta_intra=dev.beta_intra, gamma=dev.gamma, alpha_inter=dev.alpha_inter)
+                    name=f"{dev.profile.name} ({dev.local_size} per node)", **dev.node())
 
 
 def predict_step(strategy: str, ranks: int, gbit_s: float, dev: Device,
@@ -290,20 +275,6 @@ class OverlapCheck:
             if self.measured_step_s > 0 else math.nan
 
 
-def _profile_path(name: str, base: Path | None) -> Path | None:
-    """A run's ``compute_profile`` as given, else beside ``base`` or in ``profiles/``."""
-    p = Path(name)
-    for cand in (p, *([base / p] if base else []), PROFILES / p.name):
-        if cand.is_file():
-            return cand
-    return None
-
-
-def _base(rec: dict, base: Path | None) -> Path | None:
-    """Where a run's relative profile path is looked for: ``base``, else its file's folder."""
-    return base if base is not None else (Path(rec["_file"]).parent if rec.get("_file") else None)
-
-
 def run_params(rec: dict, params: Params, fit_links: Sequence[float] = ()) -> Params:
     """The fitted parameters for one run. Its inter-node beta is the fitted one where every
     multi-host microbenchmark fitted on ran at the run's measured link rate (within 5 %),
@@ -347,13 +318,13 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
             why = "accumulation (sync every k-th backward)"
         elif knobs.get("progress") == "poll":
             why = "polled iallreduce (libnbc): not modelled"
-        elif _profile_path(str(name), _base(r, base)) is None:
+        elif profile_file(r, base) is None:
             why = f"profile {name} not found"
         if why:
             skipped.append(f"{rid}: {why}")
             continue
         scale = num(get(r, "compute_scale"))  # missing: 1 (the flag's default)
-        prof = load_profile(_profile_path(str(name), _base(r, base)))
+        prof = load_profile(profile_file(r, base))
         prof = prof.scaled(scale if scale >= 0 else 1.0)
         p = run_params(r, params, fit_links)
         ranks = int(num(r.get("world_size")))

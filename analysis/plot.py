@@ -12,9 +12,8 @@ then.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from analysis.cli import UsageError, parser, run, warn
+from analysis.cli import UsageError, entry, output_dir, parser, warn, writing
 from analysis.load import load
 
 PROG = "analysis.plot"
@@ -28,7 +27,7 @@ def build(records: list[dict], only: list[str] | None = None) -> tuple[dict, dic
     for name, (_question, fn) in FIGURES.items():
         if only and name not in only:
             continue
-        fig, why = fn(records)
+        fig, why, _ = fn(records)
         if fig is None:
             skipped[name] = why
         else:
@@ -38,19 +37,16 @@ def build(records: list[dict], only: list[str] | None = None) -> tuple[dict, dic
 
 def body(argv: list[str]) -> int:
     from analysis.figures import FIGURES, save
-    from analysis.model import mark_native, parse_native_is
+    from analysis.model import add_native_is, mark_native, parse_native_is
 
     p = parser(PROG, "Plot commbench results: one figure per question (PNG and SVG).")
     p.add_argument("paths", nargs="+", help="result files or directories (searched for *.jsonl)")
     p.add_argument("-o", "--output", default="plots", help="directory for the figures")
-    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
-                   help="native records in PATH ran this algorithm (as for analysis.model)")
+    add_native_is(p)
     p.add_argument("--only", action="append", metavar="NAME", choices=list(FIGURES),
                    help=f"only this figure; repeatable ({', '.join(FIGURES)})")
     args = p.parse_args(argv)
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o/--output: {out} is not a directory")
+    out = output_dir(args.output, create=False)
     native_is = parse_native_is(args.native_is)
     loaded = load(args.paths)
     warn(PROG, loaded.warnings)
@@ -58,23 +54,17 @@ def body(argv: list[str]) -> int:
     drawn, skipped = build(loaded.records, args.only)
     if not drawn:
         raise UsageError("nothing to plot: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"-o/--output: cannot create {out}: {e.strerror}") from None
+    output_dir(out)
     for name, fig in drawn.items():
-        try:
+        with writing(out / name):
             paths = save(fig, out / name)
-        except OSError as e:
-            raise UsageError(f"-o/--output: cannot write {out / name}: {e.strerror}") from None
         print(f"wrote {paths[0]} (+ .svg)")
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(PROG, body, argv)
+main = entry(PROG, body)
 
 
 if __name__ == "__main__":

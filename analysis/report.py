@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analysis.cli import UsageError, parser, run, warn
+from analysis.cli import entry, output_dir, parser, warn
 from analysis.load import busy_runs, load, mark_machine_load
 from commbench.cores import BUSY_LOAD_FRACTION
 
@@ -158,7 +158,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         dev = overlap.h200()
     except overlap.ModelError:
         dev = None
-    sc = overlap.model_scenario(dev) if dev is not None else cost.Scenario()
+    sc = overlap.model_scenario(dev) if dev is not None else cost.a100_scenario()
     res = None
     try:
         res = cost.analyse(records, native_is, scenario=sc)
@@ -175,12 +175,10 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         where = (f"the device scenario of every prediction in this report (the claims' "
                  f"included): {dev.describe()} (one NVIDIA H200, float32; profiles/README.md)")
     else:
-        where = (f"ResNet-50 ({sc.grad_bytes / 1e6:.1f} MB float32 gradient), "
-                 f"{sc.compute_s * 1e3:.1f} ms compute per step (batch "
-                 f"{cost.A100_RESNET50_BATCH} on one A100 80GB at {cost.A100_RESNET50_IMG_S:g} "
-                 "img/s: NVIDIA DeepLearningExamples), 8 GPUs per node on NVLink, "
-                 f"{sc.alpha_inter * 1e6:g} µs per inter-node message (the H200 profile "
-                 "was not found)")
+        where = (f"{sc.name} ({sc.grad_bytes / 1e6:.1f} MB float32 gradient, "
+                 f"{sc.compute_s * 1e3:.1f} ms compute per step: NVIDIA DeepLearningExamples), "
+                 f"{sc.local_size} GPUs per node on NVLink, {sc.alpha_inter * 1e6:g} µs per "
+                 "inter-node message (the H200 profile was not found)")
     lines += [f"Extrapolation, no overlap of sync and compute: {where}.", "",
               "![model_extrapolation](figures/model_extrapolation.png)", ""]
     lines += model_error_lines(res)
@@ -205,31 +203,23 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
 
 
 def body(argv: list[str]) -> int:
-    from analysis.model import parse_native_is
+    from analysis.model import add_native_is, parse_native_is
 
     p = parser(PROG, "Write a Markdown report: figures, cost model and the seed claims C1-C8.")
     p.add_argument("paths", nargs="+", help="result files or directories")
     p.add_argument("-o", "--output", default="report", help="directory for README.md + figures")
-    p.add_argument("--native-is", action="append", metavar="ALGO=PATH",
-                   help="as for analysis.model: native records in PATH ran ALGO")
+    add_native_is(p)
     args = p.parse_args(argv)
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o/--output: {out} is not a directory")
+    out = output_dir(args.output, create=False)
     native_is = parse_native_is(args.native_is)
     loaded = load(args.paths)
     warn(PROG, loaded.warnings)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"-o/--output: cannot create {out}: {e.strerror}") from None
-    page = build(loaded.records, out, native_is, [str(x) for x in args.paths])
+    page = build(loaded.records, output_dir(out), native_is, [str(x) for x in args.paths])
     print(f"wrote {page}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(PROG, body, argv)
+main = entry(PROG, body)
 
 
 if __name__ == "__main__":

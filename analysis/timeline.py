@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.cli import UsageError, parser, run, warn
+from analysis.cli import UsageError, entry, parser, warn, writing
 from analysis.load import load
 
 PROG = "analysis.timeline"
@@ -121,18 +121,15 @@ def body(argv: list[str]) -> int:
     if out.is_dir():
         raise UsageError(f"-o/--output: {out} is a directory")
     events = trace_events(traces)
-    try:
+    with writing(out):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}),
                        encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"-o/--output: cannot write {out}: {e.strerror}") from None
     print(f"{len(traces)} run(s), {len(events)} events -> {out}", file=sys.stderr)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(PROG, body, argv)
+main = entry(PROG, body)
 
 
 if __name__ == "__main__":

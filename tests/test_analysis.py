@@ -51,8 +51,9 @@ def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def _legend(fig) -> list[str]:
-    """The figure's legend entries (one legend below the axes)."""
-    return [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    """The figure's legend entries (each panel's legend, beside its axes)."""
+    return [t.get_text() for ax in fig.axes if ax.get_legend()
+            for t in ax.get_legend().get_texts()]
 
 
 def _series(ax) -> dict[str, tuple[list, list]]:
@@ -93,30 +94,27 @@ def drawn(results):
     return figs, skipped
 
 
-def test_sync_share_vs_ranks_has_one_series_per_strategy(drawn):
-    figs, _ = drawn
-    ax = figs["sync_share_vs_ranks"].axes[0]
+def test_sync_share_vs_ranks_has_one_series_per_strategy(results):
+    fig, why, series = figures.sync_share_vs_ranks(load.load([results]).records)
+    assert why is None
+    ax = fig.axes[0]
     assert ax.get_xlabel() == "ranks"
     assert "sync share" in ax.get_ylabel()
-    labels = _legend(figs["sync_share_vs_ranks"])
-    # batch size differs between runs, so it is named in the series rather than merged
-    assert any(lab.startswith("flat (native)") for lab in labels)
-    assert any(lab.startswith("flat (ring)") for lab in labels)
-    assert any(lab.startswith("bucketed") for lab in labels)
-    assert any("batch 64" in lab for lab in labels)
-    flat = next(xy for lab, xy in _series(ax).items()
-                if lab.startswith("flat (native)") and "64" not in lab)
-    assert flat[0] == [1, 2]  # measured on 1 and 2 ranks
+    labels = _legend(fig)
+    assert {"flat (native)", "flat (ring)", "bucketed 25 MB", "bucketed 5 MB"} <= set(labels)
+    # the batch-64 run is another set-up, at one rank count: not on these lines
+    assert all(r["batch_size"] == 32 for s in series for r in s.runs)
+    assert "1 more set-up not drawn" in fig.get_supxlabel()
+    assert _series(ax)["flat (native)"][0] == [1, 2]  # measured on 1 and 2 ranks
 
 
 def test_scaling_figure_has_throughput_and_efficiency(drawn):
     figs, _ = drawn
     ax1, ax2 = figs["scaling"].axes
     assert ax1.get_ylabel() == "throughput (samples/s)"
-    assert ax2.get_ylabel().startswith("scaling efficiency (vs 1 rank")
+    assert ax2.get_ylabel().replace("\n", " ").startswith("scaling efficiency (vs 1 rank")
     eff = _series(ax2)
-    flat = next(xy for lab, xy in eff.items()
-                if lab.startswith("flat (native)") and "64" not in lab)
+    flat = eff["flat (native)"]
     assert flat[0] == [1, 2] and flat[1][0] == pytest.approx(1.0)
     # a series measured on one rank count only has no efficiency to draw
     assert not any(lab.startswith("flat (ring)") for lab in eff)
@@ -126,7 +124,7 @@ def test_scaling_figure_has_throughput_and_efficiency(drawn):
 def test_overlap_figure_bars_per_strategy(drawn):
     figs, _ = drawn
     ax = figs["overlap"].axes[0]
-    assert ax.get_xlabel() == "time per step (ms, median)" and ax.get_ylabel() == "strategy"
+    assert ax.get_xlabel() == "time per step (ms, median)"
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert any(t.startswith("bucketed") for t in ticks) and any(t.startswith("flat") for t in ticks)
     assert set(_legend(figs["overlap"])) == {
@@ -147,7 +145,7 @@ def test_overlap_stacks_exposed_sync_as_wait_and_transfer():
     recs = [_summary("flat", comm=40, exposed=60, wait=20, transfer=40),
             _summary("bucketed", comm=30, exposed=10, wait=15, transfer=30),  # overlapped
             _summary("horovod", comm=50, exposed=30)]  # no per-collective times
-    fig, why = figures.overlap(recs)
+    fig, why, _ = figures.overlap(recs)
     assert why is None
     ax = fig.axes[0]
     bars = {c.get_label(): [(p.get_y() + p.get_height() / 2, p.get_x(), p.get_width())
@@ -172,7 +170,7 @@ def test_schema_1_and_2_records_load_together(tmp_path):
                    + "\n")
     loaded = load.load([old, new])
     assert sorted(r["schema"] for r in loaded.records) == [1, 2]
-    fig, _ = figures.overlap(loaded.records)
+    fig, _, _ = figures.overlap(loaded.records)
     assert fig is not None
 
 
@@ -180,8 +178,9 @@ def test_busbw_figure_has_one_line_per_algorithm(drawn):
     figs, _ = drawn
     ax = figs["busbw_vs_size"].axes[0]
     assert ax.get_xlabel() == "message size (bytes)" and ax.get_ylabel() == "bus bandwidth (GB/s)"
+    # one host: no link, so no line drawn as a ceiling
     assert set(_legend(figs["busbw_vs_size"])) == {"native", "ring", "hier", "hier-leader"}
-    assert "no ceiling" in figs["busbw_vs_size"]._suptitle.get_text()  # one host, no link
+    assert ax.get_ylim()[0] == 0
 
 
 def test_bucket_and_batch_sweeps(drawn):

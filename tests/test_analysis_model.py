@@ -7,7 +7,9 @@ host on message sizes it was not fitted on.
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -87,7 +89,7 @@ def test_fit_separates_gamma_and_the_inter_node_level():
 
 
 def test_extrapolated_sync_share_grows_with_ranks_and_falls_with_link_speed():
-    sc = model.Scenario()
+    sc = model.a100_scenario()
     s = [model.sync_share("ring", p, 100, sc)[1] for p in model.EXTRAP_RANKS]
     assert s == sorted(s)
     assert model.sync_share("ring", 256, 400, sc)[1] < model.sync_share("ring", 256, 25, sc)[1]
@@ -123,3 +125,46 @@ def test_ring_prediction_matches_a_measured_ring_on_this_host(tmp_path):
     assert result.params.alpha_intra > 0 and result.params.beta_intra > 0
     assert ring.count == 6
     assert ring.median_abs_err <= RING_TOLERANCE, "\n".join(model.report_lines(result))
+
+
+def _microbench_file(path, params: model.Params, ranks: int = 4) -> None:
+    """Ring microbenchmark records of one host, timed by the model itself."""
+    import json
+
+    lines = [json.dumps({"schema": 2, "kind": "microbench", "algo": "ring", "size": n,
+                         "world_size": ranks, "nodes": 1, "local_size": ranks,
+                         "time_us": {"avg": model.predict("ring", n, ranks, params) * 1e6}})
+             for n in SIZES]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_cli_extrapolates_on_the_reports_device_scenario_unless_told(tmp_path, capsys):
+    from analysis import overlap
+
+    _microbench_file(tmp_path / "mb.jsonl", P)
+    assert model.main([str(tmp_path / "mb.jsonl"), "-o", str(tmp_path / "m")]) == 0
+    got = json.loads((tmp_path / "m" / "fit.json").read_text())["scenario"]
+    h200 = overlap.default_scenario()  # the one the report and the claims use
+    assert got == asdict(h200) and "h200-resnet50-b256" in got["name"]
+    assert f"# extrapolation on {h200.name}" in capsys.readouterr().out
+    assert model.main([str(tmp_path / "mb.jsonl"), "-o", str(tmp_path / "a"), "--device",
+                       "a100", "--compute-ms", "50"]) == 0
+    a100 = json.loads((tmp_path / "a" / "fit.json").read_text())["scenario"]
+    assert a100["compute_s"] == pytest.approx(0.05)
+    assert a100["beta_intra"] == model.A100_NODE["beta_intra"] != h200.beta_intra
+    assert a100["grad_bytes"] == model.RESNET50_GRAD_BYTES
+
+
+def test_cli_refuses_a_non_positive_scenario_value(tmp_path, capsys):
+    _microbench_file(tmp_path / "mb.jsonl", P)
+    assert model.main([str(tmp_path / "mb.jsonl"), "--local-size", "0"]) == 2
+    assert "--local-size must be > 0" in capsys.readouterr().err
+
+
+def test_scenario_and_device_share_one_node():
+    from analysis import overlap
+
+    dev = overlap.h200()
+    sc = overlap.model_scenario(dev)
+    assert isinstance(dev, model.Node) and isinstance(sc, model.Node)
+    assert sc.node() == dev.node() and sc.params(100) == dev.params(100)

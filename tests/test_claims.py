@@ -127,7 +127,7 @@ ONE_FIELD = {
     "compression": _knobs(compression="fp16"),
     "backend": _top(backend="horovod"),
     "launcher": lambda r: r["versions"].update(horovod_controller="gloo"),
-    "threads": _top(torch_threads=2),
+    "threads": _top(thread_rule="one thread per rank", torch_threads=2),
     "straggler": _cfg(slow_rank=[3, 2.0]),
     "sync": _top(algo="ring"),
 }
@@ -150,6 +150,16 @@ def test_runs_differing_in_one_field_are_matched_only_when_it_is_the_variable(na
     assert not match.same_setup(a, b, vary=(other,))
     assert len(match.matched_sets([a, b])) == 2
     assert len(match.matched_sets([a, b], vary=(name,))) == 1
+
+
+def test_torch_threads_follow_the_ranks_under_one_thread_rule():
+    one, two = run(nodes=1, local=1, torch_threads=2), run(nodes=1, local=2, torch_threads=1)
+    assert match.differences(one, two) == ["ranks", "local_sizes", "threads"]
+    assert match.same_setup(one, two, vary=figures.RANKS)
+    other_rule = {**two, "thread_rule": "one thread per rank"}
+    assert match.differences(one, other_rule, figures.RANKS) == ["threads"]
+    no_rule = [{**r, "thread_rule": None} for r in (one, two)]  # older records: the count
+    assert match.differences(*no_rule, figures.RANKS) == ["threads"]
 
 
 def test_same_run_twice_is_matched_and_unknown_fields_are_refused():
@@ -221,12 +231,95 @@ def test_staleness_figure_leaves_out_flat_runs_of_a_stale_job():
             run("async", "native", config={"staleness": 0}, throughput=90),
             run("async", "native", config={"staleness": 1}, throughput=95),
             run("async", "native", config={"staleness": 2}, throughput=97)]
-    fig, why = figures.staleness(recs)
+    fig, why, series = figures.staleness(recs)
     assert why is None
-    labels = [ln.get_label() for ln in fig.axes[1].get_lines()] + \
-        [c.get_label() for c in fig.axes[1].containers]
-    assert any(lab.startswith("async") for lab in labels)
-    assert not any(lab.startswith("flat") for lab in labels)
+    assert [s.label for s in series] == ["async"]  # one line: s = 0, 1, 2
+    assert sorted(load.get(r, "staleness") for r in series[0].runs) == [0, 1, 2]
+    # the flat run is drawn as the set-up's synchronous reference, not as a staleness
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()
+            if ln.get_label().startswith("flat")] == ["flat (native) (synchronous reference)"]
+
+
+# -- figures from a mixed folder: a series per matched set, a panel per set-up ----------
+
+def _mixed() -> list[dict]:
+    """Runs of three set-ups, as a folder gathered from several studies holds them: flat
+    and bucketed on 2 emulated nodes at 2, 4 and 8 ranks (1 Gbit/s), the same with a
+    straggler, and flat on one host (no link) at 1 and 2 ranks."""
+    recs = []
+    for local in (1, 2, 4):
+        for straggler in (None, [1, 2.0]):
+            cfg = {"slow_rank": straggler}
+            recs += [run("flat", "native", local=local, sync_share=0.1 * local, config=cfg),
+                     run("bucketed", None, local=local, sync_share=0.05 * local, config=cfg)]
+    recs += [run("flat", "native", nodes=1, local=n, link=None, gbps=None, sync_share=0.05 * n)
+             for n in (1, 2)]
+    return recs
+
+
+def _legend_labels(ax) -> list[str]:
+    leg = ax.get_legend()
+    return [t.get_text() for t in leg.get_texts()] if leg else []
+
+
+@pytest.mark.parametrize("name", ["sync_share_vs_ranks", "scaling"])
+def test_rank_figures_draw_one_series_per_matched_set_in_a_panel_per_set_up(name):
+    recs = _mixed()
+    fig, why, series = figures.FIGURES[name][1](recs)
+    assert why is None
+    sets = match.matched_sets(recs, figures.RANKS)
+    assert len(series) == len(sets) == 5
+    assert sorted(sorted(r["run_id"] for r in s.runs) for s in series) == sorted(
+        sorted(r["run_id"] for r in g) for g in sets)
+    # a panel (row) per set-up, titled in words, its series' labels in its legend
+    setups = list(dict.fromkeys(s.setup for s in series))
+    assert len(setups) == 3 and any("straggler rank 1 x 2" in t for t in setups)
+    rows = fig.axes if name == "sync_share_vs_ranks" else fig.axes[1::2]
+    for ax, setup in zip(rows, setups):
+        assert ax.get_legend() is not None  # beside the axes: anchored right of them
+        assert ax.get_legend().get_bbox_to_anchor().x0 >= ax.get_window_extent().x1
+        assert sorted(_legend_labels(ax)) == sorted(s.label for s in series if s.setup == setup)
+        assert ax.get_ylim()[0] == 0
+    first = fig.axes[0]
+    assert first.get_title(loc="left").replace("\n", " ") == setups[0]
+
+
+def test_sweep_figures_keep_set_ups_apart_and_the_batch_profile_follows_the_batch():
+    b256, b1024 = _profiled(256, throughput=100.0), _profiled(1024, throughput=150.0)
+    other = [run(batch_size=b, config={"batch_size": b}, nodes=1, local=2, link=None, gbps=None)
+             for b in (32, 64)]
+    fig, why, series = figures.batch_size([b256, b1024, *other])
+    assert why is None and len(series) == 2
+    assert {tuple(sorted(r["batch_size"] for r in s.runs)) for s in series} == {(256, 1024),
+                                                                                 (32, 64)}
+    ks = [run(config={"accum_steps": k}) for k in (1, 4)]
+    fig, why, series = figures.accumulation([*ks, run(config={"accum_steps": 2}, nodes=1,
+                                                      link=None, gbps=None)])
+    assert why is None and len(series) == 1 and series[0].runs == ks
+    assert all(ax.get_ylim()[0] == 0 for ax in fig.axes)
+
+
+def _microbench(algo: str, nodes: int, busbw: float, size: int = 1 << 26) -> dict:
+    return {"schema": 2, "kind": "microbench", "run_id": f"mb{next(_ids):04d}", "algo": algo,
+            "size": size, "busbw": busbw, "world_size": 4 * nodes, "nodes": nodes,
+            "local_size": 4, "local_sizes": [4] * nodes, "backend": "mpi",
+            "link_shaping": "1gbit" if nodes > 1 else None,
+            "link_gbps": 0.95 if nodes > 1 else None, "torch_threads": 1}
+
+
+def test_the_link_is_drawn_as_a_ceiling_of_the_ring_only():
+    two = [_microbench(a, 2, bw) for a, bw in (("ring", 0.11), ("hier", 0.16), ("native", 0.1))]
+    one = [_microbench(a, 1, 1.1) for a in ("ring", "hier")]
+    fig, why, series = figures.busbw_vs_size([*two, *one])
+    assert why is None and len(series) == 5
+    cluster, host = fig.axes  # the cluster first: more ranks
+    link = [lab for lab in _legend_labels(cluster) if lab.startswith("link")]
+    assert len(link) == 1 and "ceiling of ring" in link[0].replace("\n", " ")
+    assert "hier, native can pass it" in link[0].replace("\n", " ")
+    assert not any(lab.startswith("link") for lab in _legend_labels(host))  # one host: no link
+    fig, _, _ = figures.busbw_vs_size([two[1]])
+    (lab,) = [x for x in _legend_labels(fig.axes[0]) if x.startswith("link")]
+    assert "not a ceiling for hier" in lab.replace("\n", " ")
 
 
 # -- C4: async vs synchronous ----------------------------------------------------------
@@ -282,7 +375,7 @@ def test_c4_without_a_matched_set_is_not_reproducible_here():
     c = claim("C4", [asyn, flat])
     assert c.verdict == claims.NOT_HERE
     assert "matched set-up" in c.reason and c.runs == {}
-    assert c.reason.endswith("the closest pair here differs in compute")
+    assert "the closest pair here differs in compute; accuracy: no convergence runs" in c.reason
 
 
 def test_c4_compares_the_parameter_server_by_its_measured_staleness():
@@ -291,6 +384,67 @@ def test_c4_compares_the_parameter_server_by_its_measured_staleness():
     c = claim("C4", [flat, ps])
     assert c.verdict == claims.REFUTED and "2.00x" in c.measured
     assert "measured staleness 1.6" in c.measured
+
+
+def conv(s: int | None, accuracy: float, mitigation: str = "none", *, ranks: int = 4,
+         steps: int = 200) -> dict:
+    """One configuration of the convergence study (``commbench.staleness``'s
+    ``staleness_summary``): async at staleness ``s``, or the parameter server (``s`` None)."""
+    strategy = "async" if s is not None else "ps"
+    cfg = {"staleness": [0, 1, 2, 4], "mitigations": ["none", "lr"], "ps": True,
+           "staleness_warmup": 20, "steps": steps, "eval_every": 10, "target_accuracy": 0.9,
+           "lr": 0.02, "batch_size": 32, "model": "smallcnn", "image_size": 32, "seed": 0}
+    knobs = ({"compression": "none", "staleness": s, "staleness_lr": mitigation == "lr",
+              "staleness_warmup": 0, "buffers": 1} if s is not None else
+             {"servers": 1, "workers": ranks - 1, "staleness_lr": mitigation == "lr"})
+    return {"schema": 2, "kind": "staleness_summary", "job_id": "conv",
+            "run_id": f"conv{next(_ids):04d}", "backend": "mpi", "world_size": ranks,
+            "nodes": 1, "local_size": ranks, "local_sizes": [ranks], "torch_threads": 1,
+            "thread_rule": "ranks on this node", "config": cfg, "strategy": strategy,
+            "algo": None, "workload": "resnet", "model": "smallcnn", "batch_size": 32,
+            "image_size": 32, "device": "cpu", "dtype": "float32", "knobs": knobs,
+            "staleness_config": s, "mitigation": mitigation, "final_accuracy": accuracy,
+            "best_accuracy": accuracy, "wall_s": 10.0, "throughput": 1000.0,
+            "staleness_mean": float(s or 0)}
+
+
+def _study(accuracies: dict[int, float], ranks: int = 4) -> list[dict]:
+    return [conv(s, a, ranks=ranks) for s, a in accuracies.items()]
+
+
+def test_c4_gives_the_held_out_accuracy_at_each_staleness_with_its_runs():
+    speed = _cluster_job({"flat": 40.0, "async": 20.0})
+    study = [*_study({0: 0.93, 1: 0.67, 2: 0.09, 4: 0.35}), conv(4, 0.37, "lr"), conv(None, 0.95)]
+    c = claim("C4", [*speed, *study])
+    assert ("held-out accuracy after 200 steps: s=0 0.930, s=1 0.670, s=2 0.090, s=4 0.350, "
+            "s=4 with lr 0.370, ps 0.950") in c.measured
+    assert c.runs["convergence s=2"] == [study[2]["run_id"]]
+    assert c.runs["convergence ps"] == [study[-1]["run_id"]]
+    assert ids_of(c) == {r["run_id"] for r in [*speed, *study]}
+    assert "s=4 lost 0.580 of held-out accuracy" in c.reason
+    assert c.verdict == claims.REFUTED  # the speed-up half: 0.50x
+
+
+@pytest.mark.parametrize("accuracy_at_4, verdict", [(0.60, claims.REPRODUCED),
+                                                    (0.92, claims.REFUTED)])
+def test_c4_is_reproduced_only_when_both_halves_are(accuracy_at_4, verdict):
+    speed = _cluster_job({"flat": 10.0, "async": 30.0})  # 3x
+    c = claim("C4", [*speed, *_study({0: 0.93, 4: accuracy_at_4})])
+    assert c.verdict == verdict
+    assert claim("C4", speed).verdict == claims.NOT_HERE  # the accuracy half unmeasured
+
+
+def test_c4_accuracy_compares_convergence_runs_of_one_set_up_only():
+    speed = _cluster_job({"flat": 10.0, "async": 30.0})
+    two, four = _study({0: 0.95}, ranks=2), _study({4: 0.30}, ranks=4)
+    longer = [conv(4, 0.80, steps=400)]  # another step count: not a repeat
+    c = claim("C4", [*speed, *two, *four, *longer])
+    assert c.verdict == claims.NOT_HERE and "convergence" not in " ".join(c.runs)
+    assert "no convergence runs at s = 0 and s > 0" in c.reason
+    both = _study({0: 0.95, 4: 0.30}, ranks=2)
+    c = claim("C4", [*speed, *both, *four, *longer])
+    assert c.verdict == claims.REPRODUCED and "2 ranks on 1 node(s)" in c.measured
+    assert c.runs["convergence s=4"] == [both[1]["run_id"]]
 
 
 # -- C2: hierarchical vs flat ring -----------------------------------------------------
@@ -332,6 +486,38 @@ def test_c5_does_not_pool_a_straggler_run_into_the_batch_sweep():
     c = claim("C5", records)
     assert c.verdict == claims.REFUTED and "x1.02" in c.measured
     assert c.runs == {"batch 32": [b32["run_id"]], "batch 64": [b64["run_id"]]}
+
+
+def _profiled(batch: int, profile: str | None = None, **kw) -> dict:
+    """A run replaying a committed H200 profile (the study's C5 runs: each batch its own)."""
+    name = profile or f"h200-resnet50-b{batch}.json"
+    return run(batch_size=batch, config={"batch_size": batch, "compute_profile":
+                                         f"profiles/{name}", "compute_scale": 20.0}, **kw)
+
+
+def test_c5_pairs_runs_whose_profile_follows_their_batch():
+    b256, b1024 = _profiled(256, throughput=100.0), _profiled(1024, throughput=150.0)
+    # the profile is part of the batch: any other difference still separates the runs
+    assert match.differences(b256, b1024) == ["compute", "batch"]
+    assert match.same_setup(b256, b1024, vary=("batch",))
+    assert not match.same_setup(b256, b1024, vary=("sync",))
+    c = claim("C5", [b256, b1024])
+    assert c.verdict == claims.REPRODUCED and "x1.50" in c.measured
+    assert c.runs == {"batch 256": [b256["run_id"]], "batch 1024": [b1024["run_id"]]}
+    assert "profiles of each batch, resnet50 on NVIDIA H200" in c.setup
+
+
+def test_c5_still_separates_profiles_of_another_model_scale_or_batch():
+    b256 = _profiled(256)
+    other_model = _profiled(64, "h200-resnet18-b64.json")
+    other_scale = _profiled(1024)
+    other_scale["config"]["compute_scale"] = 50.0
+    wrong_batch = _profiled(1024, "h200-resnet50-b256.json")  # a profile of another batch
+    missing = _profiled(1024, "h200-resnet50-b999.json")  # not found: known by name only
+    for b in (other_model, other_scale, wrong_batch, missing):
+        assert match.differences(b256, b, ("batch",)) == ["compute"], b["config"]
+    c = claim("C5", [b256, other_model, other_scale, wrong_batch, missing])
+    assert c.verdict == claims.NOT_HERE and c.reason.endswith("differs in compute")
 
 
 # -- the report page ---------------------------------------------------------------------

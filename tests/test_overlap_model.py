@@ -88,7 +88,8 @@ def test_buckets_agree_with_the_strategys_assign_buckets(path):
 
 
 def _dev(**kw) -> overlap.Device:
-    return overlap.Device(overlap.load_profile(overlap.H200_PROFILE), **kw)
+    return overlap.Device(profile=overlap.load_profile(overlap.H200_PROFILE),
+                          **{**overlap.H200_NODE, **kw})
 
 
 def test_infinite_link_leaves_only_the_last_buckets_time_exposed():

@@ -97,6 +97,10 @@ def test_the_full_study_adds_the_claims_own_batches_with_their_h200_profiles():
     for r in prof:
         path = ROOT / get(r, "compute_profile")
         assert json.loads(path.read_text())["batch_size"] == r["batch_size"]
+    # each batch with its own profile, still one matched set on the batch (analysis.match)
+    g = the_set(prof, ("batch",), lambda g: len({r["batch_size"] for r in g}) > 1)
+    assert sorted(r["batch_size"] for r in g) == list(FULL.profile_batches)
+    assert len({get(r, "compute_profile") for r in g}) == len(FULL.profile_batches)
 
 
 def test_runs_shared_by_claims_run_once_and_claims_restrict_the_jobs():
