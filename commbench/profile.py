@@ -143,11 +143,14 @@ def load(path: str | Path, model: str, num_classes: int, model_kwargs: dict | No
     want = [(n, list(s)) for n, s in shapes if n not in set(unused)]
     have = [(g.get("name"), g.get("shape")) for g in prof.get("grads", [])]
     if have != want or not set(unused) <= names:
-        kw = prof.get("model_kwargs") or {}
-        raise ProfileError(f"--compute-profile: {path} was recorded for {prof.get('model')} "
-                           f"{kw or ''} with {prof.get('num_classes')} classes, not {model} "
-                           f"{model_kwargs or ''} with {num_classes}: its parameters differ "
-                           "(give --model and --model-kwargs as recorded)")
+        def what(name: object, kw: dict | None) -> str:
+            return f"{name} {json.dumps(kw)}" if kw else str(name)
+
+        raise ProfileError(f"--compute-profile: {path} was recorded for "
+                           f"{what(prof.get('model'), prof.get('model_kwargs'))} with "
+                           f"{prof.get('num_classes')} classes, not {what(model, model_kwargs)} "
+                           f"with {num_classes}: its parameters differ (give --model and "
+                           "--model-kwargs as recorded)")
     names = [n for n, _ in want]
     if sorted(prof.get("backward_order", [])) != sorted(names):
         raise ProfileError(f"--compute-profile: {path} has a broken backward_order")
