@@ -125,7 +125,7 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
     buffer_sync.before_evaluation()
     extra = rank_extras(workload)
     gathered = comm.gather_object((samples, wrong, checked, extra,
-                                   getattr(timer, "steps", None), step_log))
+                                   timer.trace(), step_log))
     if comm.rank != 0:
         return None
     summary = {**run.step_summary(cfg.batch_size * cfg.accum_steps * comm.size),

@@ -110,6 +110,9 @@ class WorkloadSpec:
 
     workload: str = "synthetic"
     model: str | None = None  # resnet50; resnet18 for the real workload on a CPU
+    model_kwargs: dict = field(default_factory=dict)  # the model's keyword arguments
+    input_shape: tuple[int, ...] | None = None  # one sample; None: 3 x image_size^2
+    vocab: int | None = None  # inputs are token ids below this
     batch_size: int | None = None  # 32; 64 for the real workload on a GPU
     num_classes: int = 1000
     image_size: int | None = None  # real workload: 64 px on a CPU, 224 on a GPU
@@ -123,10 +126,18 @@ class WorkloadSpec:
     compute_jitter: float = 0.0  # coefficient of variation of each step's replayed compute
     seed: int = 0
 
+    def sample_shape(self) -> tuple[int, ...]:
+        """One input sample's shape: ``--input-shape``, else a 3-channel image of
+        ``--image-size`` pixels a side."""
+        return self.input_shape or (3, self.image_size, self.image_size)
+
     def label(self) -> str:
         """What computes in each step, for a table's title."""
         if self.workload == "resnet":
-            return f"batch {self.batch_size} x {self.image_size} px on {self.device}"
+            what = f"{self.image_size} px" if self.input_shape is None else \
+                "input " + "x".join(map(str, self.input_shape)) + \
+                (f" tokens < {self.vocab}" if self.vocab else "")
+            return f"batch {self.batch_size} x {what} on {self.device}"
         what = (f"compute {self.compute_profile} x {self.compute_scale:g}"
                 if self.compute_profile else f"compute {self.compute_ms:g} ms")
         if self.slow_rank is not None:
@@ -271,6 +282,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def model_name(text: str) -> str:
+    """``--model``: a registered model, or ``package.module:factory`` (imported later, in
+    ``resolve_workload``, so its errors come with the other flags' checks)."""
+    from commbench.models import MODELS
+    from commbench.models.factory import ModelError, check_ref, is_factory
+
+    if is_factory(text):
+        try:
+            return check_ref(text)
+        except ModelError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"--model {text}: ")) from None
+    if text not in MODELS:
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose from "
+                                         f"{', '.join(MODELS)}, or give package.module:factory")
+    return text
+
+
+def model_kwargs(text: str) -> dict:
+    """``--model-kwargs``: a JSON object or ``k=v,k=v``."""
+    from commbench.models.factory import parse_kwargs
+
+    try:
+        return parse_kwargs(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def input_shape(text: str) -> tuple[int, ...]:
+    """``--input-shape``: one sample's dimensions, e.g. ``3,224,224`` or ``512``."""
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) <= 0:
+        raise argparse.ArgumentTypeError(f"expected sizes > 0 separated by commas (e.g. "
+                                         f"3,224,224 or 512), got {text!r}")
+    return dims
+
+
 def add_workload_flags(g: argparse._ArgumentGroup, d: WorkloadSpec) -> None:
     """The workload's flags (``WorkloadSpec``), shared by the tools that train one."""
     from commbench.models import MODELS
@@ -278,9 +328,21 @@ def add_workload_flags(g: argparse._ArgumentGroup, d: WorkloadSpec) -> None:
 
     g.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
                    help="synthetic = a real model's gradient shapes, compute replayed")
-    g.add_argument("--model", choices=tuple(MODELS), default=d.model,
-                   help="model whose gradients are synchronised (default resnet50; resnet18 "
-                        "for --workload resnet on a CPU)")
+    g.add_argument("--model", metavar="NAME|PKG.MOD:FACTORY", type=model_name, default=d.model,
+                   help=f"model whose gradients are synchronised: {', '.join(MODELS)} (default "
+                        "resnet50; resnet18 for --workload resnet on a CPU), or your own: a "
+                        "callable returning a torch.nn.Module, importable on every rank")
+    g.add_argument("--model-kwargs", metavar="JSON|K=V,...", type=model_kwargs,
+                   default=d.model_kwargs,
+                   help="keyword arguments of the model's factory: a JSON object "
+                        "('{\"depth\": 4}') or depth=4,width=256 (values read as JSON)")
+    g.add_argument("--input-shape", metavar="D[,D...]", type=input_shape, default=d.input_shape,
+                   help="one input sample's shape (e.g. 3,224,224; 512 for a sequence of token "
+                        "ids with --vocab); default 3,S,S with S = --image-size. The loss: the "
+                        "model's own loss(output, target) if it has one, else cross-entropy "
+                        "for an (N, C) output, over tokens for (N, T, C), else mean square")
+    g.add_argument("--vocab", metavar="N", type=positive_int, default=d.vocab,
+                   help="inputs are token ids drawn from [0, N) (int64) instead of floats")
     g.add_argument("--batch-size", type=positive_int, default=d.batch_size,
                    help="samples per rank per step (throughput = ranks * batch / step); "
                         "default 32, 64 for --workload resnet on a GPU")
@@ -422,6 +484,7 @@ def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = No
 
 def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
     """Fill the defaults that depend on the workload and the device, then check them."""
+    from commbench.models.factory import is_factory
     from commbench.workloads.resnet import MIN_IMAGE_SIZE
 
     if cuda is None:
@@ -449,9 +512,11 @@ def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
         spec.batch_size = 64 if gpu else 32
     if spec.image_size is None:
         spec.image_size = 224 if gpu else 64
-    if real and spec.image_size < MIN_IMAGE_SIZE:
+    if real and spec.image_size < MIN_IMAGE_SIZE and spec.input_shape is None \
+            and not is_factory(spec.model):
         raise ConfigError(f"--image-size: {spec.image_size} px is too small for a ResNet "
                           f"(at least {MIN_IMAGE_SIZE})")
+    check_model(spec)
     if spec.compute_profile:
         if real:
             raise ConfigError("--compute-profile: only the synthetic workload replays a "
@@ -459,6 +524,28 @@ def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
         from commbench.profile import ProfileError, load
 
         try:
-            load(spec.compute_profile, spec.model, spec.num_classes)
+            load(spec.compute_profile, spec.model, spec.num_classes, spec.model_kwargs)
         except ProfileError as e:
             raise ConfigError(str(e)) from None
+
+
+def check_model(spec: WorkloadSpec) -> None:
+    """A user's model (or a registered one given ``--input-shape``/``--vocab``/
+    ``--model-kwargs``) must build and take its inputs: one forward and backward on the
+    meta device (``workloads.objective.probe_spec``), on every rank before any collective."""
+    from commbench.models.factory import ModelError, is_factory
+
+    if not (is_factory(spec.model) or spec.input_shape or spec.vocab or spec.model_kwargs):
+        return
+    if spec.dataset != "synthetic" and (spec.input_shape or spec.vocab):
+        raise ConfigError(f"--dataset {spec.dataset}: its samples are 3 x --image-size "
+                          "images; drop --input-shape and --vocab")
+    from commbench.workloads.objective import probe_spec
+
+    try:
+        probe_spec(spec.model, spec.model_kwargs, spec.num_classes, spec.batch_size,
+                   spec.sample_shape(), spec.vocab, shape_given=spec.input_shape is not None)
+    except ModelError as e:
+        raise ConfigError(str(e)) from None
+    except ValueError as e:  # a registered model given keyword arguments it rejects
+        raise ConfigError(f"--model {spec.model}: {e}") from None

@@ -6,6 +6,16 @@ at a target device's speed::
     python -m commbench.profile --model resnet50 --batch-size 32 --image-size 224 -o r50.json
     mpirun -np 8 python -m commbench.allreduce --compute-profile r50.json --compute-scale 0.02
 
+Your own model the same way (``--model package.module:factory``, its
+``--model-kwargs``, ``--input-shape`` and ``--vocab`` as ``commbench.allreduce``
+takes them; the replay must be given the same ``--model`` and
+``--model-kwargs``)::
+
+    python -m commbench.profile --model mypkg.nets:gpt --model-kwargs layers=4 \
+        --input-shape 512 --vocab 32000 --batch-size 8 --device cuda -o gpt.json
+    mpirun -np 8 python -m commbench.allreduce --model mypkg.nets:gpt \
+        --model-kwargs layers=4 --compute-profile gpt.json
+
 The profile holds the forward time, the optimizer time and, for every
 parameter (by name, with its shape), the time from the start of backward
 until autograd had accumulated its gradient, as the median over ``--iters``
@@ -18,7 +28,6 @@ also holds the peak device memory of a step (``peak_cuda_mb``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -39,13 +48,16 @@ class ProfileError(ValueError):
 
 
 def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000,
-           iters: int = 5, warmup: int = 2, device: str = "cpu", seed: int = 0) -> dict:
+           iters: int = 5, warmup: int = 2, device: str = "cpu", seed: int = 0,
+           model_kwargs: dict | None = None, input_shape: tuple[int, ...] | None = None,
+           vocab: int | None = None) -> dict:
     """Profile forward, backward (per-gradient ready times) and optimizer of ``model``."""
     from commbench.timing import NullTimer, now
     from commbench.workloads.resnet import ResNetWorkload
 
     wl = ResNetWorkload(model, rank=0, seed=seed, batch_size=batch_size,
-                        num_classes=num_classes, image_size=image_size, device=device)
+                        num_classes=num_classes, image_size=image_size, device=device,
+                        model_kwargs=model_kwargs, input_shape=input_shape, vocab=vocab)
     cuda = wl.device.type == "cuda"
     forward, optimizer, ready = [], [], {i: [] for i in range(len(wl.params))}
     order: list[int] = []
@@ -86,9 +98,16 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
         "schema": PROFILE_SCHEMA,
         "kind": "compute_profile",
         "model": model,
+        "model_kwargs": dict(model_kwargs or {}),
         "num_classes": num_classes,
         "batch_size": batch_size,
         "image_size": image_size,
+        "input_shape": list(wl.input_shape),
+        "vocab": vocab,
+        "loss_rule": wl.loss_rule,
+        # left out of the gradients (workloads.base): the replay leaves them out too
+        "unused": wl.unused,
+        "frozen": wl.frozen,
         "device": str(wl.device) if wl.device.type != "cuda"
         else torch.cuda.get_device_name(wl.device),
         "torch_threads": torch.get_num_threads(),
@@ -105,8 +124,10 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
     }
 
 
-def load(path: str | Path, model: str, num_classes: int) -> dict:
-    """Read a profile and check it describes ``model`` (same parameters, same shapes)."""
+def load(path: str | Path, model: str, num_classes: int, model_kwargs: dict | None = None
+         ) -> dict:
+    """Read a profile and check it describes ``model`` built with ``model_kwargs`` (same
+    parameters, same shapes, less those its backward never reached)."""
     try:
         prof = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -116,12 +137,20 @@ def load(path: str | Path, model: str, num_classes: int) -> dict:
     if prof.get("schema") != PROFILE_SCHEMA:
         raise ProfileError(f"--compute-profile: {path} has schema {prof.get('schema')}, "
                            f"this commbench reads {PROFILE_SCHEMA}")
-    want = [(n, list(s)) for n, s in parameter_shapes(model, num_classes)]
+    shapes = parameter_shapes(model, num_classes, model_kwargs)
+    unused = prof.get("unused", [])
+    names = {n for n, _ in shapes}
+    want = [(n, list(s)) for n, s in shapes if n not in set(unused)]
     have = [(g.get("name"), g.get("shape")) for g in prof.get("grads", [])]
-    if have != want:
-        raise ProfileError(f"--compute-profile: {path} was recorded for {prof.get('model')} "
-                           f"with {prof.get('num_classes')} classes, not {model} with "
-                           f"{num_classes}: its parameters differ")
+    if have != want or not set(unused) <= names:
+        def what(name: object, kw: dict | None) -> str:
+            return f"{name} {json.dumps(kw)}" if kw else str(name)
+
+        raise ProfileError(f"--compute-profile: {path} was recorded for "
+                           f"{what(prof.get('model'), prof.get('model_kwargs'))} with "
+                           f"{prof.get('num_classes')} classes, not {what(model, model_kwargs)} "
+                           f"with {num_classes}: its parameters differ (give --model and "
+                           "--model-kwargs as recorded)")
     names = [n for n, _ in want]
     if sorted(prof.get("backward_order", [])) != sorted(names):
         raise ProfileError(f"--compute-profile: {path} has a broken backward_order")
@@ -129,9 +158,24 @@ def load(path: str | Path, model: str, num_classes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m commbench.profile",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet18")
+    from commbench.config import (
+        ConfigError,
+        Parser,
+        WorkloadSpec,
+        check_model,
+        input_shape,
+        model_name,
+    )
+    from commbench.config import model_kwargs as kwargs_flag
+
+    p = Parser(prog="python -m commbench.profile", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=model_name, default="resnet18",
+                   help="a registered model or package.module:factory (as commbench.allreduce)")
+    p.add_argument("--model-kwargs", type=kwargs_flag, default={},
+                   help="the factory's keyword arguments: a JSON object or k=v,k=v")
+    p.add_argument("--input-shape", type=input_shape, default=None,
+                   help="one sample's shape (default 3,S,S with S = --image-size)")
+    p.add_argument("--vocab", type=int, default=None, help="inputs are token ids below N")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--num-classes", type=int, default=1000)
@@ -141,17 +185,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0 = torch's default); match the ranks you replay for")
     p.add_argument("-o", "--output", required=True, help="profile file (JSON)")
-    a = p.parse_args(argv)
+    try:
+        a = p.parse_args(argv)
+        check_model(WorkloadSpec(workload="resnet", model=a.model, model_kwargs=a.model_kwargs,
+                                 input_shape=a.input_shape, vocab=a.vocab,
+                                 batch_size=a.batch_size, num_classes=a.num_classes,
+                                 image_size=a.image_size))
+    except ConfigError as e:
+        print(f"commbench.profile: error: {e}", file=sys.stderr)
+        return 2
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     try:
         prof = record(a.model, a.batch_size, a.image_size, a.num_classes, a.iters, a.warmup,
-                      a.device)
+                      a.device, model_kwargs=a.model_kwargs, input_shape=a.input_shape,
+                      vocab=a.vocab)
     except ValueError as e:
         print(f"commbench.profile: error: {e}", file=sys.stderr)
         return 2
     write_atomic(a.output, json.dumps(prof, indent=1))
-    print(f"{a.model} batch {a.batch_size} {a.image_size}px on {prof['device']}: forward "
+    shape = "x".join(map(str, prof["input_shape"]))
+    print(f"{a.model} batch {a.batch_size} x {shape} on {prof['device']}: forward "
           f"{prof['forward_s'] * 1e3:.1f} ms, backward {prof['backward_s'] * 1e3:.1f} ms, "
           f"optimizer {prof['optimizer_s'] * 1e3:.1f} ms"
           + (f", peak {prof['peak_cuda_mb']:.0f} MiB" if "peak_cuda_mb" in prof else "")

@@ -217,6 +217,11 @@ def run_fields(*, strategy: str, algo: str | None, workload, knobs: dict) -> dic
         "model": workload.model,
         "batch_size": workload.batch_size,
         "image_size": workload.image_size,
+        "input_shape": workload.input_shape,
+        "loss_rule": workload.loss_rule,
+        # parameters not synchronised: no gradient (frozen), or backward never reaches them
+        "frozen_params": workload.frozen,
+        "unused_params": workload.unused,
         "device": str(workload.device),
         "dtype": "float32",
         "grad_bytes": workload.nbytes,

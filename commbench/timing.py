@@ -141,6 +141,10 @@ class StepTimer:
         finally:
             self.comm(t, now(), nbytes, calls, whole)
 
+    def trace(self) -> list[dict] | None:
+        """Every step's intervals where this timer keeps them (``TracingStepTimer``)."""
+        return None
+
     def end_step(self) -> StepSample:
         step_s = now() - self._t0
         return StepSample(
@@ -239,6 +243,9 @@ class TracingStepTimer(StepTimer):
         super().buffer_sync(start, end, nbytes)
         self.steps[-1]["phases"].append(["buffer broadcast", start - self._origin,
                                          end - self._origin])
+
+    def trace(self) -> list[dict]:
+        return self.steps
 
     def end_step(self) -> StepSample:
         sample = super().end_step()

@@ -155,20 +155,36 @@ def _register_small() -> None:
 _register_small()
 
 
-def build_model(name: str, num_classes: int = 1000, device: str | torch.device = "cpu") -> ResNet:
-    """Build model ``name`` on ``device`` (``"meta"`` allocates no weights)."""
+def build_model(name: str, num_classes: int = 1000, device: str | torch.device = "cpu",
+                kwargs: dict | None = None) -> nn.Module:
+    """Build model ``name`` on ``device`` (``"meta"`` allocates no weights).
+
+    ``name`` is a registered model (called with ``num_classes`` and ``kwargs``) or a
+    factory, ``package.module:callable`` (called with ``kwargs`` only:
+    ``commbench.models.factory``).
+    """
+    from commbench.models.factory import ModelError, call_factory, is_factory
+
+    if is_factory(name):
+        return call_factory(name, dict(kwargs or {}), device)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-    with torch.device(device):
-        return MODELS[name](num_classes=num_classes)
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}, or give "
+                         "package.module:factory")
+    try:
+        with torch.device(device):
+            return MODELS[name](num_classes=num_classes, **(kwargs or {}))
+    except TypeError as e:
+        raise ModelError(f"--model-kwargs: {name} does not take {kwargs}: {e}") from None
 
 
-def parameter_shapes(name: str, num_classes: int = 1000) -> list[tuple[str, tuple[int, ...]]]:
-    """Return ``(name, shape)`` of every parameter in forward (registration) order.
+def parameter_shapes(name: str, num_classes: int = 1000,
+                     kwargs: dict | None = None) -> list[tuple[str, tuple[int, ...]]]:
+    """Return ``(name, shape)`` of every parameter that takes a gradient, in registration
+    order (a tied parameter once, under its first name; frozen ones left out).
 
     Built on the meta device, so no weights are allocated: this is how the
     synthetic workload gets a real model's gradient shapes from the same
     definitions the real workload trains.
     """
-    model = build_model(name, num_classes, device="meta")
-    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    model = build_model(name, num_classes, device="meta", kwargs=kwargs)
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]

@@ -33,9 +33,11 @@ from ``--buffers``: DDP's own broadcast of rank 0's buffers in each forward,
 which then counts in forward compute; see ``commbench.buffers``). DDP
 waits for its buckets inside ``loss.backward()``, so the workload counts
 backward compute up to the last gradient's hook and the rest of backward
-shows as exposed sync. A comm hook (the default all-reduce hook's
-arithmetic: divide, then all-reduce; with ``--compression`` cast first, as
-``fp16_compress_hook`` does) records each bucket's interval. ``--accum-steps``
+shows as exposed sync. For a model with parameters backward never reaches
+(``workload.unused``) DDP runs with ``find_unused_parameters=True``. A comm
+hook (the default all-reduce hook's arithmetic: divide, then all-reduce; with
+``--compression`` cast first, as ``fp16_compress_hook`` does) records each
+bucket's interval. ``--accum-steps``
 uses ``no_sync()`` for all but the last micro-batch.
 """
 
@@ -172,8 +174,12 @@ class DDPStrategy(Strategy):
         takes = inspect.signature(DistributedDataParallel).parameters
         sync = {"forward_sync_buffers" if "forward_sync_buffers" in takes
                 else "broadcast_buffers": self.broadcast_buffers}
+        # A parameter backward never reaches would hold its bucket back for ever: DDP must
+        # look for such parameters after every forward (workloads.objective finds them).
+        self.find_unused = bool(workload.unused)
         self.ddp = DistributedDataParallel(workload.net, bucket_cap_mb=self.bucket_mb,
-                                           process_group=self.group, **sync)
+                                           process_group=self.group,
+                                           find_unused_parameters=self.find_unused, **sync)
         self._cast = COMPRESSIONS[compression]
         self.ddp.register_comm_hook(None, self._hook)
         workload.net = self.ddp
@@ -237,4 +243,5 @@ class DDPStrategy(Strategy):
     def knobs(self) -> dict:
         return {**super().knobs(), "bucket_cap_mb": self.bucket_mb,
                 "broadcast_buffers": self.broadcast_buffers, "buckets_per_step": self._step_buckets,
+                "find_unused_parameters": self.find_unused,
                 "buckets_before_last_grad": self._early}

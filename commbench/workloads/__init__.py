@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 from commbench.config import WorkloadSpec
+from commbench.report import rank0_print
 from commbench.workloads.base import Workload
 from commbench.workloads.resnet import ResNetWorkload
 from commbench.workloads.synthetic import SyntheticWorkload
@@ -19,21 +21,31 @@ def make_workload(cfg: WorkloadSpec, rank: int, world_size: int = 1,
                   job_rank: int | None = None) -> Workload:
     """Build ``cfg.workload`` for ``rank`` (of ``world_size`` sharing the data set);
     ``job_rank`` (default ``rank``) is the rank ``--slow-rank`` names."""
+    job_rank = rank if job_rank is None else job_rank
     if cfg.workload == "resnet":
-        return ResNetWorkload(cfg.model, rank, seed=cfg.seed, batch_size=cfg.batch_size,
-                              num_classes=cfg.num_classes, image_size=cfg.image_size,
-                              lr=cfg.lr, device=cfg.device, dataset=cfg.dataset,
-                              world_size=world_size)
-    profile = None
-    if cfg.compute_profile:
-        from commbench.profile import load
+        wl: Workload = ResNetWorkload(
+            cfg.model, rank, seed=cfg.seed, batch_size=cfg.batch_size,
+            num_classes=cfg.num_classes, image_size=cfg.image_size, lr=cfg.lr,
+            device=cfg.device, dataset=cfg.dataset, world_size=world_size,
+            model_kwargs=cfg.model_kwargs, input_shape=cfg.input_shape, vocab=cfg.vocab)
+    else:
+        profile = None
+        if cfg.compute_profile:
+            from commbench.profile import load
 
-        profile = load(cfg.compute_profile, cfg.model, cfg.num_classes)
-    return SyntheticWorkload(cfg.model, cfg.compute_ms, rank, seed=cfg.seed,
-                             batch_size=cfg.batch_size, num_classes=cfg.num_classes,
-                             profile=profile, compute_scale=cfg.compute_scale, lr=cfg.lr,
-                             slow=slow_factor(cfg, rank if job_rank is None else job_rank),
-                             jitter=cfg.compute_jitter)
+            profile = load(cfg.compute_profile, cfg.model, cfg.num_classes, cfg.model_kwargs)
+        wl = SyntheticWorkload(cfg.model, cfg.compute_ms, rank, seed=cfg.seed,
+                               batch_size=cfg.batch_size, num_classes=cfg.num_classes,
+                               profile=profile, compute_scale=cfg.compute_scale, lr=cfg.lr,
+                               slow=slow_factor(cfg, job_rank), jitter=cfg.compute_jitter,
+                               model_kwargs=cfg.model_kwargs, input_shape=cfg.sample_shape(),
+                               vocab=cfg.vocab)
+    if wl.unused:
+        rank0_print(job_rank, f"commbench: warning: {cfg.model}: backward never reaches "
+                              f"{len(wl.unused)} parameter(s), left out of synchronisation "
+                              "(DDP would need find_unused_parameters=True for them): "
+                              + ", ".join(wl.unused), file=sys.stderr)
+    return wl
 
 
 def slow_factor(cfg: WorkloadSpec, job_rank: int) -> float:

@@ -1,7 +1,8 @@
 """The interface both workloads implement, and the step machinery they share.
 
 A workload is a model (``net``, an ``nn.Module``), its optimizer (``opt``) and
-the gradient tensors (``grads``, one per parameter, in parameter order),
+the gradient tensors (``grads``, one per synchronised parameter, in parameter
+order: those that take a gradient, a tied one once, less ``unused``),
 allocated once and reused so strategies can keep views of them across steps
 (the real workload zeroes them; the replay has autograd adopt a view of the
 same memory, ``workloads.synthetic``). The runner drives a step in three calls:
@@ -20,7 +21,7 @@ inside the announcing hooks is the strategy's, not compute's.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
@@ -36,16 +37,27 @@ class Workload(abc.ABC):
     #: whether the model computes for real (its loss and held-out accuracy mean something)
     real: ClassVar[bool]
     image_size: int | None = None
+    #: one sample's shape as the model takes it (None: the replay feeds no inputs)
+    input_shape: tuple[int, ...] | None = None
+    #: which rule of ``workloads.objective.LOSS_RULES`` the loss follows (None: replayed)
+    loss_rule: str | None = None
     device = torch.device("cpu")
 
     def __init__(self, model: str, net: torch.nn.Module, opt: torch.optim.Optimizer,
-                 batch_size: int) -> None:
+                 batch_size: int, unused: Sequence[str] = ()) -> None:
         self.model = model
         self.batch_size = batch_size
         self.net = net
         self.opt = opt
-        self.params = list(net.parameters())
-        self.param_names = [n for n, _ in net.named_parameters()]
+        named = list(net.named_parameters())  # a tied parameter once
+        #: parameters that take no gradient (``requires_grad`` False): not synchronised
+        self.frozen = [n for n, p in named if not p.requires_grad]
+        #: parameters backward never reaches (``workloads.objective``): not synchronised
+        self.unused = list(unused)
+        skip = set(self.unused)
+        synced = [(n, p) for n, p in named if p.requires_grad and n not in skip]
+        self.params = [p for _, p in synced]
+        self.param_names = [n for n, _ in synced]
         for p in self.params:
             p.grad = torch.zeros_like(p)
         self.grads = [p.grad for p in self.params]

@@ -1,24 +1,34 @@
-"""Real workload: forward and backward passes of a ResNet on each rank's own batch.
+"""Real workload: forward and backward passes of a model on each rank's own batch.
 
-Every rank builds the model from the same seed (identical weights), draws its
-own synthetic batch (``--batch-size`` images of ``--image-size`` pixels,
-``--num-classes`` labels), and each step runs forward, cross-entropy,
-backward and an SGD update. With ``--dataset digits`` the batches are real
-labelled images instead (``commbench.workloads.data``): each rank walks its
-own shard of the training split, and ``evaluate`` gives held-out accuracy.
-Gradients are announced as ``workloads.base`` describes; time spent inside
-the announcing hooks is taken out of the backward phase.
-"""
+Every rank builds the model (a registered one, ``--num-classes`` wide, or
+``--model package.module:factory``) from the same seed (identical weights),
+draws its own synthetic batch (``--batch-size`` images of ``--image-size``
+pixels, or samples of ``--input-shape``, token ids with ``--vocab``), and
+each step runs forward, the loss of ``workloads.objective`` (cross-entropy
+for a classifier's ``(N, C)`` output), backward and an SGD update. With
+``--dataset digits`` the batches are real labelled images instead
+(``commbench.workloads.data``): each rank walks its own shard of the
+training split, and ``evaluate`` gives held-out accuracy. Gradients are
+announced as ``workloads.base`` describes; time spent inside the announcing
+hooks is taken out of the backward phase. """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from commbench.models import build_model
+from commbench.models.factory import is_factory
 from commbench.workloads.base import Workload
+from commbench.workloads.objective import (
+    first_tensor,
+    loss_of,
+    loss_rule,
+    make_inputs,
+    make_target,
+    probe_backward,
+)
 
 MIN_IMAGE_SIZE = 32  # five stride-2 stages: 32 px leaves a 1x1 map for the last stage
 
@@ -29,24 +39,22 @@ class ResNetWorkload(Workload):
 
     def __init__(self, model: str, rank: int, seed: int = 0, batch_size: int = 32,
                  num_classes: int = 1000, image_size: int = 64, lr: float = 0.01,
-                 device: str = "cpu", dataset: str = "synthetic", world_size: int = 1) -> None:
-        if image_size < MIN_IMAGE_SIZE:
+                 device: str = "cpu", dataset: str = "synthetic", world_size: int = 1,
+                 model_kwargs: dict | None = None, input_shape: Sequence[int] | None = None,
+                 vocab: int | None = None) -> None:
+        if input_shape is None and not is_factory(model) and image_size < MIN_IMAGE_SIZE:
             raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
                              f"got {image_size}")
         self.image_size = image_size
+        self.input_shape = tuple(input_shape) if input_shape else (3, image_size, image_size)
         self.device = torch.device(device)
         torch.manual_seed(seed)  # the same initial weights on every rank
-        net = build_model(model, num_classes, device=self.device)
-        super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
-                         batch_size)
+        net = build_model(model, num_classes, device=self.device, kwargs=model_kwargs)
         self.dataset = dataset
         self.test = None
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
         if dataset == "synthetic":
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
-            self.inputs = torch.randn(batch_size, 3, image_size, image_size,
-                                      generator=gen).to(self.device)
-            self.labels = torch.randint(0, num_classes, (batch_size,),
-                                        generator=gen).to(self.device)
+            self.inputs = make_inputs(batch_size, self.input_shape, vocab, gen, self.device)
         else:
             from commbench.workloads.data import digits
 
@@ -55,24 +63,38 @@ class ResNetWorkload(Workload):
             self.test = (vx.to(self.device), vy.to(self.device))
             self._cursor = 0
             self._next_batch()
-        self._learn_backward_order()
+        self.batch_size = batch_size
+        self._module = net  # whose own loss() applies, also once a peer has wrapped ``net``
+        probe = self._learn_backward_order(net, gen)
+        super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
+                         batch_size, unused=probe.unused)
+        index = {n: i for i, n in enumerate(self.param_names)}
+        self._seen_order = [index[n] for n in probe.order]
 
-    def _learn_backward_order(self) -> None:
+    def _learn_backward_order(self, net: torch.nn.Module, gen: torch.Generator):
         """One untimed backward pass, so ``backward_order`` is the real one from the start.
 
         Strategies build their buckets from it before the first step; reverse
         registration order differs from autograd's real order (ResNet-50: 122
-        of 161 positions). Eval mode leaves BatchNorm's running statistics alone;
-        the gradients are zeroed again and no optimizer step is taken.
+        of 161 positions). It also finds the parameters backward never reaches
+        (``workloads.objective``), and the output's shape, which fixes the labels
+        (``objective.make_target``). Eval mode leaves BatchNorm's running
+        statistics alone; the gradients are dropped again and no optimizer step is
+        taken.
         """
-        self.net.eval()
-        loss = F.cross_entropy(self.net(self.inputs), self.labels)
-        self._order = []
-        loss.backward()
-        self._seen_order = list(self._order)
-        for g in self.grads:
-            g.zero_()
-        self.net.train()
+        net.eval()
+        out = first_tensor(net(self.inputs))
+        self.loss_rule = loss_rule(net, out)
+        if self.test is None:
+            self.labels = make_target(out, gen)
+        probe = probe_backward(net, self._loss(out), tuple(out.shape))
+        for p in net.parameters():
+            p.grad = None
+        net.train()
+        return probe
+
+    def _loss(self, out: torch.Tensor) -> torch.Tensor:
+        return loss_of(self._module, self.loss_rule, out, self.labels)
 
     def _next_batch(self) -> None:
         x, y = self._train
@@ -101,8 +123,7 @@ class ResNetWorkload(Workload):
             if not accumulate:
                 for g in self.grads:
                     g.zero_()
-            out = self.net(self.inputs)
-            self.loss = F.cross_entropy(out, self.labels)
+            self.loss = self._loss(first_tensor(self.net(self.inputs)))
             self._sync_device()
 
     def backward(self, timer, on_ready: Callable[[int], None],

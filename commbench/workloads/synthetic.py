@@ -11,15 +11,19 @@ hooks a parameter's gradient accumulator fires then: the project's
 strategies (``workloads.base``), Horovod's ``DistributedOptimizer`` and
 DDP's reducer alike. The optimizer is plain SGD on the real parameters.
 
-Compute is stood in by sleeping (the GIL and the CPU are released, as while a
-GPU computes): ``--compute-ms`` in total, one third forward, two thirds
+Compute is stood in by sleeping (the GIL and the CPU are released, as while
+a GPU computes): ``--compute-ms`` in total, one third forward, two thirds
 backward spread over tensors in proportion to their size, in reverse
-registration order. With a compute profile (``commbench.profile``, recorded
-from the real model on this CPU or on a GPU) the replay follows it instead:
-forward and optimizer take their profiled times and gradient ``i`` becomes
-ready at its profiled time after the start of backward, in the profiled
-order, all scaled by ``compute_scale`` (0.02 models a device 50x faster than
-where the profile was recorded).
+registration order (a user's model, ``--model package.module:factory``: in
+the order backward reaches them, learnt from one backward pass on the meta
+device, which also finds the parameters it never reaches: those are left
+out, as the real workload leaves them out, ``workloads.objective``). With a
+compute profile (``commbench.profile``, recorded from the real model on this
+CPU or on a GPU) the replay follows it instead: forward and optimizer take
+their profiled times and gradient ``i`` becomes ready at its profiled time
+after the start of backward, in the profiled order, all scaled by
+``compute_scale`` (0.02 models a device 50x faster than where the profile
+was recorded).
 
 The replay models a device that computes independently of the host: layer
 ``i`` of backward is done at ``t0 + ready_i`` whatever the host did in
@@ -38,13 +42,15 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from commbench.models import parameter_shapes
+from commbench.models.factory import is_factory
 from commbench.timing import now
 from commbench.workloads.base import Workload
+from commbench.workloads.objective import probe_spec
 
 FORWARD_FRACTION = 1.0 / 3.0
 POLL_S = 0.0005  # how often progress() runs during replayed compute
@@ -172,14 +178,32 @@ class SyntheticWorkload(Workload):
     def __init__(self, model: str, compute_ms: float, rank: int, seed: int = 0,
                  batch_size: int = 32, num_classes: int = 1000, profile: dict | None = None,
                  compute_scale: float = 1.0, lr: float = 0.01,
-                 slow: float = 1.0, jitter: float = 0.0) -> None:
+                 slow: float = 1.0, jitter: float = 0.0, model_kwargs: dict | None = None,
+                 input_shape: Sequence[int] | None = None, vocab: int | None = None) -> None:
         if compute_ms < 0:
             raise ValueError("compute_ms must be >= 0")
         if slow <= 0:
             raise ValueError(f"--slow-rank: factor must be > 0, got {slow}")
         if jitter < 0:
             raise ValueError(f"--compute-jitter must be >= 0, got {jitter}")
-        shapes = parameter_shapes(model, num_classes)
+        shapes = parameter_shapes(model, num_classes, model_kwargs)
+        probe = None
+        if profile is not None:
+            unused = list(profile.get("unused", []))
+        elif is_factory(model):  # a user's model: learn its backward on the meta device
+            if input_shape is None:
+                raise ValueError(f"--model {model}: the replay learns its backward from one "
+                                 "pass on the meta device and needs its input shape")
+            self.input_shape = tuple(input_shape)
+            probe = probe_spec(model, dict(model_kwargs or {}), num_classes, batch_size,
+                               self.input_shape, vocab)
+            unused = probe.unused
+        else:
+            unused = []
+        #: parameters the real model's backward never reaches: not replayed, not synchronised
+        skip = set(unused)
+        shapes = [(n, s) for n, s in shapes if n not in skip]
+        index = {n: i for i, n in enumerate(n for n, _ in shapes)}
         sizes = [math.prod(s) for _, s in shapes]
         numel = sum(sizes)
         self.optimizer_s = 0.0
@@ -187,13 +211,13 @@ class SyntheticWorkload(Workload):
             total = compute_ms / 1000.0
             self.forward_s = total * FORWARD_FRACTION
             backward = total - self.forward_s
-            order = list(reversed(range(len(shapes))))
+            order = [index[n] for n in probe.order] if probe is not None \
+                else list(reversed(range(len(shapes))))
             acc, ready_s = 0.0, [0.0] * len(shapes)
             for i in order:
                 acc += backward * sizes[i] / numel
                 ready_s[i] = acc
         else:
-            index = {n: i for i, n in enumerate(n for n, _ in shapes)}
             self.forward_s = profile["forward_s"] * compute_scale
             self.optimizer_s = profile["optimizer_s"] * compute_scale
             order = [index[n] for n in profile["backward_order"]]
@@ -207,6 +231,7 @@ class SyntheticWorkload(Workload):
         self.clock = ReplayClock(ready_s, values)
         net = ReplayNet(shapes, order, self.clock)
         super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr), batch_size)
+        self.unused = list(unused)
         self.clock.attach(self.grads)
         self._seen_order = order  # known: no backward needs to run to learn it
         self._backward_s = max(ready_s, default=0.0)  # when the last gradient is due
