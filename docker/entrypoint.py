@@ -11,7 +11,7 @@ Roles (the container's command):
 ``keygen``    only make the key in /keys (for hosts that share no volume: copy it).
 
 Every role ends when the launcher has finished (a ``done`` mark in /keys newer than
-the container), so a plain ``docker compose up`` returns after the study.
+the container), so a plain ``docker-compose up`` returns after the study.
 
 Settings (environment variables, read by the launcher; WORKERS, RATE, SSH_PORT and
 IFACE also by the nodes):
