@@ -37,12 +37,12 @@ def layouts(text: str) -> list[tuple[int, int]]:
 
 
 def cluster_argv(nodes: int, slots: int | Sequence[int], rate: str, program: Sequence[str],
-                 timeout_s: float) -> list[str]:
+                 timeout_s: float, launcher: str = "mpirun") -> list[str]:
     """``python -m launch.cluster run`` of ``program`` on ``nodes`` x ``slots`` ranks
     (``slots`` one number for every node, or one per node: ``[3, 1]``)."""
     per_node = str(slots) if isinstance(slots, int) else ",".join(map(str, slots))
     return [sys.executable, "-m", "launch.cluster", "run", "--nodes", str(nodes),
-            "--slots", per_node, "--rate", rate, "--launcher", "mpirun",
+            "--slots", per_node, "--rate", rate, "--launcher", launcher,
             "--timeout", str(timeout_s), "--", *program]
 
 

@@ -45,7 +45,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.cluster_jobs import ROOT, add_output_flags, execute, layouts, outdir_of, records
+from benchmarks.cluster_jobs import (
+    ROOT,
+    add_output_flags,
+    cluster_argv,
+    execute,
+    layouts,
+    outdir_of,
+    records,
+)
 from commbench.report import Column, format_table
 
 JOB_TIMEOUT_S = 420.0
@@ -82,9 +90,7 @@ def job_argv(job: Job, args: argparse.Namespace) -> list[str]:
                "--strategy", job.strategies, "--algo", "native",
                "--bucket-mb", f"{job.bucket_mb:g}", "--steps", str(args.steps),
                "--warmup", str(args.warmup), *job.extra, "--quiet", "--output", str(job.output)]
-    return [sys.executable, "-m", "launch.cluster", "run", "--nodes", str(nodes),
-            "--slots", str(slots), "--rate", args.rate, "--launcher", job.launcher,
-            "--timeout", str(JOB_TIMEOUT_S), "--", *program]
+    return cluster_argv(nodes, slots, args.rate, program, JOB_TIMEOUT_S, job.launcher)
 
 
 def ms(v: float | None) -> float | None:

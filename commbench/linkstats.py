@@ -14,6 +14,11 @@ from __future__ import annotations
 import os
 
 IFACE_ENV = "COMMBENCH_LINK_IFACE"
+# The link reference a launcher gives the ranks (``launch.links.link_env`` writes them,
+# ``commbench.results.link_info`` reads them into the records).
+GBPS_ENV = "COMMBENCH_LINK_GBPS"            # achieved Gbit/s of one inter-node link
+WIRE_GBPS_ENV = "COMMBENCH_LINK_WIRE_GBPS"  # the same stream in interface bytes
+SHAPING_ENV = "COMMBENCH_LINK_SHAPING"      # the tc rate, or "none"
 
 
 def link_iface(environ: dict[str, str] | None = None) -> str | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from commbench import SCHEMA_VERSION, __version__
 from commbench.cores import ThreadPlan
+from commbench.linkstats import GBPS_ENV, SHAPING_ENV, WIRE_GBPS_ENV
 
 
 def _clean(x: Any) -> Any:
@@ -81,9 +82,8 @@ def link_info(environ: dict[str, str] | None = None) -> dict:
         except ValueError:
             return None
 
-    return {"link_gbps": num("COMMBENCH_LINK_GBPS"),
-            "link_wire_gbps": num("COMMBENCH_LINK_WIRE_GBPS"),
-            "link_shaping": env.get("COMMBENCH_LINK_SHAPING")}
+    return {"link_gbps": num(GBPS_ENV), "link_wire_gbps": num(WIRE_GBPS_ENV),
+            "link_shaping": env.get(SHAPING_ENV)}
 
 
 def default_output(output_dir: str, backend: str, world_size: int,

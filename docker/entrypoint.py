@@ -11,7 +11,7 @@ Roles (the container's command):
 ``keygen``    only make the key in /keys (for hosts that share no volume: copy it).
 
 Every role ends when the launcher has finished (a ``done`` mark in /keys newer than
-the container), so a plain ``docker compose up`` returns after the study.
+the container), so a plain ``docker-compose up`` returns after the study.
 
 Settings (environment variables, read by the launcher; WORKERS, RATE, SSH_PORT and
 IFACE also by the nodes):
@@ -34,6 +34,11 @@ JOB_TIMEOUT    3600                    seconds before the job is stopped
 =============  ======================  ==============================================
 
 Bad settings: one line naming the setting, exit status 2, nothing started.
+
+The launch recipe (mpirun's or horovodrun's command and Open MPI settings, link
+shaping, the COMMBENCH_* variables for the ranks) is ``launch.commands.on_nodes`` and
+``launch.links``, as for the emulated cluster (``launch.cluster``); the job runs under
+``launch.execute.run``.
 """
 
 from __future__ import annotations
@@ -52,12 +57,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from commbench.cores import MACHINE_RANKS_ENV
-from launch import commands, linktest
+from launch import commands, links, linktest
 from launch.cluster import ClusterError, parse_rate
+from launch.commands import LAUNCHERS, NodeSet
+from launch.execute import run
 
 MAX_NODES = 8  # services node1..node8 in docker-compose.yml
-LAUNCHERS = ("horovodrun", "horovodrun-gloo", "mpirun")
 KEYS = Path(os.environ.get("COMMBENCH_KEYS_DIR", "/keys"))
 RESULTS = Path(os.environ.get("COMMBENCH_RESULTS_DIR", "/results"))
 DONE = KEYS / "done"
@@ -94,22 +99,19 @@ def read_rate(env: dict[str, str]) -> float | None:
 
 @dataclass
 class Settings:
-    hosts: list[tuple[str, int]]  # (host name, slots)
+    nodes: NodeSet  # containers on this machine (shared_machine), or HOSTS' real hosts
     ranks: int
     launcher: str
     rate_gbps: float | None
     program: list[str]
     output: str | None
     link_test: bool
-    ssh_port: int
-    iface: str
     keygen: bool
     timeout: float
-    real_hosts: bool = False  # HOSTS named them: not containers on this machine
 
     @property
-    def slots(self) -> int:
-        return sum(s for _, s in self.hosts)
+    def where(self) -> str:
+        return self.nodes.hosts_arg().replace(",", ", ")
 
 
 def read_settings(env: dict[str, str]) -> Settings:
@@ -117,13 +119,13 @@ def read_settings(env: dict[str, str]) -> Settings:
     launcher = env.get("LAUNCHER", "").strip() or "horovodrun"
     if launcher not in LAUNCHERS:
         raise SettingError(f"LAUNCHER={launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    iface = env.get("IFACE", "").strip() or "eth0"
+    how = dict(network=iface, iface=iface, ssh_port=_int(env, "SSH_PORT", 22, 1))
     if env.get("HOSTS", "").strip():
-        hosts = []
-        for item in env["HOSTS"].split(","):
-            name, _, slots = item.strip().partition(":")
-            if not name or not re.fullmatch(r"\d+", slots or "1") or int(slots or 1) < 1:
-                raise SettingError(f"HOSTS: cannot read {item!r}; write host:slots,host:slots")
-            hosts.append((name, int(slots or 1)))
+        try:
+            nodes = NodeSet.parse(env["HOSTS"], "HOSTS", **how)
+        except ValueError as e:
+            raise SettingError(str(e)) from None
     else:
         workers = _int(env, "WORKERS", 2, 0)
         if workers == 0:
@@ -132,12 +134,12 @@ def read_settings(env: dict[str, str]) -> Settings:
             raise SettingError(f"WORKERS={workers}: docker-compose.yml defines node1..node"
                                f"{MAX_NODES}; add services there or use fewer workers")
         slots = _int(env, "SLOTS", 2, 1)
-        hosts = [(f"node{i}", slots) for i in range(1, workers + 1)]
-    total = sum(s for _, s in hosts)
-    ranks = _int(env, "RANKS", total, 1)
-    if ranks > total:
-        raise SettingError(f"RANKS={ranks} is more ranks than the {total} slots of "
-                           f"{len(hosts)} nodes ({', '.join(f'{h}:{s}' for h, s in hosts)}); "
+        nodes = NodeSet(tuple(commands.Host(f"node{i}", slots) for i in range(1, workers + 1)),
+                        shared_machine=True, **how)
+    ranks = _int(env, "RANKS", nodes.ranks, 1)
+    if ranks > nodes.ranks:
+        raise SettingError(f"RANKS={ranks} is more ranks than the {nodes.ranks} slots of "
+                           f"{len(nodes.hosts)} nodes ({nodes.hosts_arg().replace(',', ', ')}); "
                            "raise WORKERS or SLOTS, or lower RANKS")
     rate = read_rate(env)
     module = env.get("PROGRAM", "").strip() or "commbench.allreduce"
@@ -157,27 +159,22 @@ def read_settings(env: dict[str, str]) -> Settings:
         output = str(RESULTS / name)
         args = [*args, "--output", output]
     return Settings(
-        hosts=hosts, ranks=ranks, launcher=launcher, rate_gbps=rate,
+        nodes=nodes, ranks=ranks, launcher=launcher, rate_gbps=rate,
         program=commands.python_module(module, args),
         output=output,
         link_test=env.get("LINK_TEST", "1").strip() != "0",
-        ssh_port=_int(env, "SSH_PORT", 22, 1),
-        iface=env.get("IFACE", "").strip() or "eth0",
         keygen=env.get("KEYGEN", "1").strip() != "0",
         timeout=float(_int(env, "JOB_TIMEOUT", 3600, 1)),
-        real_hosts=bool(env.get("HOSTS", "").strip()),
     )
 
 
 # --- the nodes ----------------------------------------------------------------------------
 
 def shape_link(iface: str, rate_gbps: float | None) -> None:
-    """Limit what this node sends with tc tbf, as launch.cluster shapes its links."""
+    """Limit what this node sends (``launch.links``, as launch.cluster shapes its links)."""
     if rate_gbps is None:
         return
-    rate = f"{int(round(rate_gbps * 1e6))}kbit"
-    argv = ["tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate,
-            "burst", "256kb", "latency", "50ms"]
+    argv = links.shape_argv(iface, rate_gbps)
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:
         raise SettingError(f"RATE: {' '.join(argv)} failed ({res.stderr.strip()}); the "
@@ -249,85 +246,32 @@ def ssh(host: str, port: int, argv: list[str]) -> list[str]:
 def wait_for_nodes(s: Settings, deadline_s: float = 120.0) -> None:
     """Every node's SSH server takes the cluster key, or SettingError after the deadline."""
     deadline = time.monotonic() + deadline_s
-    for host, _ in s.hosts:
+    port = s.nodes.ssh_port
+    for host in s.nodes.hosts:
         while True:
-            res = subprocess.run(ssh(host, s.ssh_port, ["true"]), capture_output=True,
+            res = subprocess.run(ssh(host.name, port, ["true"]), capture_output=True,
                                  text=True)
             if res.returncode == 0:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"node {host} did not accept SSH on port {s.ssh_port} "
+                raise RuntimeError(f"node {host.name} did not accept SSH on port {port} "
                                    f"within {deadline_s:g}s: {res.stderr.strip()}")
             time.sleep(0.5)
-    log(f"nodes ready: {', '.join(h for h, _ in s.hosts)}")
+    log(f"nodes ready: {', '.join(h.name for h in s.nodes.hosts)}")
 
 
 def measure_link(s: Settings, seconds: float = 2.0) -> dict:
     """Achieved Gbit/s from the second node to the first (launch.linktest over SSH)."""
-    (a, _), (b, _) = s.hosts[0], s.hosts[1]
-    return linktest.between(lambda argv: ssh(a, s.ssh_port, argv),
-                            lambda argv: ssh(b, s.ssh_port, argv), a, LINK_PORT, seconds)
-
-
-def machine_env(s: Settings) -> dict[str, str]:
-    """COMMBENCH_MACHINE_RANKS for the ranks: the compose cluster's nodes are containers on
-    one machine and share its cores, so every rank takes cores // all ranks torch threads
-    (``commbench.cores``); real hosts (HOSTS) each have their own, and the ranks on a
-    host are its node's ranks."""
-    return {} if s.real_hosts else {MACHINE_RANKS_ENV: str(s.ranks)}
+    a, b, port = s.nodes.hosts[0].name, s.nodes.hosts[1].name, s.nodes.ssh_port
+    return linktest.between(lambda argv: ssh(a, port, argv),
+                            lambda argv: ssh(b, port, argv), a, LINK_PORT, seconds)
 
 
 def job_argv(s: Settings, env: dict[str, str]) -> list[str]:
-    """The launch command for the study across the nodes (horovodrun or mpirun)."""
-    hosts = ",".join(f"{h}:{n}" for h, n in s.hosts)
-    mca = {}
-    if s.slots > (os.cpu_count() or 1):
-        # Containers share the machine's cores but each node's slots look free to
-        # Open MPI, so ranks would busy-poll and starve the ones moving data.
-        mca["mpi_yield_when_idle"] = "1"
-    if s.ssh_port != 22:
-        mca["plm_rsh_args"] = f"-p {s.ssh_port}"
-    if s.launcher == "mpirun" and not s.real_hosts:
-        # Each container's daemon binds its ranks from core 0 up, not knowing the other
-        # containers share the cores: leave placement to the kernel (horovodrun does).
-        mca["hwloc_base_binding_policy"] = "none"
-    if s.launcher == "mpirun":
-        mca.update({"oob_tcp_if_include": s.iface, "btl_tcp_if_include": s.iface,
-                    "btl": "self,vader,tcp", "pml": "ob1"})
-        forward = [k for k in env if k.startswith("COMMBENCH_") or k in
-                   ("PATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")]
-        return commands.mpirun(s.ranks, s.program, hosts=hosts, oversubscribe=False,
-                               mca=mca, env=forward)
-    extra = ["--network-interfaces", s.iface, "--start-timeout", "120"]
-    if s.ssh_port != 22:
-        extra += ["-p", str(s.ssh_port)]
-    if mca and s.launcher == "horovodrun":
-        extra += ["--mpi-args", " ".join(f"--mca {k} {v}" for k, v in mca.items())]
-    return commands.horovodrun(s.ranks, s.program, hosts=hosts,
-                               controller="gloo" if s.launcher.endswith("gloo") else "mpi",
-                               horovodrun_bin=str(Path(sys.executable).parent / "horovodrun"),
-                               extra=extra)
-
-
-def run_job(argv: list[str], env: dict[str, str], timeout: float) -> int:
-    """Run the job in its own process group, output streamed; stop it on SIGTERM/timeout."""
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
-
-    def stop(signum, frame):
-        os.killpg(proc.pid, signal.SIGTERM)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        log(f"job timed out after {timeout:g}s (JOB_TIMEOUT); stopping it")
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        return 124
+    """The launch command for the study across the nodes, ``env`` going to every rank
+    (``launch.commands.on_nodes``; containers on this machine also say that all ranks
+    share its cores, COMMBENCH_MACHINE_RANKS)."""
+    return commands.on_nodes(s.nodes, s.launcher, s.ranks, s.program, env)
 
 
 def launcher(env: dict[str, str]) -> int:
@@ -338,19 +282,23 @@ def launcher(env: dict[str, str]) -> int:
         raise SettingError(f"KEYGEN=0 but there is no key in {KEYS}: run the keygen role "
                            "first and give every node the same folder")
     wait_for_nodes(s)
-    job_env = {**env, "COMMBENCH_LINK_IFACE": s.iface, "PYTHONUNBUFFERED": "1",
-               "COMMBENCH_LINK_SHAPING": f"{s.rate_gbps:g}gbit" if s.rate_gbps else "none",
-               **machine_env(s)}
-    if s.link_test and len(s.hosts) > 1:
+    link = None
+    if s.link_test and len(s.nodes.hosts) > 1:
         link = measure_link(s)
-        job_env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"
-        if link.get("wire_gbps"):
-            job_env["COMMBENCH_LINK_WIRE_GBPS"] = f"{link['wire_gbps']:.4f}"
-        log(f"link {s.hosts[1][0]} -> {s.hosts[0][0]}: {link['gbps']:.3f} Gbit/s "
-            f"(shaped {job_env['COMMBENCH_LINK_SHAPING']})")
-    argv = job_argv(s, job_env)
-    log(f"{s.ranks} ranks on {', '.join(f'{h}:{n}' for h, n in s.hosts)}: {shlex.join(argv)}")
-    status = run_job(argv, job_env, s.timeout)
+        log(f"link {s.nodes.hosts[1].name} -> {s.nodes.hosts[0].name}: {link['gbps']:.3f} "
+            f"Gbit/s (shaped {links.shaping_text(s.rate_gbps)})")
+    argv = job_argv(s, {**links.link_env(s.rate_gbps, s.nodes.iface, link),
+                        "PYTHONUNBUFFERED": "1"})
+    log(f"{s.ranks} ranks on {s.where}: {shlex.join(argv)}")
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)  # run() then ends the job's whole process group
+
+    signal.signal(signal.SIGTERM, stop)
+    res = run(argv, timeout=s.timeout, capture=False)
+    status = 124 if res.timed_out else res.returncode
+    if res.timed_out:
+        log(f"job timed out after {s.timeout:g}s (JOB_TIMEOUT); stopped it")
     log(f"job exited with status {status}" + (f"; records in {s.output}" if s.output else ""))
     return status
 

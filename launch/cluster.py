@@ -44,14 +44,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from commbench.cores import (
-    LOADAVG_ENV,
-    MACHINE_RANKS_ENV,
-    RUNNABLE_ENV,
-    load_average,
-    runnable_tasks,
-)
-from launch import linktest
+from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
+from launch import commands, links, linktest
+from launch.commands import LAUNCHERS, NodeSet, NodeSlots
 
 STATE_DIR = Path(os.environ.get("COMMBENCH_CLUSTER_DIR", "/run/commbench-cluster"))
 DEFAULT_SUBNET = "10.213.57.0/24"  # private; nothing else on this machine uses it
@@ -121,17 +116,6 @@ def node_slots(nodes: int | None, slots: str | int | Sequence[int], *,
     return per_node
 
 
-def layout_text(slots: Sequence[int]) -> str:
-    """``2 nodes x 4 slots``, or ``2 nodes (3+1 slots)`` when the nodes differ."""
-    if len(set(slots)) == 1:
-        return f"{len(slots)} node{'s' if len(slots) > 1 else ''} x {slots[0]} slots"
-    return f"{len(slots)} nodes ({'+'.join(map(str, slots))} slots)"
-
-
-def _tc_rate(gbps: float) -> str:
-    return f"{int(round(gbps * 1e6))}kbit"
-
-
 @dataclass
 class Node:
     index: int
@@ -141,8 +125,15 @@ class Node:
     addr: str
 
 
+# What ``up`` writes in the cluster's folder (``ClusterSpec.folder``):
+AGENT = "rsh-agent"     # the rsh agent (mpirun's plm_rsh_agent)
+SSH_DIR = "bin"         # bin/ssh, the same agent as horovodrun's ssh: put it first on PATH
+HOSTS_FILE = "etc-hosts"  # /etc/hosts as the nodes see it: the machine's plus the nodes
+HOSTFILE = "hostfile"   # the Open MPI host file, for users' own mpirun
+
+
 @dataclass
-class ClusterSpec:
+class ClusterSpec(NodeSlots):
     """The cluster's shape and names. ``slots`` is one number for every node or a list,
     one per node (``nodes`` may then be None); after construction it is always the
     per-node list and ``nodes`` its length."""
@@ -179,13 +170,8 @@ class ClusterSpec:
                 for i in range(1, self.nodes + 1)]
 
     @property
-    def ranks(self) -> int:
-        """Slots of all nodes together: the most ranks a job may have."""
-        return sum(self.slots)
-
-    @property
-    def layout(self) -> str:
-        return layout_text(self.slots)
+    def node_slots(self) -> list[int]:
+        return list(self.slots)
 
     @property
     def prefixlen(self) -> int:
@@ -196,31 +182,21 @@ class ClusterSpec:
         return STATE_DIR / f"{self.name}.json"
 
     @property
+    def folder(self) -> Path:
+        """Where the cluster's files are (AGENT, SSH_DIR, HOSTS_FILE, HOSTFILE)."""
+        return STATE_DIR / self.name
+
+    @property
     def agent(self) -> Path:
-        return STATE_DIR / self.name / "rsh-agent"
+        return self.folder / AGENT
 
     @property
-    def ssh_dir(self) -> Path:
-        """Put this first on PATH so horovodrun's ``ssh`` reaches the nodes."""
-        return STATE_DIR / self.name / "bin"
-
-    @property
-    def hosts_file(self) -> Path:
-        """/etc/hosts as the nodes see it: the machine's plus one line per node."""
-        return STATE_DIR / self.name / "etc-hosts"
-
-    @property
-    def hostfile(self) -> Path:
-        return STATE_DIR / self.name / "hostfile"
-
-    def hosts_arg(self) -> str:
-        """``node1:S1,node2:S2`` as horovodrun's -H and mpirun's --host take it."""
-        return ",".join(f"{n.addr}:{s}" for n, s in zip(self.node_list, self.slots))
-
-    def hostfile_text(self) -> str:
-        """The Open MPI host file: ``ADDR slots=S`` per node, in node order (ranks fill
-        the first node first)."""
-        return "".join(f"{n.addr} slots={s}\n" for n, s in zip(self.node_list, self.slots))
+    def node_set(self) -> NodeSet:
+        """The nodes by address with their slots, reached through the cluster's agent; every
+        node is on this machine, and the nodes' link is ``eth0``."""
+        return NodeSet(tuple(commands.Host(n.addr, s) for n, s in zip(self.node_list, self.slots)),
+                       network=self.subnet, iface="eth0", rsh_agent=str(self.agent),
+                       ssh_dir=str(self.folder / SSH_DIR), shared_machine=True)
 
     def save(self) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
@@ -283,7 +259,7 @@ esac
 # (mount namespace; Gloo looks its own host name up).
 exec ip netns exec "$ns" unshare --uts --mount sh -c \
   'hostname "$0" && mount --bind "$1" /etc/hosts && exec sh -c "$2"' \
-  "$name" "{spec.hosts_file}" "$*"
+  "$name" "{spec.folder / HOSTS_FILE}" "$*"
 """
 
 
@@ -331,22 +307,20 @@ def up(spec: ClusterSpec) -> ClusterSpec:
             _run(_in_ns(n.netns, "ip", "link", "set", "eth0", "up"))
             _run(_in_ns(n.netns, "ip", "link", "set", "lo", "up"))
             _run(_in_ns(n.netns, "ip", "route", "add", "default", "via", spec.bridge_addr))
-            if spec.rate_gbps is not None:
-                rate = _tc_rate(spec.rate_gbps)
-                for argv in (_in_ns(n.netns, "tc", "qdisc", "add", "dev", "eth0"),
-                             ["tc", "qdisc", "add", "dev", n.veth]):
-                    _run([*argv, "root", "tbf", "rate", rate, "burst", "256kb",
-                          "latency", "50ms"])
+            if spec.rate_gbps is not None:  # node egress, and node ingress on the host side
+                _run(links.shape_argv("eth0", spec.rate_gbps, prefix=_in_ns(n.netns)))
+                _run(links.shape_argv(n.veth, spec.rate_gbps))
         _write_exec(spec.agent, _agent_script(spec))
-        spec.ssh_dir.mkdir(parents=True, exist_ok=True)
-        ssh = spec.ssh_dir / "ssh"
+        (spec.folder / SSH_DIR).mkdir(parents=True, exist_ok=True)
+        ssh = spec.folder / SSH_DIR / "ssh"
         if ssh.exists() or ssh.is_symlink():
             ssh.unlink()
         ssh.symlink_to(spec.agent)
         base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
-        spec.hosts_file.write_text(base.rstrip("\n") + "\n# emulated cluster\n" + "".join(
-            f"{n.addr} {n.name}\n" for n in spec.node_list))
-        spec.hostfile.write_text(spec.hostfile_text())
+        (spec.folder / HOSTS_FILE).write_text(base.rstrip("\n") + "\n# emulated cluster\n"
+                                               + "".join(f"{n.addr} {n.name}\n"
+                                                         for n in spec.node_list))
+        (spec.folder / HOSTFILE).write_text(spec.node_set.hostfile_text())
         spec.save()
         return spec
     except BaseException:
@@ -417,7 +391,7 @@ def down(spec: ClusterSpec | None = None, name: str = DEFAULT_NAME) -> list[str]
     if spec.iptables_rule and shutil.which("iptables"):
         while _run(["iptables", "-D", *spec.iptables_rule], check=False).returncode == 0:
             removed.append("iptables rule")
-    shutil.rmtree(STATE_DIR / spec.name, ignore_errors=True)
+    shutil.rmtree(spec.folder, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         spec.state_file.unlink()
     return removed
@@ -434,7 +408,7 @@ def status(name: str = DEFAULT_NAME) -> str:
     for n, s in zip(spec.node_list, spec.slots):
         lines.append(f"  {n.name:<10} {n.addr:<15} netns {n.netns:<8} {s} slots  "
                      f"{len(pids[n.netns])} processes")
-    lines.append(f"  hostfile {spec.hostfile}; rsh agent {spec.agent}")
+    lines.append(f"  hostfile {spec.folder / HOSTFILE}; rsh agent {spec.agent}")
     return "\n".join(lines)
 
 
@@ -467,47 +441,27 @@ def cluster(nodes: int | None, slots: int | str | Sequence[int], rate: str | Non
             signal.signal(sig, handler)
 
 
-LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
-
-
 def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str],
                 link: dict | None = None, load_before: float | None = None,
                 runnable_before: float | None = None) -> list[str]:
-    """The command that runs ``program`` on ``np`` ranks of the cluster with ``launcher``.
+    """The command that runs ``program`` on ``np`` ranks of the cluster with ``launcher``
+    (``commands.on_nodes`` on the cluster's ``node_set``).
 
-    The link reference goes to every rank as COMMBENCH_LINK_* variables,
-    which commbench writes into its records. Every node is on this machine, so
-    all ``np`` ranks share its cores: COMMBENCH_MACHINE_RANKS says so, and each
-    rank takes cores // np torch threads, not cores // its node's ranks
-    (``commbench.cores``). ``load_before``, the machine's load average read before
-    the cluster's link test, goes as COMMBENCH_LOADAVG_BEFORE: the job's records then
-    say how busy the machine was before the job itself loaded it; ``runnable_before``,
-    the tasks running or runnable then (``commbench.cores.runnable_tasks``), goes as
-    COMMBENCH_RUNNABLE_BEFORE and decides whether the job started beside other work.
+    The link reference goes to every rank as COMMBENCH_LINK_* variables
+    (``launch.links.link_env``), which commbench writes into its records; so does
+    COMMBENCH_MACHINE_RANKS, as every node is on this machine. ``load_before``, the
+    machine's load average read before the cluster's link test, goes as
+    COMMBENCH_LOADAVG_BEFORE: the job's records then say how busy the machine was before
+    the job itself loaded it; ``runnable_before``, the tasks running or runnable then
+    (``commbench.cores.runnable_tasks``), goes as COMMBENCH_RUNNABLE_BEFORE and decides
+    whether the job started beside other work.
     """
-    from launch import commands
-
-    env = {"COMMBENCH_LINK_SHAPING": f"{spec.rate_gbps:g}gbit" if spec.rate_gbps else "none",
-           "COMMBENCH_LINK_IFACE": "eth0",  # every node's link, counted per step
-           MACHINE_RANKS_ENV: str(np)}
+    env = links.link_env(spec.rate_gbps, "eth0", link)
     if load_before is not None:
         env[LOADAVG_ENV] = f"{load_before:.2f}"
     if runnable_before is not None:
         env[RUNNABLE_ENV] = f"{runnable_before:g}"
-    if link:
-        env["COMMBENCH_LINK_GBPS"] = f"{link['gbps']:.4f}"
-        if link.get("wire_gbps"):
-            env["COMMBENCH_LINK_WIRE_GBPS"] = f"{link['wire_gbps']:.4f}"
-    assignments = [f"{k}={v}" for k, v in env.items()]
-    if launcher == "mpirun":
-        argv = commands.mpirun_emulated(spec, np, program)
-        forward = [a for k in env for a in ("-x", k)]
-        return ["env", *assignments, argv[0], *forward, *argv[1:]]
-    controller = "gloo" if launcher == "horovodrun-gloo" else "mpi"
-    hvd = str(Path(sys.executable).parent / "horovodrun")
-    argv = commands.horovodrun_emulated(spec, np, program, controller=controller,
-                                        horovodrun_bin=hvd)
-    return [argv[0], *assignments, *argv[1:]]  # horovodrun forwards its environment
+    return commands.on_nodes(spec.node_set, launcher, np, program, env)
 
 
 def _cli(argv: list[str] | None = None) -> int:

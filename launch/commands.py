@@ -2,13 +2,123 @@
 
 Each returns the argv to execute (never a shell string), so tests compare
 lists and ``launch.execute.run`` runs them in one place.
+
+The recipe for jobs across nodes is written here once: a ``NodeSet`` says which
+hosts (names or addresses, slots per node) a job runs on and how the launcher
+reaches them (interface, rsh agent, SSH port, whether the nodes share this
+machine's cores), and ``on_nodes`` turns it into the ``mpirun`` or ``horovodrun``
+command with its Open MPI settings. ``launch.cluster`` (network namespaces) and
+the containers' entry point (``docker/entrypoint.py``) both use it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from commbench.cores import MACHINE_RANKS_ENV
+
+#: how users start jobs: Open MPI's mpirun, or horovodrun with Horovod's MPI or Gloo controller
+LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
+#: variables every mpirun job forwards to its ranks, when set (besides COMMBENCH_*)
+FORWARDED_ENV = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
+
+
+def controller(launcher: str) -> str:
+    """Horovod's controller under ``launcher``: ``gloo`` for horovodrun-gloo, else ``mpi``
+    (horovodrun, and plain mpirun, on which Horovod runs on MPI)."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    return "gloo" if launcher == "horovodrun-gloo" else "mpi"
+
+
+def horovodrun_path() -> str:
+    """The ``horovodrun`` of this Python's environment (the venv need not be on PATH)."""
+    return os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def layout_text(slots: Sequence[int]) -> str:
+    """``2 nodes x 4 slots``, or ``2 nodes (3+1 slots)`` when the nodes differ."""
+    if len(set(slots)) == 1:
+        return f"{len(slots)} node{'s' if len(slots) > 1 else ''} x {slots[0]} slots"
+    return f"{len(slots)} nodes ({'+'.join(map(str, slots))} slots)"
+
+
+class NodeSlots:
+    """Ranks and layout of anything that has ``node_slots``: the slots of each node, in the
+    order ranks fill them."""
+
+    node_slots: list[int]
+
+    @property
+    def ranks(self) -> int:
+        """Slots of all nodes together: the most ranks a job may have."""
+        return sum(self.node_slots)
+
+    @property
+    def layout(self) -> str:
+        return layout_text(self.node_slots)
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str   # host name or address the launcher reaches the node by
+    slots: int
+
+
+@dataclass(frozen=True)
+class NodeSet(NodeSlots):
+    """The nodes of a job and how the launcher reaches them.
+
+    ``network``: what Open MPI's TCP traffic is kept to (a subnet or an interface name;
+    ``oob_tcp_if_include`` and ``btl_tcp_if_include``); ``iface``: the nodes' own link
+    interface (horovodrun's ``--network-interfaces``, and COMMBENCH_LINK_IFACE, which
+    the ranks count per step); ``rsh_agent``: a program that stands in for ssh (Open
+    MPI's ``plm_rsh_agent``) and ``ssh_dir`` a folder holding it as ``ssh``, put first
+    on horovodrun's PATH; ``shared_machine``: every node runs on this machine (emulated
+    nodes, containers), so all ranks share its cores.
+    """
+
+    hosts: tuple[Host, ...]
+    network: str | None = None
+    iface: str | None = None
+    rsh_agent: str | None = None
+    ssh_dir: str | None = None
+    ssh_port: int = 22
+    shared_machine: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise ValueError("a node set needs at least one host")
+        bad = [h for h in self.hosts if h.slots < 1]
+        if bad:
+            raise ValueError(f"host {bad[0].name}: needs at least 1 slot, got {bad[0].slots}")
+
+    @classmethod
+    def parse(cls, text: str, flag: str = "--hosts", **how) -> NodeSet:
+        """``hostA:8,hostB:8``; ValueError naming ``flag`` otherwise. ``how``: the other
+        fields (network, rsh agent, ...)."""
+        hosts = []
+        for item in text.split(","):
+            name, _, slots = item.strip().partition(":")
+            if not name or not slots.isdigit() or int(slots) < 1:
+                raise ValueError(f"{flag}: {item.strip()!r} is not HOST:SLOTS (e.g. node1:8)")
+            hosts.append(Host(name, int(slots)))
+        return cls(tuple(hosts), **how)
+
+    @property
+    def node_slots(self) -> list[int]:
+        return [h.slots for h in self.hosts]
+
+    def hosts_arg(self) -> str:
+        """``node1:S1,node2:S2`` as horovodrun's -H and mpirun's --host take it."""
+        return ",".join(f"{h.name}:{h.slots}" for h in self.hosts)
+
+    def hostfile_text(self) -> str:
+        """The Open MPI host file: ``HOST slots=S`` per node, in node order."""
+        return "".join(f"{h.name} slots={h.slots}\n" for h in self.hosts)
 
 
 def python_module(module: str, args: Sequence[str] = (), python: str | None = None) -> list[str]:
@@ -48,9 +158,18 @@ def horovodrun(np: int, program: Sequence[str], *, hosts: str | None = None,
         raise ValueError(f"np must be > 0, got {np}")
     if controller not in ("mpi", "gloo"):
         raise ValueError(f"controller must be mpi or gloo, got {controller!r}")
-    exe = horovodrun_bin or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    exe = horovodrun_bin or horovodrun_path()
     return [exe, "-np", str(np), "-H", hosts or f"localhost:{np}", f"--{controller}",
             *extra, *program]
+
+
+def launcher_argv(launcher: str, np: int, program: Sequence[str], *,
+                  hosts: str | None = None) -> list[str]:
+    """``program`` on ``np`` ranks with ``launcher`` (one of LAUNCHERS), on this machine or
+    on ``hosts`` (``a:8,b:8``) that need nothing but the launcher's defaults."""
+    if launcher == "mpirun":
+        return mpirun(np, program, hosts=hosts)
+    return horovodrun(np, program, hosts=hosts, controller=controller(launcher))
 
 
 def srun(ntasks: int, program: Sequence[str], *, nodes: int | None = None,
@@ -66,59 +185,68 @@ def srun(ntasks: int, program: Sequence[str], *, nodes: int | None = None,
     return [*cmd, *program]
 
 
-def emulated_mca(spec) -> dict[str, str]:
-    """Open MPI settings that route a job through an emulated cluster's nodes and links."""
-    mca = {
-        "plm_rsh_agent": str(spec.agent),
-        "plm_rsh_no_tree_spawn": "1",
-        "oob_tcp_if_include": spec.subnet,
-        "btl_tcp_if_include": spec.subnet,
-        "btl": "self,vader,tcp",
-        "pml": "ob1",
+def node_set_mca(nodes: NodeSet, launcher: str) -> dict[str, str]:
+    """Open MPI settings that route a job through ``nodes`` (for mpirun, or horovodrun's
+    ``--mpi-args``; horovodrun sets the BTL, its interface and the SSH port itself, from
+    ``--network-interfaces`` and ``-p``)."""
+    mca = {}
+    if nodes.rsh_agent:
+        # The agent starts every node's daemon from this machine; no daemon needs it.
+        mca.update(plm_rsh_agent=nodes.rsh_agent, plm_rsh_no_tree_spawn="1")
+    if nodes.network:
+        mca["oob_tcp_if_include"] = nodes.network
+    if launcher == "mpirun":
+        if nodes.ssh_port != 22:
+            mca["plm_rsh_args"] = f"-p {nodes.ssh_port}"
+        if nodes.network:
+            mca.update(btl_tcp_if_include=nodes.network, btl="self,vader,tcp", pml="ob1")
+    if nodes.shared_machine:
         # Each node's daemon sees the whole machine and binds its ranks from core 0 up
         # (Open MPI's default for 2 ranks or fewer per node), not knowing the other
         # nodes did the same: 2 nodes x 1 rank on 2 cores ran both ranks on core 0.
         # Leave placement to the kernel, as on a shared machine (horovodrun does too).
-        "hwloc_base_binding_policy": "none",
-    }
-    if spec.ranks > (os.cpu_count() or 1):
-        # All emulated nodes share this machine's cores, but each node's slots look
-        # free to Open MPI, so its ranks would busy-poll; with 8 ranks on 2 cores the
-        # spinning ranks starve the ones moving data (a 2x4 ring fell from 0.95 to
-        # 0.83 of the link). Yield instead, as Open MPI does when it knows it is
-        # oversubscribed.
-        mca["mpi_yield_when_idle"] = "1"
+        mca["hwloc_base_binding_policy"] = "none"
+        if nodes.ranks > (os.cpu_count() or 1):
+            # All nodes share this machine's cores, but each node's slots look free to
+            # Open MPI, so its ranks would busy-poll; with 8 ranks on 2 cores the
+            # spinning ranks starve the ones moving data (a 2x4 ring fell from 0.95 to
+            # 0.83 of the link). Yield instead, as Open MPI does when it knows it is
+            # oversubscribed.
+            mca["mpi_yield_when_idle"] = "1"
     return mca
 
 
-def _check_fits(spec, np: int) -> None:
-    if np > spec.ranks:
-        raise ValueError(f"{np} ranks do not fit {spec.layout}")
+def on_nodes(nodes: NodeSet, launcher: str, np: int, program: Sequence[str],
+             env: Mapping[str, str] | None = None) -> list[str]:
+    """The command that runs ``program`` on ``np`` ranks of ``nodes`` with ``launcher``.
 
-
-def mpirun_emulated(spec, np: int, program: Sequence[str]) -> list[str]:
-    """mpirun across an emulated cluster (``launch.cluster``): host file + rsh agent.
-
-    The host file gives each node its own slots (``3,1``: 3 ranks on the first node, 1 on
-    the second); ranks fill the nodes in order."""
-    _check_fits(spec, np)
-    env = [k for k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS") if k in os.environ]
-    return mpirun(np, program, hostfile=str(spec.hostfile), oversubscribe=True,
-                  mca=emulated_mca(spec), env=env)
-
-
-def horovodrun_emulated(spec, np: int, program: Sequence[str], *, controller: str = "mpi",
-                        horovodrun_bin: str | None = None) -> list[str]:
-    """horovodrun across an emulated cluster: the cluster's ``ssh`` first on PATH,
-    its interface named, and (MPI) the rsh agent passed to mpirun."""
-    _check_fits(spec, np)
-    extra = ["--network-interfaces", "eth0"]
-    if controller == "mpi":
-        mca = emulated_mca(spec)
-        for k in ("btl_tcp_if_include", "btl", "pml"):  # horovodrun sets these itself
-            del mca[k]
-        extra += ["--mpi-args", " ".join(f"--mca {k} {v}" for k, v in mca.items())]
-    path = f"{spec.ssh_dir}:{os.environ.get('PATH', '')}"
-    return ["env", f"PATH={path}",
-            *horovodrun(np, program, hosts=spec.hosts_arg(), controller=controller,
-                        horovodrun_bin=horovodrun_bin, extra=extra)]
+    ``env`` goes to every rank (set in front of the launcher; mpirun forwards it with
+    ``-x``, horovodrun forwards its whole environment). When the nodes share this
+    machine, COMMBENCH_MACHINE_RANKS says all ``np`` ranks share its cores, so each
+    takes cores // np torch threads (``commbench.cores``), not cores // its node's ranks.
+    """
+    if np > nodes.ranks:
+        raise ValueError(f"{np} ranks do not fit {nodes.layout}")
+    env = dict(env or {})
+    if nodes.shared_machine:
+        env.setdefault(MACHINE_RANKS_ENV, str(np))
+    assignments = [f"{k}={v}" for k, v in env.items()]
+    mca = node_set_mca(nodes, launcher)
+    if launcher == "mpirun":
+        forward = [k for k in os.environ if k in FORWARDED_ENV or k.startswith("COMMBENCH_")]
+        forward += [k for k in env if k not in forward]
+        argv = mpirun(np, program, hosts=nodes.hosts_arg(), oversubscribe=nodes.shared_machine,
+                      mca=mca, env=forward)
+    else:
+        extra = ["--start-timeout", "120"]
+        if nodes.iface:
+            extra += ["--network-interfaces", nodes.iface]
+        if nodes.ssh_port != 22:
+            extra += ["-p", str(nodes.ssh_port)]
+        if mca and controller(launcher) == "mpi":
+            extra += ["--mpi-args", " ".join(f"--mca {k} {v}" for k, v in mca.items())]
+        argv = horovodrun(np, program, hosts=nodes.hosts_arg(), controller=controller(launcher),
+                          extra=extra)
+        if nodes.ssh_dir:  # horovodrun reaches the nodes with the ssh it finds on PATH
+            assignments.append(f"PATH={nodes.ssh_dir}:{os.environ.get('PATH', '')}")
+    return ["env", *assignments, *argv] if assignments else argv

@@ -45,21 +45,24 @@ def _die_with_parent() -> None:
 
 
 def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-        cwd: str | None = None) -> Completed:
-    """Run ``argv`` in its own session; capture output; never leave processes behind."""
+        cwd: str | None = None, capture: bool = True) -> Completed:
+    """Run ``argv`` in its own session; never leave processes behind. Output is captured,
+    or with ``capture=False`` streamed to this process's stdout and stderr as it comes
+    (a long job's log; ``Completed`` then holds none)."""
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(list(argv), stdout=pipe, stderr=pipe,
                             text=True, env=full_env, cwd=cwd, start_new_session=True,
                             preexec_fn=_die_with_parent)
     try:
         out, err = proc.communicate(timeout=timeout)
-        return Completed(list(argv), proc.returncode, out, err)
+        return Completed(list(argv), proc.returncode, out or "", err or "")
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, err = proc.communicate()
-        return Completed(list(argv), proc.returncode, out, err, timed_out=True)
+        return Completed(list(argv), proc.returncode, out or "", err or "", timed_out=True)
     except BaseException:
         _kill_group(proc)
         raise

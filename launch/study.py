@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commbench.cores import BUSY_LOAD_FRACTION
+from launch import commands, links
 from launch import sweep as sweeps
 
 CLAIMS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8")
@@ -116,7 +117,7 @@ QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, comp
 
 
 @dataclass(frozen=True)
-class Cluster:
+class Cluster(commands.NodeSlots):
     """Where the jobs run: the emulated cluster (``rates`` shaped) or a real one (``hosts``)."""
 
     nodes: int
@@ -128,16 +129,6 @@ class Cluster:
     def node_slots(self) -> list[int]:
         """Slots of each node, in the order ranks fill them."""
         return [self.slots] * self.nodes if isinstance(self.slots, int) else list(self.slots)
-
-    @property
-    def ranks(self) -> int:
-        return sum(self.node_slots)
-
-    @property
-    def layout(self) -> str:
-        from launch.cluster import layout_text
-
-        return layout_text(self.node_slots)
 
     @property
     def emulated(self) -> bool:
@@ -286,7 +277,7 @@ def planned_records(job: Job, cluster: Cluster) -> list[dict]:
             local.append(min(s, left))
             left -= s
     backend = "mpi" if cluster.launcher == "mpirun" else "horovod"
-    controller = {"horovodrun": "mpi", "horovodrun-gloo": "gloo"}.get(cluster.launcher)
+    controller = None if cluster.launcher == "mpirun" else commands.controller(cluster.launcher)
     recs = []
     for strategy, algo, _ in runs_of(cfg):
         recs.append({
@@ -307,7 +298,7 @@ def _shaping(rate: str | None) -> str | None:
     from launch.cluster import parse_rate
 
     r = parse_rate(rate)
-    return None if r is None else f"{r:g}gbit"
+    return None if r is None else links.shaping_text(r)
 
 
 def _gbps(rate: str | None) -> float | None:
@@ -409,17 +400,16 @@ def parse_hosts(hosts: str | None, hostfile: str | None) -> str | None:
             raise StudyError(f"--hostfile {hostfile}: no hosts in it")
     if hosts is None:
         return None
-    for h in hosts.split(","):
-        name, _, slots = h.partition(":")
-        if not name or not slots.isdigit() or int(slots) < 1:
-            raise StudyError(f"--hosts: {h!r} is not HOST:SLOTS (e.g. node1:8)")
-    return hosts
+    try:
+        return commands.NodeSet.parse(hosts, "--hosts").hosts_arg()
+    except ValueError as e:
+        raise StudyError(str(e)) from None
 
 
 def make_cluster(a: argparse.Namespace) -> Cluster:
     hosts = parse_hosts(a.hosts, a.hostfile)
     if hosts:
-        slots = [int(h.split(":")[1]) for h in hosts.split(",")]
+        slots = commands.NodeSet.parse(hosts).node_slots
         return Cluster(len(slots), slots[0] if len(set(slots)) == 1 else tuple(slots),
                        a.launcher, hosts)
     from launch.cluster import ClusterError, node_slots
@@ -496,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hosts", default=None, metavar="A:8,B:8",
                    help="a real cluster's hosts and slots (no link shaping: one link rate)")
     g.add_argument("--hostfile", default=None, help="or an Open MPI host file (HOST slots=N)")
-    g.add_argument("--launcher", choices=sweeps.LAUNCHERS, default="mpirun")
+    g.add_argument("--launcher", choices=commands.LAUNCHERS, default="mpirun")
     return p
 
 

@@ -53,27 +53,22 @@ from pathlib import Path
 from commbench.config import MOVED_STRATEGIES
 from commbench.results import write_atomic
 from launch import commands
+from launch.commands import LAUNCHERS
 from launch.execute import run
 
-# grid key -> (type of each value, flag of the program; None = consumed by the launcher)
-GRID_KEYS: dict[str, tuple[type, str | None]] = {
-    "ranks": (int, None),
-    "nodes": (int, None),
-    "slots": (int, None),  # or per node: "3,1" / "3+1" / [3, 1] (see _check_slots)
-    "rate": (str, None),
-    "strategy": (str, "--strategy"),
-    "algo": (str, "--algo"),
-    "backend": (str, "--backend"),
-    "workload": (str, "--workload"),
-    "model": (str, "--model"),
-    "batch_size": (int, "--batch-size"),
-    "compute_ms": (float, "--compute-ms"),
-    "steps": (int, "--steps"),
-    "bucket_mb": (float, "--bucket-mb"),
-    "accum_steps": (int, "--accum-steps"),
-    "compression": (str, "--compression"),
-    "staleness": (int, "--staleness"),
+# grid keys the launcher consumes -> type of each value
+LAUNCH_KEYS: dict[str, type] = {
+    "ranks": int, "nodes": int,
+    "slots": int,  # or per node: "3,1" / "3+1" / [3, 1] (see _check_slots)
+    "rate": str,
 }
+# grid keys the program takes, as the flag ``--key-with-dashes`` -> type of each value
+PROGRAM_KEYS: dict[str, type] = {
+    "strategy": str, "algo": str, "backend": str, "workload": str, "model": str,
+    "batch_size": int, "compute_ms": float, "steps": int, "bucket_mb": float,
+    "accum_steps": int, "compression": str, "staleness": int,
+}
+GRID_KEYS: dict[str, type] = {**LAUNCH_KEYS, **PROGRAM_KEYS}
 SWEEP_KEYS: dict[str, type] = {"launcher": str, "program": str, "args": list, "timeout": float,
                                "output": str, "hosts": str}
 # keys a point of an explicit list (``points=``) may carry besides the grid keys
@@ -81,7 +76,6 @@ POINT_KEYS: dict[str, type] = {"program": str, "args": list, "name": str, "timeo
                                "estimate_s": float}
 # point keys that say how to run a point, not what it is: left out of its id
 RUN_ONLY = ("timeout", "estimate_s")
-LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
 CLUSTER_NAME = "cbsw"  # the emulated cluster a sweep brings up (launch.cluster --name)
 
 
@@ -135,7 +129,7 @@ def _grid_value(name: str, key: str, value):
     """``value`` of grid key ``key`` checked (``name`` says where it was given)."""
     if key == "slots":
         return _check_slots(name, value)
-    return _check_value(name, value, GRID_KEYS[key][0])
+    return _check_value(name, value, GRID_KEYS[key])
 
 
 def layout_of(point: dict, where: str = "grid") -> list[int] | None:
@@ -207,9 +201,8 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
             raise SweepError(f"grid.ranks: must be >= 1, got {ranks}")
         layout = layout_of(p)
         if layout is not None and ranks is not None and ranks > sum(layout):
-            from launch.cluster import layout_text
-
-            raise SweepError(f"grid: {ranks} ranks is more than {layout_text(layout)}")
+            raise SweepError(f"grid: {ranks} ranks is more than "
+                             f"{commands.layout_text(layout)}")
         if "rate" in p:
             from launch.cluster import ClusterError, parse_rate
 
@@ -248,7 +241,7 @@ def parse_set(items: list[str]) -> dict:
         if not sep or key not in GRID_KEYS:
             raise SweepError(f"--set {item!r}: use KEY=V1,V2 with KEY one of "
                              f"{', '.join(GRID_KEYS)}")
-        typ = GRID_KEYS[key][0]
+        typ = GRID_KEYS[key]
         if key == "slots":  # checked with the grid; "3+1" is one per-node layout
             grid[key] = [v for v in values.split(",") if v]
             continue
@@ -277,8 +270,8 @@ def point_id(point: dict, sweep: Sweep) -> str:
 
 
 def point_program(point: dict, sweep: Sweep, out: Path) -> list[str]:
-    flags = [a for k, v in point.items() if k in GRID_KEYS and GRID_KEYS[k][1]
-             for a in (GRID_KEYS[k][1], str(v))]
+    flags = [a for k, v in point.items() if k in PROGRAM_KEYS
+             for a in ("--" + k.replace("_", "-"), str(v))]
     return commands.python_module(point.get("program", sweep.program),
                                   [*sweep.args, *point.get("args", []), *flags,
                                    "--output", str(out)])
@@ -327,14 +320,8 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> l
         np = point.get("ranks", spec.ranks)
         return launch_argv(spec, sweep.launcher, np, prog, link, load_average(),
                            runnable_tasks())
-    np = point.get("ranks", 1)
-    if sweep.launcher == "mpirun":
-        argv = commands.mpirun(np, prog, hosts=sweep.hosts)
-    else:
-        hvd = str(Path(sys.executable).parent / "horovodrun")
-        argv = commands.horovodrun(np, prog, hosts=sweep.hosts, horovodrun_bin=hvd,
-                                   controller="gloo" if sweep.launcher.endswith("gloo")
-                                   else "mpi")
+    argv = commands.launcher_argv(sweep.launcher, point.get("ranks", 1), prog,
+                                  hosts=sweep.hosts)
     if sweep.hosts:  # other machines: this one's load says nothing of theirs
         return argv
     load, runnable = load_average(), runnable_tasks()

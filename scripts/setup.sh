@@ -3,6 +3,11 @@
 # torch 2.13.0 (CPU), mpi4py, numpy, matplotlib, pytest, the project (editable)
 # and Horovod 0.28.1 built from source with MPI + Gloo + PyTorch.
 #
+# Run as root, it also makes the venv's activate script export
+# OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1: Open MPI's mpirun
+# refuses to run as root without them, so `. .venv/bin/activate` and then
+# `mpirun ...` works as the README shows.
+#
 # Idempotent: a second run installs nothing new; the Horovod wheel is cached
 # outside the repo (COMMBENCH_WHEEL_CACHE, default ~/.cache/commbench/wheels)
 # so the next set-up installs it in seconds.
@@ -61,6 +66,15 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
+if [ "$(id -u)" = 0 ] && ! grep -q OMPI_ALLOW_RUN_AS_ROOT "$VENV/bin/activate"; then
+  cat >> "$VENV/bin/activate" <<'EOF'
+
+# Added by commbench's scripts/setup.sh (run as root): Open MPI's mpirun refuses
+# to run as root unless both are set.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+EOF
+  log "root: $VENV/bin/activate now exports OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 for mpirun"
+fi
 # Python packages are reinstalled only when what asks for them changed.
 stamp="$VENV/.commbench-setup"
 want=$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)-$TORCH_REQ
@@ -80,6 +94,9 @@ fi
 # --- 3. Horovod ---------------------------------------------------------------
 torch_ver=$("$PY" -c "import torch; print(torch.__version__.replace('+', '_'))")
 flavour=cpu; [ "$WITH_NCCL" = 1 ] && flavour=nccl
+# Horovod's own requirements: its wheel goes in with --no-deps (so pip never tries to
+# build another Horovod), and without cffi pip's resolver prints an ERROR on every install.
+HOROVOD_DEPS=(cffi cloudpickle packaging psutil pyyaml)
 wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-torch$torch_ver-py$("$PY" -c 'import sys;print(f"{sys.version_info[0]}{sys.version_info[1]}")')-$flavour"
 
 have_horovod() {
@@ -116,15 +133,18 @@ else
     # Gloo's old cmake_minimum_required is refused by cmake >= 4 (pip's cmake).
     export CMAKE_POLICY_VERSION_MINIMUM=3.5
     export MAKEFLAGS="-j$(nproc)"
-    "${PIP[@]}" install cloudpickle psutil pyyaml packaging
+    "${PIP[@]}" install "${HOROVOD_DEPS[@]}"
     mkdir -p "$wheel_dir"
     "$PY" -m pip wheel --no-build-isolation --no-deps -w "$build/dist" "$src"
     cp "$build"/dist/horovod-*.whl "$wheel_dir/"
   fi
   log "installing cached wheel from $wheel_dir"
+  "${PIP[@]}" install "${HOROVOD_DEPS[@]}"  # first, so installing the wheel finds them
   "${PIP[@]}" install --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
-  "${PIP[@]}" install cloudpickle psutil pyyaml packaging
 fi
+# Also for a venv whose Horovod came before cffi was on the list (quick when present).
+"$PY" -c "import cffi, cloudpickle, packaging, psutil, yaml" 2>/dev/null \
+  || "${PIP[@]}" install "${HOROVOD_DEPS[@]}"
 
 # --- 4. check -------------------------------------------------------------------
 check=$("$VENV/bin/horovodrun" --check-build)

@@ -22,22 +22,11 @@ def need(binary: str) -> None:
         pytest.fail(f"{binary} not found: run scripts/setup.sh first")
 
 
-def horovodrun_bin() -> str:
-    return str(Path(PY).parent / "horovodrun")
-
-
 def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIMEOUT,
            env: dict[str, str] | None = None) -> Completed:
-    """Run ``program`` under ``mpirun`` or ``horovodrun`` (mpi controller) with ``np`` ranks."""
-    if launcher == "mpirun":
-        need("mpirun")
-        argv = commands.mpirun(np, program)
-    elif launcher in ("horovodrun", "horovodrun-gloo"):
-        need(horovodrun_bin())
-        argv = commands.horovodrun(np, program, horovodrun_bin=horovodrun_bin(),
-                                   controller="gloo" if launcher.endswith("gloo") else "mpi")
-    else:
-        raise ValueError(launcher)
+    """Run ``program`` under ``launcher`` (one of ``commands.LAUNCHERS``) with ``np`` ranks."""
+    need("mpirun" if launcher == "mpirun" else commands.horovodrun_path())
+    argv = commands.launcher_argv(launcher, np, program)
     res = run(argv, timeout=timeout, env={"OMP_NUM_THREADS": "1", **(env or {})}, cwd=str(ROOT))
     assert not res.timed_out, f"{argv} timed out after {timeout}s\n{res.stdout}\n{res.stderr}"
     return res

@@ -76,9 +76,9 @@ def test_spec_checks():
     with pytest.raises(ClusterError, match="too small"):
         ClusterSpec(nodes=8, slots=1, subnet="10.1.1.0/29")
     spec = ClusterSpec(nodes=2, slots=3, name=NAME)
-    assert spec.hosts_arg() == "10.213.57.11:3,10.213.57.12:3"
+    assert spec.node_set.hosts_arg() == "10.213.57.11:3,10.213.57.12:3"
     with pytest.raises(ValueError, match="do not fit"):
-        commands.mpirun_emulated(spec, 7, ["true"])
+        commands.on_nodes(spec.node_set, "mpirun", 7, ["true"])
 
 
 @pytest.mark.mpi

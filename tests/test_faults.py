@@ -27,7 +27,7 @@ from commbench import job, watchdog
 from commbench.faults import Fault, parse_fault
 from commbench.results import ResultWriter, read_records, write_atomic
 from launch import commands
-from tests.conftest import PY, ROOT, horovodrun_bin, need
+from tests.conftest import PY, ROOT, need
 
 NP = 3  # not a power of two; small for a 2-core machine
 K = 3  # the faulty step (0 = the warm-up step), so steps 0..K-1 are finished before it
@@ -37,7 +37,7 @@ ARGS = ["--model", "resnet18", "--steps", "6", "--warmup", "1", "--compute-ms", 
 # with room for a loaded 2-core machine, where a step of 3 ranks was seen to take 5 s
 STEP_TIMEOUT = 15.0
 JOB_LIMIT = 180  # seconds; a faulty job still running then has not been ended by the fault
-LAUNCHERS = [pytest.param("mpirun", marks=pytest.mark.mpi),
+LAUNCHER_PARAMS = [pytest.param("mpirun", marks=pytest.mark.mpi),
              pytest.param("horovodrun", marks=pytest.mark.horovod)]
 
 
@@ -53,13 +53,8 @@ def run_faulty(launcher: str, tmp_path: Path, env: dict[str, str], extra: list[s
     out = tmp_path / "r.jsonl"
     stamp = tmp_path / "fault.time"
     prog = [PY, "-m", "commbench.allreduce", *ARGS, *extra, "--output", str(out)]
-    if launcher == "mpirun":
-        need("mpirun")
-        argv = commands.mpirun(np, prog)
-    else:
-        need(horovodrun_bin())
-        argv = commands.horovodrun(np, prog, horovodrun_bin=horovodrun_bin(),
-                                   controller="gloo" if launcher.endswith("gloo") else "mpi")
+    need("mpirun" if launcher == "mpirun" else commands.horovodrun_path())
+    argv = commands.launcher_argv(launcher, np, prog)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "COMMBENCH_TEST_FAULT_STAMP": str(stamp),
                 **env}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -107,7 +102,7 @@ def report(name: str, launcher: str, r: dict) -> None:
           f"{r['fault_to_exit']:.1f} s, {n} lines in the results file")
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_killed_rank_ends_the_job_and_keeps_finished_steps(tmp_path, launcher):
     r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"kill:1:{K}"})
     report("kill -9 rank 1", launcher, r)
@@ -118,7 +113,7 @@ def test_killed_rank_ends_the_job_and_keeps_finished_steps(tmp_path, launcher):
     assert not r["left"], f"processes left: {r['left']}"
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_killed_rank0_leaves_complete_lines_only(tmp_path, launcher):
     r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"kill:0:{K}"})
     report("kill -9 rank 0", launcher, r)
@@ -128,7 +123,7 @@ def test_killed_rank0_leaves_complete_lines_only(tmp_path, launcher):
     assert not r["left"], f"processes left: {r['left']}"
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_hung_rank_is_named_by_the_watchdog(tmp_path, launcher):
     r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"hang:1:{K}"},
                    ["--step-timeout", str(STEP_TIMEOUT)])
@@ -141,7 +136,7 @@ def test_hung_rank_is_named_by_the_watchdog(tmp_path, launcher):
     assert not r["left"], f"processes left: {r['left']}"
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_frozen_rank_is_named_by_the_others(tmp_path, launcher):
     # SIGSTOP: no thread of rank 2 runs, so only the waiting ranks can name it
     r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"stop:2:{K}"},
@@ -163,7 +158,7 @@ def test_frozen_rank_is_named_by_the_others(tmp_path, launcher):
     assert not r["left"], f"processes left: {r['left']}"
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_raising_rank_aborts_with_its_error(tmp_path, launcher):
     r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"raise:1:{K}"})
     report("rank 1 raises", launcher, r)
@@ -176,7 +171,7 @@ def test_raising_rank_aborts_with_its_error(tmp_path, launcher):
     assert not r["left"], f"processes left: {r['left']}"
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_mismatched_configuration_stops_every_rank(tmp_path, launcher):
     r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_EXTRA_ARGS": "2:--steps 4 --seed 9"})
     assert r["rc"] == 2, r["text"]

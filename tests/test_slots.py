@@ -13,7 +13,8 @@ import pytest
 
 from benchmarks.cluster_jobs import cluster_argv
 from launch import commands, study
-from launch.cluster import ClusterError, ClusterSpec, layout_text, node_slots, parse_slots
+from launch.cluster import ClusterError, ClusterSpec, node_slots, parse_slots
+from launch.commands import layout_text
 from launch.sweep import SweepError, launch_point, make_sweep, parse_set, point_id
 from tests.conftest import PY, ROOT
 
@@ -63,12 +64,12 @@ def test_spec_3_1_host_list_and_host_file():
     spec = ClusterSpec(nodes=None, slots="3,1", name=NAME)
     assert (spec.nodes, spec.slots, spec.ranks) == (2, [3, 1], 4)
     a, b = (n.addr for n in spec.node_list)
-    assert spec.hosts_arg() == f"{a}:3,{b}:1"
-    assert spec.hostfile_text() == f"{a} slots=3\n{b} slots=1\n"
-    assert spec.layout == "2 nodes (3+1 slots)"
+    assert spec.node_set.hosts_arg() == f"{a}:3,{b}:1"
+    assert spec.node_set.hostfile_text() == f"{a} slots=3\n{b} slots=1\n"
+    assert spec.layout == spec.node_set.layout == "2 nodes (3+1 slots)"
     # the same number on every node still means what it did
     even = ClusterSpec(nodes=2, slots=3, name=NAME)
-    assert even.slots == [3, 3] and even.hosts_arg() == f"{a}:3,{b}:3"
+    assert even.slots == [3, 3] and even.node_set.hosts_arg() == f"{a}:3,{b}:3"
 
 
 def test_spec_round_trips_through_its_state_file(tmp_path, monkeypatch):
@@ -82,13 +83,13 @@ def test_spec_round_trips_through_its_state_file(tmp_path, monkeypatch):
 
 def test_launch_commands_for_3_1():
     spec = ClusterSpec(nodes=None, slots="3,1", name=NAME)
-    argv = commands.mpirun_emulated(spec, 4, ["true"])
-    assert argv[argv.index("--hostfile") + 1] == str(spec.hostfile)
-    hvd = commands.horovodrun_emulated(spec, 4, ["true"], horovodrun_bin="horovodrun")
-    assert hvd[hvd.index("-H") + 1] == spec.hosts_arg()
-    for build in (commands.mpirun_emulated, commands.horovodrun_emulated):
+    argv = commands.on_nodes(spec.node_set, "mpirun", 4, ["true"])
+    assert argv[argv.index("--host") + 1] == spec.node_set.hosts_arg()
+    hvd = commands.on_nodes(spec.node_set, "horovodrun", 4, ["true"])
+    assert hvd[hvd.index("-H") + 1] == spec.node_set.hosts_arg()
+    for launcher in commands.LAUNCHERS:
         with pytest.raises(ValueError, match=r"5 ranks do not fit 2 nodes \(3\+1 slots\)"):
-            build(spec, 5, ["true"])
+            commands.on_nodes(spec.node_set, launcher, 5, ["true"])
     for slots, given in (([3, 1], "3,1"), (4, "4")):
         argv = cluster_argv(2, slots, "1gbit", ["true"], 60)
         assert argv[argv.index("--slots") + 1] == given

@@ -18,7 +18,7 @@ from pathlib import Path
 from launch import commands
 
 TEMPLATE = Path(__file__).with_name("commbench.sbatch.in")
-LAUNCHERS = ("srun", "mpirun")
+SLURM_LAUNCHERS = ("srun", "mpirun")  # how a batch script starts its ranks
 
 
 def batch_script(program: Sequence[str], *, nodes: int, tasks_per_node: int,
@@ -29,8 +29,8 @@ def batch_script(program: Sequence[str], *, nodes: int, tasks_per_node: int,
     """The text of a batch script running ``program`` on nodes x tasks_per_node ranks."""
     if nodes < 1 or tasks_per_node < 1:
         raise ValueError("nodes and tasks per node must be >= 1")
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    if launcher not in SLURM_LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(SLURM_LAUNCHERS)}, got {launcher!r}")
     ntasks = nodes * tasks_per_node
     if launcher == "srun":
         argv = commands.srun(ntasks, program, nodes=nodes, ntasks_per_node=tasks_per_node,
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="Give the program after --.")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--tasks-per-node", type=int, required=True)
-    p.add_argument("--launcher", choices=LAUNCHERS, default="srun")
+    p.add_argument("--launcher", choices=SLURM_LAUNCHERS, default="srun")
     p.add_argument("--time", dest="time_limit", default="01:00:00")
     p.add_argument("--job-name", default="commbench")
     p.add_argument("--partition")

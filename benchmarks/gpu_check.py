@@ -1,0 +1,143 @@
+"""GPU check: what commbench does on one CUDA device, in one command.
+
+    python -m benchmarks.gpu_check                 # ~2 min on an H200 after torch's start-up
+    python -m benchmarks.gpu_check -o results/gpu  # keep the profile and the records there
+
+Run it from the repository root on a machine with an NVIDIA GPU, a CUDA build of
+torch and the set-up of ``scripts/setup.sh`` (Open MPI, mpi4py). It checks, and
+prints one line per check (``OK`` or ``FAIL`` with the cause), exit 1 if any fails:
+
+1. **device** — torch sees a CUDA device (its name, torch's and CUDA's versions);
+2. **profile** — ``commbench.profile --device cuda`` records ResNet-18 at batch 64,
+   224 px, the procedure that made ``profiles/h200-*.json`` (``profiles/README.md``):
+   the profile loads for its model, its gradient ready times rise within backward,
+   ``peak_cuda_mb`` is there, and forward and backward are set beside the shipped
+   H200 profile of the same model and batch (a ratio, printed, not a pass mark:
+   another GPU is allowed to be slower);
+3. **job** — ``mpirun -np 2 python -m commbench.allreduce --workload resnet --device
+   cuda``: two ranks on the one device train ResNet-18 with flat and bucketed sync
+   (gradients fused on the device, staged through pinned host buffers, all-reduced
+   by MPI on the host); every summary has ``#wrong`` 0, ``device`` cuda,
+   ``peak_cuda_mb`` and equal parameter checksums on both ranks.
+
+Not verified by this check (nor anywhere yet): Horovod built with NCCL
+(``COMMBENCH_WITH_NCCL=1 ./scripts/setup.sh``) and its GPU all-reduce; one rank per
+GPU on a multi-GPU node or across nodes; CUDA-aware MPI. The shipped profiles were
+recorded once on an H200 by hand with the command in step 2; this script makes that
+run repeatable.
+
+Without a CUDA device it says so and exits 2, starting nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL, BATCH, IMAGE = "resnet18", 64, 224  # as profiles/h200-resnet18-b64.json
+SHIPPED = ROOT / "profiles" / f"h200-{MODEL}-b{BATCH}.json"
+JOB_TIMEOUT_S = 600  # two ranks, ResNet-18, a few steps: minutes even with torch's start-up
+
+
+def _line(ok: bool, name: str, text: str) -> bool:
+    print(f"{'OK  ' if ok else 'FAIL'} {name:8s} {text}", flush=True)
+    return ok
+
+
+def check_device() -> bool:
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return _line(True, "device", f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+                 f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)")
+
+
+def check_profile(out: Path) -> bool:
+    from commbench import profile
+    from launch.execute import run
+
+    path = out / f"gpu-{MODEL}-b{BATCH}.json"
+    res = run([sys.executable, "-m", "commbench.profile", "--model", MODEL, "--batch-size",
+               str(BATCH), "--image-size", str(IMAGE), "--device", "cuda", "--iters", "10",
+               "--warmup", "3", "-o", str(path)], timeout=JOB_TIMEOUT_S, cwd=str(ROOT))
+    if res.returncode != 0 or res.timed_out:
+        return _line(False, "profile", f"commbench.profile exited {res.returncode}"
+                     f"{' (timed out)' if res.timed_out else ''}: {res.stderr.strip()[-600:]}")
+    try:
+        prof = profile.load(path, MODEL, 1000)
+    except profile.ProfileError as e:
+        return _line(False, "profile", str(e))
+    ready = [g["ready_s"] for g in prof["grads"]]
+    problems = []
+    if "peak_cuda_mb" not in prof:
+        problems.append("no peak_cuda_mb")
+    if not all(0 <= r <= prof["backward_s"] * 1.01 for r in ready):
+        problems.append("gradient ready times outside backward")
+    if problems:
+        return _line(False, "profile", "; ".join(problems))
+    shipped = json.loads(SHIPPED.read_text())
+    return _line(True, "profile",
+                 f"{prof['device']}: forward {prof['forward_s'] * 1e3:.1f} ms "
+                 f"(x{prof['forward_s'] / shipped['forward_s']:.2f} of {SHIPPED.name}), "
+                 f"backward {prof['backward_s'] * 1e3:.1f} ms "
+                 f"(x{prof['backward_s'] / shipped['backward_s']:.2f}), "
+                 f"peak {prof['peak_cuda_mb']:.0f} MiB "
+                 f"(shipped {shipped['peak_cuda_mb']:.0f}) -> {path}")
+
+
+def check_job(out: Path) -> bool:
+    from launch import commands
+    from launch.execute import run
+
+    records = out / "gpu-job.jsonl"
+    program = commands.python_module("commbench.allreduce", [
+        "--workload", "resnet", "--device", "cuda", "--model", MODEL, "--batch-size",
+        str(BATCH), "--image-size", str(IMAGE), "--strategy", "flat,bucketed", "--steps", "5",
+        "--warmup", "2", "--quiet", "--output", str(records)])
+    res = run(commands.launcher_argv("mpirun", 2, program), timeout=JOB_TIMEOUT_S,
+              cwd=str(ROOT))
+    if res.returncode != 0 or res.timed_out:
+        return _line(False, "job", f"mpirun exited {res.returncode}"
+                     f"{' (timed out)' if res.timed_out else ''}: {res.stderr.strip()[-600:]}")
+    summaries = [r for r in map(json.loads, records.read_text().splitlines())
+                 if r.get("kind") == "summary"]
+    problems = [f"{s['strategy']}: {why}" for s in summaries for why, bad in (
+        ("#wrong > 0", s.get("wrong") != 0),
+        (f"device {s.get('device')}", not str(s.get("device", "")).startswith("cuda")),
+        ("no peak_cuda_mb", s.get("peak_cuda_mb") is None),
+        ("ranks' parameters differ", len(set(s.get("param_checksum_ranks") or [None])) != 1),
+    ) if bad]
+    if not summaries:
+        problems.append(f"no summaries in {records}")
+    if problems:
+        return _line(False, "job", "; ".join(problems))
+    return _line(True, "job", ", ".join(
+        f"{s['strategy']} step {s['step_s'] * 1e3:.0f} ms, exposed sync "
+        f"{s['exposed_sync_s'] * 1e3:.0f} ms, peak {s['peak_cuda_mb']:.0f} MiB"
+        for s in summaries) + f" -> {records}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("-o", "--output", help="folder for the profile and the records "
+                   "(default: a temporary folder)")
+    a = p.parse_args(argv)
+    if not check_device():
+        print("benchmarks.gpu_check: error: torch sees no CUDA device; run it on a GPU "
+              "machine with a CUDA build of torch", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(a.output or tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        ok = [check_profile(out), check_job(out)]
+    return 0 if all(ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
