@@ -126,7 +126,8 @@ class WorkloadSpec:
     def label(self) -> str:
         """What computes in each step, for a table's title."""
         if self.workload == "resnet":
-            return f"batch {self.batch_size} x {self.image_size} px on {self.device}"
+            each = f"{self.image_size} px" if self.image_size else "token sequences"
+            return f"batch {self.batch_size} x {each} on {self.device}"
         what = (f"compute {self.compute_profile} x {self.compute_scale:g}"
                 if self.compute_profile else f"compute {self.compute_ms:g} ms")
         if self.slow_rank is not None:
@@ -420,6 +421,13 @@ def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = No
         raise ConfigError(f"--slow-rank {r}:{spec.slow_rank[1]:g}: {what}")
 
 
+def _takes_tokens(model: str) -> bool:
+    """Whether ``model`` takes token ids (built on the meta device: no weights)."""
+    from commbench.models import build_model, input_kind
+
+    return input_kind(build_model(model, device="meta")) == "tokens"
+
+
 def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
     """Fill the defaults that depend on the workload and the device, then check them."""
     from commbench.workloads.resnet import MIN_IMAGE_SIZE
@@ -449,7 +457,12 @@ def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
         spec.batch_size = 64 if gpu else 32
     if spec.image_size is None:
         spec.image_size = 224 if gpu else 64
-    if real and spec.image_size < MIN_IMAGE_SIZE:
+    if real and _takes_tokens(spec.model):
+        if spec.dataset != "synthetic":
+            raise ConfigError(f"--dataset {spec.dataset}: holds images; --model {spec.model} "
+                              "takes token ids (it trains on synthetic sequences)")
+        spec.image_size = None  # its inputs are sequences of its context's length
+    elif real and spec.image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"--image-size: {spec.image_size} px is too small for a ResNet "
                           f"(at least {MIN_IMAGE_SIZE})")
     if spec.compute_profile:

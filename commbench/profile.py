@@ -88,7 +88,8 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
         "model": model,
         "num_classes": num_classes,
         "batch_size": batch_size,
-        "image_size": image_size,
+        "image_size": wl.image_size,  # None for a model of token ids
+        **({"tokens": wl.inputs.shape[1]} if wl.tokens else {}),  # per sequence
         "device": str(wl.device) if wl.device.type != "cuda"
         else torch.cuda.get_device_name(wl.device),
         "torch_threads": torch.get_num_threads(),
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commbench.profile: error: {e}", file=sys.stderr)
         return 2
     write_atomic(a.output, json.dumps(prof, indent=1))
-    print(f"{a.model} batch {a.batch_size} {a.image_size}px on {prof['device']}: forward "
+    each = f"{prof['tokens']} tokens" if "tokens" in prof else f"{a.image_size}px"
+    print(f"{a.model} batch {a.batch_size} x {each} on {prof['device']}: forward "
           f"{prof['forward_s'] * 1e3:.1f} ms, backward {prof['backward_s'] * 1e3:.1f} ms, "
           f"optimizer {prof['optimizer_s'] * 1e3:.1f} ms"
           + (f", peak {prof['peak_cuda_mb']:.0f} MiB" if "peak_cuda_mb" in prof else "")

@@ -147,16 +147,21 @@ MODELS: dict[str, Callable[..., ResNet]] = {
 
 def _register_small() -> None:
     """Models that are not ResNets, registered beside them (one line each)."""
+    from commbench.models.gpt import gpt2_small, gpt_tiny
     from commbench.models.small import smallcnn
 
     MODELS["smallcnn"] = smallcnn  # digits convergence studies on CPU
+    MODELS["gpt2-small"] = gpt2_small  # 124 M parameters, tied embedding (replay)
+    MODELS["gpt-tiny"] = gpt_tiny  # trains for real on a CPU
 
 
 _register_small()
 
 
-def build_model(name: str, num_classes: int = 1000, device: str | torch.device = "cpu") -> ResNet:
-    """Build model ``name`` on ``device`` (``"meta"`` allocates no weights)."""
+def build_model(name: str, num_classes: int = 1000,
+                device: str | torch.device = "cpu") -> nn.Module:
+    """Build model ``name`` on ``device`` (``"meta"`` allocates no weights); a language
+    model's output width is its vocabulary, whatever ``num_classes`` says."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     with torch.device(device):
@@ -172,3 +177,10 @@ def parameter_shapes(name: str, num_classes: int = 1000) -> list[tuple[str, tupl
     """
     model = build_model(name, num_classes, device="meta")
     return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+def input_kind(net: nn.Module) -> str:
+    """What ``net`` takes: ``"tokens"`` (ids (N, T); it declares ``vocab``, ``context`` and
+    ``loss(output, target)``, as ``models.gpt``) or ``"image"`` (N, 3, H, W), the default
+    for a model that declares nothing."""
+    return getattr(net, "input_kind", "image")

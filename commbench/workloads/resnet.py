@@ -8,6 +8,12 @@ labelled images instead (``commbench.workloads.data``): each rank walks its
 own shard of the training split, and ``evaluate`` gives held-out accuracy.
 Gradients are announced as ``workloads.base`` describes; time spent inside
 the announcing hooks is taken out of the backward phase.
+
+A model that takes token ids (``models.input_kind``: ``gpt-tiny``,
+``gpt2-small``) is fed sequences of its full context instead: each row
+counts up from a random token (modulo the vocabulary), the target is the next
+token, and the loss is the model's own (``loss(output, target)``), so it has
+something to learn.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from commbench.models import build_model
+from commbench.models import build_model, input_kind
 from commbench.workloads.base import Workload
 
 MIN_IMAGE_SIZE = 32  # five stride-2 stages: 32 px leaves a 1x1 map for the last stage
@@ -30,18 +36,27 @@ class ResNetWorkload(Workload):
     def __init__(self, model: str, rank: int, seed: int = 0, batch_size: int = 32,
                  num_classes: int = 1000, image_size: int = 64, lr: float = 0.01,
                  device: str = "cpu", dataset: str = "synthetic", world_size: int = 1) -> None:
-        if image_size < MIN_IMAGE_SIZE:
-            raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
-                             f"got {image_size}")
-        self.image_size = image_size
         self.device = torch.device(device)
         torch.manual_seed(seed)  # the same initial weights on every rank
         net = build_model(model, num_classes, device=self.device)
+        self.tokens = input_kind(net) == "tokens"
+        if self.tokens and dataset != "synthetic":
+            raise ValueError(f"--dataset {dataset} holds images; {model} takes token ids")
+        if not self.tokens and image_size < MIN_IMAGE_SIZE:
+            raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
+                             f"got {image_size}")
+        self.image_size = None if self.tokens else image_size
+        self.criterion = net.loss if self.tokens else F.cross_entropy
         super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
                          batch_size)
         self.dataset = dataset
         self.test = None
-        if dataset == "synthetic":
+        if self.tokens:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+            start = torch.randint(0, net.vocab, (batch_size, 1), generator=gen)
+            ids = (start + torch.arange(net.context + 1)) % net.vocab
+            self.inputs, self.labels = ids[:, :-1].to(self.device), ids[:, 1:].to(self.device)
+        elif dataset == "synthetic":
             gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
             self.inputs = torch.randn(batch_size, 3, image_size, image_size,
                                       generator=gen).to(self.device)
@@ -66,7 +81,7 @@ class ResNetWorkload(Workload):
         the gradients are zeroed again and no optimizer step is taken.
         """
         self.net.eval()
-        loss = F.cross_entropy(self.net(self.inputs), self.labels)
+        loss = self.criterion(self.net(self.inputs), self.labels)
         self._order = []
         loss.backward()
         self._seen_order = list(self._order)
@@ -102,7 +117,7 @@ class ResNetWorkload(Workload):
                 for g in self.grads:
                     g.zero_()
             out = self.net(self.inputs)
-            self.loss = F.cross_entropy(out, self.labels)
+            self.loss = self.criterion(out, self.labels)
             self._sync_device()
 
     def backward(self, timer, on_ready: Callable[[int], None],
