@@ -159,11 +159,16 @@ class Config(WorkloadSpec):
     output: str | None = None
     output_dir: str = "results"
     quiet: bool = False
-    timeline: bool = False  # keep every phase interval per rank: kind "trace" records
+    #: None; "commbench" = every phase interval per rank in kind "trace" records (the
+    #: timeline); "torch" = a window of steps under torch.profiler, a trace file per rank
+    trace: str | None = None
+    trace_steps: int | None = None  # --trace torch: steps in its window (torchtrace)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
+
+TRACE_KINDS = ("commbench", "torch")
 
 #: former strategies that are tools of their own now (name -> the tool's module), so that
 #: ``--strategy NAME`` can say where they went
@@ -263,12 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_step_timeout_flag(g)
 
     g = add_output_group(p, "allreduce")
-    g.add_argument("--trace", "--timeline", dest="timeline", action="store_true",
-                   help="also record every rank's phase and collective intervals per step "
-                        "(kind \"trace\" records; python -m analysis.timeline makes a "
-                        "Chrome trace of them). Under horovodrun write --trace: horovodrun "
-                        "reads --timeline after the program as an ambiguous abbreviation of "
-                        "its own --timeline-filename and exits")
+    g.add_argument("--trace", "--timeline", dest="trace", nargs="?", const="commbench",
+                   choices=TRACE_KINDS, default=d.trace, metavar="KIND",
+                   help="commbench (or no value): also record every rank's phase and "
+                        "collective intervals per step (kind \"trace\" records; python -m "
+                        "analysis.timeline makes a Chrome trace of them); torch: run "
+                        "--trace-steps measured steps under torch.profiler and write one "
+                        "trace per rank beside the results file (Perfetto, TensorBoard, "
+                        "Holistic Trace Analysis open it). Under horovodrun write --trace: "
+                        "horovodrun reads --timeline after the program as an ambiguous "
+                        "abbreviation of its own --timeline-filename and exits")
+    g.add_argument("--trace-steps", metavar="N", type=positive_int, default=d.trace_steps,
+                   help="--trace torch: how many measured steps (the first ones) to trace; "
+                        "default 5")
     return p
 
 
@@ -404,7 +416,23 @@ def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
         raise ConfigError("--compression bf16: Horovod has no bfloat16 compressor (its "
                           "Compression offers none and fp16); use fp16 with --strategy horovod")
     check_staleness(cfg)
+    check_trace(cfg)
     resolve_workload(cfg, cuda)
+
+
+def check_trace(cfg: Config) -> None:
+    """``--trace-steps`` belongs to ``--trace torch`` and fits in ``--steps``."""
+    from commbench.torchtrace import DEFAULT_STEPS
+
+    if cfg.trace != "torch":
+        if cfg.trace_steps is not None:
+            raise ConfigError("--trace-steps: needs --trace torch")
+        return
+    if cfg.trace_steps is None:
+        cfg.trace_steps = min(DEFAULT_STEPS, cfg.steps)
+    if cfg.trace_steps > cfg.steps:
+        raise ConfigError(f"--trace-steps {cfg.trace_steps}: more than --steps {cfg.steps} "
+                          "(the window is the first measured steps)")
 
 
 def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = None) -> None:
