@@ -55,7 +55,7 @@ import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
-DEFAULT_STEP_TIMEOUT = 300.0  # seconds; see the module docstring and README "Faults"
+DEFAULT_STEP_TIMEOUT = 300.0  # seconds; see the module docstring and docs/faults.md
 AUTO_FACTOR = 5.0  # auto deadline: this many times the slowest completed step, if larger
 BACKSTOP_MARGIN_S = 10.0  # faulthandler's exit comes this long after the grace period
 EXIT_STALLED = 1  # a stalled job failed like any rank failure (README: exit status 1)
