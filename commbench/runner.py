@@ -25,7 +25,7 @@ from commbench.comm.base import Communicator
 from commbench.linkstats import link_efficiency, link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
 from commbench.timing import NullTimer, StepSample, StepTimer, now
-from commbench.torchtrace import NoTrace, TorchTrace
+from commbench.torchtrace import NoTrace
 
 RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s", "forward_s",
                "backward_s", "optimizer_s", "buffer_sync_s")
@@ -40,7 +40,7 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
               first_step: int = 0, accum_steps: int = 1,
               on_step: Callable[[StepSample], None] | None = None,
               buffers: BufferSync | None = None,
-              trace: TorchTrace | NoTrace | None = None) -> list[StepSample]:
+              trace: NoTrace | None = None) -> list[StepSample]:
     """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer).
 
     ``on_step`` gets each sample as its step ends, outside the timed region
