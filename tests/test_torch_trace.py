@@ -111,3 +111,19 @@ def test_trace_flag_keeps_the_timeline_and_takes_torch():
 def test_bad_trace_flags_name_the_flag(argv, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(argv)
+
+
+@pytest.mark.horovod
+def test_horovod_backend_writes_its_rank_into_each_trace(tmp_path):
+    """Under Horovod torch.distributed is not initialised either: distributedInfo is ours."""
+    out = tmp_path / "hvd.jsonl"
+    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", "--model", "gpt2-small",
+                                   "--compute-ms", "20", "--algo", "native", "--steps", "2",
+                                   "--warmup", "0", "--trace", "torch", "--quiet",
+                                   "--output", str(out)], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = next(r for r in read_jsonl(out) if r["kind"] == "summary")
+    assert summary["backend"] == "horovod" and summary["wrong"] == 0
+    files = sorted(Path(summary["torch_trace_dir"]).glob("rank*.pt.trace.json"))
+    infos = [json.loads(f.read_text())["distributedInfo"] for f in files]
+    assert infos == [{"backend": "horovod", "rank": r, "world_size": 2} for r in range(2)]
