@@ -18,8 +18,9 @@ What the trace holds, per traced step:
    (the strategy's finish: waiting for what is still in flight) and
    ``optimizer``, with every torch operator they ran;
 2. the step's collectives as the strategy timed them (``timing.StepTimer.comm``),
-   each a ``commbench collective`` range with its bytes, and the phases of a
-   two-level or ring all-reduce (``comm_phase``) on a second track. They are
+   each a ``commbench collective`` range with its bytes (and the broadcast of
+   model buffers, ``buffer broadcast``), and the phases of a two-level or ring
+   all-reduce (``comm_phase``) on a second track. They are
    added to the file after the profiler stops: collectives run on the
    transfer engine's thread or inside MPI, where no ``record_function`` of
    this thread reaches (the profiler records ranges of the thread that
@@ -179,6 +180,9 @@ def add_collectives(path: Path, steps: list[dict]) -> int:
                                {"index": i, "bytes": nbytes}))
         for name, start, end in s["comm_phases"]:
             added.append(event(name, start, end, "collective phases", {}))
+        for name, start, end in s["phases"]:  # --buffers broadcast: sync, not a collective
+            if name == "buffer broadcast":
+                added.append(event(name, start, end, "collectives", {}))
     events.extend(added)
     write_atomic(path, json.dumps(trace))
     return len(added) - len(TRACKS)
