@@ -29,6 +29,7 @@ from commbench.runner import run_steps
 from commbench.strategies import STRATEGIES, make_strategy
 from commbench.strategies.stale import merge_step_log, summarize_step_log
 from commbench.timing import StepTimer, TracingStepTimer
+from commbench.torchtrace import TorchTrace, trace_dir
 from commbench.validate import count_wrong
 from commbench.workloads import make_workload
 
@@ -100,7 +101,7 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
                              staleness_warmup=cfg.staleness_warmup,
                              broadcast_buffers=buffers == "broadcast")
     buffer_sync = BufferSync(comm, workload.buffers, rule_for(strategy_name, buffers))
-    timer = TracingStepTimer() if cfg.timeline else StepTimer()
+    timer = TracingStepTimer() if cfg.trace else StepTimer()  # torch's takes its collectives
     fields = {**run_fields(strategy=strategy_name, algo=algo, workload=workload,
                            knobs=strategy.knobs()),
               "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
@@ -116,8 +117,16 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
         log = strategy.step_log[-1] if hasattr(strategy, "step_log") else None
         run.step(sample, log, merge_logs if log is not None else None)
 
+    trace = None
+    if cfg.trace == "torch":  # rank 0 names the folder: ranks' default file names may differ
+        name = "-".join(x for x in (strategy_name, algo, run.run_id) if x)
+        folder = comm.bcast_object(str(trace_dir(out.path, name))
+                                   if comm.rank == 0 else None)
+        trace = TorchTrace(folder, cfg.warmup, cfg.trace_steps, comm.name, comm.rank,
+                           comm.size, cuda=workload.device.type == "cuda")
     samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
-                        accum_steps=cfg.accum_steps, on_step=record_step, buffers=buffer_sync)
+                        accum_steps=cfg.accum_steps, on_step=record_step, buffers=buffer_sync,
+                        trace=trace)
     # async: per-step schedule (staleness applied, wait); completes what is in flight
     step_log = strategy.end_run() if hasattr(strategy, "end_run") else None
     wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
@@ -132,11 +141,12 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
                "wrong": sum(g[1] for g in gathered),
                "elements_checked": sum(g[2] for g in gathered),
                **summarize_extras([g[3] for g in gathered]),
-               "validated": cfg.validate}
+               "validated": cfg.validate,
+               **({"torch_trace_dir": str(trace.directory)} if trace else {})}
     if step_log is not None:
         summary.update(summarize_step_log(run.steps))
     summary = run.write("summary", summary)
-    if cfg.timeline:  # every rank's intervals, seconds from that rank's first step start
+    if cfg.trace == "commbench":  # every rank's intervals, seconds from its first step start
         run.write("trace", {"ranks": [g[4] for g in gathered]})
     return summary
 
@@ -206,6 +216,8 @@ def study(comm, cfg: Config) -> int:
                           "overlapped (flat, hierarchical); n/a: no per-collective times "
                           "(horovod)",
                           *accuracy_lines(summaries), *pipeline_lines(cfg),
+                          *[f"torch.profiler traces: {s['torch_trace_dir']}" for s in summaries
+                            if s.get("torch_trace_dir")],
                           f"results: {out.path}"])
     return wrong
 

@@ -134,9 +134,13 @@ class WorkloadSpec:
     def label(self) -> str:
         """What computes in each step, for a table's title."""
         if self.workload == "resnet":
-            what = f"{self.image_size} px" if self.input_shape is None else \
-                "input " + "x".join(map(str, self.input_shape)) + \
-                (f" tokens < {self.vocab}" if self.vocab else "")
+            if self.image_size is None:  # a model of token ids (models.input_kind)
+                what = "token sequences"
+            elif self.input_shape is None:
+                what = f"{self.image_size} px"
+            else:
+                what = "input " + "x".join(map(str, self.input_shape)) + \
+                    (f" tokens < {self.vocab}" if self.vocab else "")
             return f"batch {self.batch_size} x {what} on {self.device}"
         what = (f"compute {self.compute_profile} x {self.compute_scale:g}"
                 if self.compute_profile else f"compute {self.compute_ms:g} ms")
@@ -169,11 +173,16 @@ class Config(WorkloadSpec):
     output: str | None = None
     output_dir: str = "results"
     quiet: bool = False
-    timeline: bool = False  # keep every phase interval per rank: kind "trace" records
+    #: None; "commbench" = every phase interval per rank in kind "trace" records (the
+    #: timeline); "torch" = a window of steps under torch.profiler, a trace file per rank
+    trace: str | None = None
+    trace_steps: int | None = None  # --trace torch: steps in its window (torchtrace)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
+
+TRACE_KINDS = ("commbench", "torch")
 
 #: former strategies that are tools of their own now (name -> the tool's module), so that
 #: ``--strategy NAME`` can say where they went
@@ -273,12 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_step_timeout_flag(g)
 
     g = add_output_group(p, "allreduce")
-    g.add_argument("--trace", "--timeline", dest="timeline", action="store_true",
-                   help="also record every rank's phase and collective intervals per step "
-                        "(kind \"trace\" records; python -m analysis.timeline makes a "
-                        "Chrome trace of them). Under horovodrun write --trace: horovodrun "
-                        "reads --timeline after the program as an ambiguous abbreviation of "
-                        "its own --timeline-filename and exits")
+    g.add_argument("--trace", "--timeline", dest="trace", nargs="?", const="commbench",
+                   choices=TRACE_KINDS, default=d.trace, metavar="KIND",
+                   help="commbench (or no value): also record every rank's phase and "
+                        "collective intervals per step (kind \"trace\" records; python -m "
+                        "analysis.timeline makes a Chrome trace of them); torch: run "
+                        "--trace-steps measured steps under torch.profiler and write one "
+                        "trace per rank beside the results file (Perfetto, TensorBoard, "
+                        "Holistic Trace Analysis open it). Under horovodrun write --trace: "
+                        "horovodrun reads --timeline after the program as an ambiguous "
+                        "abbreviation of its own --timeline-filename and exits")
+    g.add_argument("--trace-steps", metavar="N", type=positive_int, default=d.trace_steps,
+                   help="--trace torch: how many measured steps (the first ones) to trace; "
+                        "default 5")
     return p
 
 
@@ -465,7 +481,23 @@ def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
         raise ConfigError("--compression bf16: Horovod has no bfloat16 compressor (its "
                           "Compression offers none and fp16); use fp16 with --strategy horovod")
     check_staleness(cfg)
+    check_trace(cfg)
     resolve_workload(cfg, cuda)
+
+
+def check_trace(cfg: Config) -> None:
+    """``--trace-steps`` belongs to ``--trace torch`` and fits in ``--steps``."""
+    from commbench.torchtrace import DEFAULT_STEPS
+
+    if cfg.trace != "torch":
+        if cfg.trace_steps is not None:
+            raise ConfigError("--trace-steps: needs --trace torch")
+        return
+    if cfg.trace_steps is None:
+        cfg.trace_steps = min(DEFAULT_STEPS, cfg.steps)
+    if cfg.trace_steps > cfg.steps:
+        raise ConfigError(f"--trace-steps {cfg.trace_steps}: more than --steps {cfg.steps} "
+                          "(the window is the first measured steps)")
 
 
 def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = None) -> None:
@@ -480,6 +512,13 @@ def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = No
                 else f"rank {r} computes nothing here (ranks {computing.start}-"
                      f"{computing.stop - 1} do)")
         raise ConfigError(f"--slow-rank {r}:{spec.slow_rank[1]:g}: {what}")
+
+
+def _takes_tokens(model: str) -> bool:
+    """Whether ``model`` takes token ids (built on the meta device: no weights)."""
+    from commbench.models import build_model, input_kind
+
+    return input_kind(build_model(model, device="meta")) == "tokens"
 
 
 def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
@@ -512,7 +551,13 @@ def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
         spec.batch_size = 64 if gpu else 32
     if spec.image_size is None:
         spec.image_size = 224 if gpu else 64
-    if real and spec.image_size < MIN_IMAGE_SIZE and spec.input_shape is None \
+    if real and not is_factory(spec.model) and spec.input_shape is None \
+            and _takes_tokens(spec.model):
+        if spec.dataset != "synthetic":
+            raise ConfigError(f"--dataset {spec.dataset}: holds images; --model {spec.model} "
+                              "takes token ids (it trains on synthetic sequences)")
+        spec.image_size = None  # its inputs are sequences of its context's length
+    elif real and spec.image_size < MIN_IMAGE_SIZE and spec.input_shape is None \
             and not is_factory(spec.model):
         raise ConfigError(f"--image-size: {spec.image_size} px is too small for a ResNet "
                           f"(at least {MIN_IMAGE_SIZE})")

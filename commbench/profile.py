@@ -101,7 +101,7 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
         "model_kwargs": dict(model_kwargs or {}),
         "num_classes": num_classes,
         "batch_size": batch_size,
-        "image_size": image_size,
+        "image_size": wl.image_size,  # None for a model of token ids
         "input_shape": list(wl.input_shape),
         "vocab": vocab,
         "loss_rule": wl.loss_rule,

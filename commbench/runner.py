@@ -25,6 +25,7 @@ from commbench.comm.base import Communicator
 from commbench.linkstats import link_efficiency, link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
 from commbench.timing import NullTimer, StepSample, StepTimer, now
+from commbench.torchtrace import NoTrace
 
 RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s", "forward_s",
                "backward_s", "optimizer_s", "buffer_sync_s")
@@ -38,7 +39,8 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
               timer: StepTimer | NullTimer, steps: int, warmup: int,
               first_step: int = 0, accum_steps: int = 1,
               on_step: Callable[[StepSample], None] | None = None,
-              buffers: BufferSync | None = None) -> list[StepSample]:
+              buffers: BufferSync | None = None,
+              trace: NoTrace | None = None) -> list[StepSample]:
     """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer).
 
     ``on_step`` gets each sample as its step ends, outside the timed region
@@ -52,32 +54,44 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
 
     ``buffers`` (``commbench.buffers``) broadcasts rank 0's model buffers before
     every forward under the ``broadcast`` rule, timed as ``buffer_sync_s``.
+
+    ``trace`` (``commbench.torchtrace``, ``--trace torch``) puts a window of steps
+    under ``torch.profiler``: it starts before a step's barrier and stops after its
+    record, outside the timed region; each sample says whether its step was traced.
     """
     samples = []
+    trace = trace or NoTrace()
     iface = link_iface() if comm.local_rank == 0 and timer.enabled else None
     wd = watchdog.current()
     for k in range(first_step, first_step + warmup + steps):
         wd.begin_step(k)
+        trace.before_step(k)
         t = now()
         comm.barrier()
         wait_s = now() - t
         if iface:
             rx0, tx0 = read_iface_bytes(iface)
-        timer.begin_step(k, k - first_step < warmup, wait_s)
-        strategy.begin_step(timer)
-        faults.at_step(comm.rank, k)  # test-only fault injection; nothing unless set
-        for m in range(accum_steps):
-            last = m == accum_steps - 1
-            with strategy.micro_batch(last):
-                if buffers is not None:
-                    buffers.before_forward(timer)
-                workload.forward(timer, strategy.progress, accumulate=m > 0)
-                workload.backward(timer, strategy.on_ready if last else _local_only,
-                                  strategy.progress, accumulate=m > 0)
-        strategy.finish()
-        workload.optimizer_step(timer)
-        sample = timer.end_step()
+        with trace.step(k):
+            timer.begin_step(k, k - first_step < warmup, wait_s)
+            strategy.begin_step(timer)
+            faults.at_step(comm.rank, k)  # test-only fault injection; nothing unless set
+            for m in range(accum_steps):
+                last = m == accum_steps - 1
+                with strategy.micro_batch(last):
+                    if buffers is not None:
+                        buffers.before_forward(timer)
+                    with trace.phase("forward"):
+                        workload.forward(timer, strategy.progress, accumulate=m > 0)
+                    with trace.phase("backward"):
+                        workload.backward(timer, strategy.on_ready if last else _local_only,
+                                          strategy.progress, accumulate=m > 0)
+            with trace.phase("sync"):
+                strategy.finish()
+            with trace.phase("optimizer"):
+                workload.optimizer_step(timer)
+            sample = timer.end_step()
         if sample is not None:
+            sample.traced = trace.covers(k)
             if iface:
                 rx1, tx1 = read_iface_bytes(iface)
                 sample.link_bytes = max(rx1 - rx0, tx1 - tx0)
@@ -85,6 +99,7 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
             if on_step is not None:
                 on_step(sample)
         wd.end_step()
+        trace.after_step(k, timer)
     return samples
 
 
@@ -198,6 +213,7 @@ def step_record(per_rank: Sequence[StepSample], world_size: int,
         if c.comm_calls else None,
         "link_bytes": link_bytes,
         "link_efficiency": link_efficiency(link_bytes, link_wire_gbps, c.comm_s),
+        "traced": c.traced,  # under torch.profiler (--trace torch)
         "comm_phases_s": c.comm_phases,
         "ranks": {**{f: [getattr(s, f) for s in per_rank] for f in RANK_FIELDS},
                   "comm_phases_s": [s.comm_phases for s in per_rank],

@@ -53,6 +53,7 @@ class StepSample:
     #: the fused buffer, a bucket, a two-level all-reduce (its phases are parts, not
     #: collectives of their own), async's transfer at the step that waits for it
     collective_s: list[float] = field(default_factory=list)
+    traced: bool = False  # the step ran under torch.profiler (--trace torch)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up commbench on a fresh Debian machine: Open MPI, a venv in .venv with
-# torch 2.13.0 (CPU), mpi4py, numpy, matplotlib, pytest, the project (editable)
-# and Horovod 0.28.1 built from source with MPI + Gloo + PyTorch.
+# torch 2.13.0 (CPU), mpi4py, numpy, matplotlib, pytest, Holistic Trace Analysis,
+# the project (editable) and Horovod 0.28.1 built from source with MPI + Gloo + PyTorch.
 #
 # Run as root, it also makes the venv's activate script export
 # OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1: Open MPI's mpirun
@@ -34,6 +34,7 @@ for arg in "$@"; do
 done
 
 HOROVOD_VERSION=0.28.1
+HTA_VERSION=0.5.0
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${COMMBENCH_VENV:-$ROOT/.venv}
 TORCH_REQ=${COMMBENCH_TORCH:-torch==2.13.0}
@@ -86,6 +87,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   log "installing project (editable) with test extras"
   "${PIP[@]}" install -e "$ROOT[test]"
+  # Holistic Trace Analysis reads --trace torch's traces (tests/test_torch_trace.py); its
+  # requirements are in the test extras but for jupyterlab (its notebooks only), so no deps
+  # here; it requires no torch, so torch stays as installed
+  "${PIP[@]}" install --no-deps "HolisticTraceAnalysis==$HTA_VERSION"
   echo "$want" > "$stamp"
 else
   log "python packages up to date ($VENV)"

@@ -88,3 +88,12 @@ def test_horovodrun_passes_every_flag_to_the_program(tool, monkeypatch):
         monkeypatch.setattr(sys, "argv", argv)
         args = launch.parse_args()
         assert args.command[-2:] == [flag, "1"], flag
+
+
+def test_transformer_models_for_both_workloads():
+    cfg = parse_config(["--model", "gpt2-small"])
+    assert (cfg.workload, cfg.model) == ("synthetic", "gpt2-small")
+    cfg = parse_config(["--workload", "resnet", "--model", "gpt-tiny"])
+    assert cfg.image_size is None and "token sequences" in cfg.label()
+    with pytest.raises(ConfigError, match="--dataset digits.*token ids"):
+        parse_config(["--workload", "resnet", "--model", "gpt-tiny", "--dataset", "digits"])

@@ -1,9 +1,10 @@
-"""Model definitions matched to torchvision's, so gradients have real shapes."""
+"""Model definitions matched to torchvision's (and GPT-2's), so gradients have real shapes."""
 
 from commbench.models.resnet import (
     MODELS,
     ResNet,
     build_model,
+    input_kind,
     parameter_shapes,
     resnet18,
     resnet34,
@@ -16,6 +17,7 @@ __all__ = [
     "MODELS",
     "ResNet",
     "build_model",
+    "input_kind",
     "parameter_shapes",
     "resnet18",
     "resnet34",

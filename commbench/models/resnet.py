@@ -147,9 +147,12 @@ MODELS: dict[str, Callable[..., ResNet]] = {
 
 def _register_small() -> None:
     """Models that are not ResNets, registered beside them (one line each)."""
+    from commbench.models.gpt import gpt2_small, gpt_tiny
     from commbench.models.small import smallcnn
 
     MODELS["smallcnn"] = smallcnn  # digits convergence studies on CPU
+    MODELS["gpt2-small"] = gpt2_small  # 124 M parameters, tied embedding (replay)
+    MODELS["gpt-tiny"] = gpt_tiny  # trains for real on a CPU
 
 
 _register_small()
@@ -159,8 +162,9 @@ def build_model(name: str, num_classes: int = 1000, device: str | torch.device =
                 kwargs: dict | None = None) -> nn.Module:
     """Build model ``name`` on ``device`` (``"meta"`` allocates no weights).
 
-    ``name`` is a registered model (called with ``num_classes`` and ``kwargs``) or a
-    factory, ``package.module:callable`` (called with ``kwargs`` only:
+    ``name`` is a registered model (called with ``num_classes`` and ``kwargs``; a
+    language model's output width is its vocabulary, whatever ``num_classes`` says) or
+    a factory, ``package.module:callable`` (called with ``kwargs`` only:
     ``commbench.models.factory``).
     """
     from commbench.models.factory import ModelError, call_factory, is_factory
@@ -188,3 +192,10 @@ def parameter_shapes(name: str, num_classes: int = 1000,
     """
     model = build_model(name, num_classes, device="meta", kwargs=kwargs)
     return [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def input_kind(net: nn.Module) -> str:
+    """What ``net`` takes: ``"tokens"`` (ids (N, T); it declares ``vocab``, ``context`` and
+    ``loss(output, target)``, as ``models.gpt``) or ``"image"`` (N, 3, H, W), the default
+    for a model that declares nothing."""
+    return getattr(net, "input_kind", "image")

@@ -10,7 +10,14 @@ for a classifier's ``(N, C)`` output), backward and an SGD update. With
 (``commbench.workloads.data``): each rank walks its own shard of the
 training split, and ``evaluate`` gives held-out accuracy. Gradients are
 announced as ``workloads.base`` describes; time spent inside the announcing
-hooks is taken out of the backward phase. """
+hooks is taken out of the backward phase.
+
+A model that takes token ids (``models.input_kind``: ``gpt-tiny``,
+``gpt2-small``) and is given no ``--input-shape`` is fed sequences of its full
+context: each row counts up from a random token (modulo the vocabulary), the
+target is the next token, and the loss is the model's own
+(``loss(output, target)``), so it has something to learn.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from commbench.models import build_model
+from commbench.models import build_model, input_kind
 from commbench.models.factory import is_factory
 from commbench.workloads.base import Workload
 from commbench.workloads.objective import (
@@ -42,18 +49,31 @@ class ResNetWorkload(Workload):
                  device: str = "cpu", dataset: str = "synthetic", world_size: int = 1,
                  model_kwargs: dict | None = None, input_shape: Sequence[int] | None = None,
                  vocab: int | None = None) -> None:
-        if input_shape is None and not is_factory(model) and image_size < MIN_IMAGE_SIZE:
-            raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
-                             f"got {image_size}")
-        self.image_size = image_size
-        self.input_shape = tuple(input_shape) if input_shape else (3, image_size, image_size)
         self.device = torch.device(device)
         torch.manual_seed(seed)  # the same initial weights on every rank
         net = build_model(model, num_classes, device=self.device, kwargs=model_kwargs)
+        #: a registered language model fed its own sequences (no --input-shape given)
+        self.tokens = input_shape is None and input_kind(net) == "tokens"
+        if self.tokens and dataset != "synthetic":
+            raise ValueError(f"--dataset {dataset} holds images; {model} takes token ids")
+        if not self.tokens and input_shape is None and not is_factory(model) \
+                and (image_size is None or image_size < MIN_IMAGE_SIZE):
+            raise ValueError(f"--image-size must be >= {MIN_IMAGE_SIZE} for a ResNet, "
+                             f"got {image_size}")
+        self.image_size = None if self.tokens else image_size
+        if self.tokens:
+            self.input_shape: tuple[int, ...] = (net.context,)
+        else:
+            self.input_shape = tuple(input_shape) if input_shape else \
+                (3, image_size, image_size)
         self.dataset = dataset
         self.test = None
         gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
-        if dataset == "synthetic":
+        if self.tokens:
+            start = torch.randint(0, net.vocab, (batch_size, 1), generator=gen)
+            ids = (start + torch.arange(net.context + 1)) % net.vocab
+            self.inputs, self.labels = ids[:, :-1].to(self.device), ids[:, 1:].to(self.device)
+        elif dataset == "synthetic":
             self.inputs = make_inputs(batch_size, self.input_shape, vocab, gen, self.device)
         else:
             from commbench.workloads.data import digits
@@ -85,7 +105,7 @@ class ResNetWorkload(Workload):
         net.eval()
         out = first_tensor(net(self.inputs))
         self.loss_rule = loss_rule(net, out)
-        if self.test is None:
+        if self.test is None and not self.tokens:  # sequences bring their targets
             self.labels = make_target(out, gen)
         probe = probe_backward(net, self._loss(out), tuple(out.shape))
         for p in net.parameters():
