@@ -26,7 +26,7 @@ from commbench.report import Column
 from commbench.results import run_fields
 from commbench.run import Output, rank_extras, summarize_extras
 from commbench.runner import run_steps
-from commbench.strategies import STRATEGIES, make_strategy
+from commbench.strategies import STRATEGIES, StrategySettings, make_strategy
 from commbench.strategies.stale import merge_step_log, summarize_step_log
 from commbench.timing import StepTimer, TracingStepTimer
 from commbench.validate import count_wrong
@@ -85,43 +85,47 @@ def table_row(s: dict) -> list:
             s["busbw_gbps"], s.get("wall_throughput"), s["wrong"]]
 
 
+def strategy_settings(cfg: Config, algo: str | None, buffers: str) -> StrategySettings:
+    """The settings of one run: the flags, its ``--algo`` and its buffer rule."""
+    return StrategySettings(
+        algo=algo or "native", compression=cfg.compression, bucket_mb=cfg.bucket_mb,
+        first_bucket_mb=cfg.first_bucket_mb, progress=cfg.progress, transfer=cfg.transfer,
+        staleness=cfg.staleness, staleness_lr=cfg.staleness_lr,
+        staleness_warmup=cfg.staleness_warmup, accum_steps=cfg.accum_steps,
+        broadcast_buffers=buffers == "broadcast")
+
+
 def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
             buffers: str) -> dict | None:
     """One run: its step records as steps end, then its summary (returned on rank 0)."""
     comm = out.comm
     workload = make_workload(cfg, comm.rank, comm.size)
-    strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native",
-                             bucket_mb=cfg.bucket_mb, first_bucket_mb=cfg.first_bucket_mb,
-                             backward_order=workload.backward_order,
-                             compression=cfg.compression, accum_steps=cfg.accum_steps,
-                             progress=cfg.progress, transfer=cfg.transfer,
-                             workload=workload, staleness=cfg.staleness,
-                             staleness_lr=cfg.staleness_lr,
-                             staleness_warmup=cfg.staleness_warmup,
-                             broadcast_buffers=buffers == "broadcast")
-    buffer_sync = BufferSync(comm, workload.buffers, rule_for(strategy_name, buffers))
-    timer = TracingStepTimer() if cfg.timeline else StepTimer()
-    fields = {**run_fields(strategy=strategy_name, algo=algo, workload=workload,
-                           knobs=strategy.knobs()),
-              "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
-    # its wall clock starts now, before the first step
-    run = out.run(fields, live=lambda: {"knobs": strategy.knobs()})
+    strategy = make_strategy(strategy_name, comm, workload.grads,
+                             strategy_settings(cfg, algo, buffers),
+                             backward_order=workload.backward_order, workload=workload)
+    with strategy:  # whoever builds a strategy closes it
+        buffer_sync = BufferSync(comm, workload.buffers, rule_for(strategy_name, buffers))
+        timer = TracingStepTimer() if cfg.timeline else StepTimer()
+        fields = {**run_fields(strategy=strategy_name, algo=algo, workload=workload,
+                               knobs=strategy.knobs()),
+                  "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
+        # its wall clock starts now, before the first step
+        run = out.run(fields, live=lambda: {"knobs": strategy.knobs()})
 
-    def merge_logs(rec: dict, logs: list) -> None:
-        merge_step_log(rec, [[log] for log in logs], 0)
+        def merge_logs(rec: dict, logs: list) -> None:
+            merge_step_log(rec, [[log] for log in logs], 0)
 
-    def record_step(sample) -> None:
-        """Rank 0 writes the step's record now, so a job killed later keeps every finished
-        step (the run's validation is in the summary)."""
-        log = strategy.step_log[-1] if hasattr(strategy, "step_log") else None
-        run.step(sample, log, merge_logs if log is not None else None)
+        def record_step(sample) -> None:
+            """Rank 0 writes the step's record now, so a job killed later keeps every finished
+            step (the run's validation is in the summary)."""
+            log = strategy.step_entry()
+            run.step(sample, log, merge_logs if log is not None else None)
 
-    samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
-                        accum_steps=cfg.accum_steps, on_step=record_step, buffers=buffer_sync)
-    # async: per-step schedule (staleness applied, wait); completes what is in flight
-    step_log = strategy.end_run() if hasattr(strategy, "end_run") else None
-    wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
-    strategy.close()  # e.g. its transfer engine's thread and communicator
+        samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
+                            accum_steps=cfg.accum_steps, on_step=record_step, buffers=buffer_sync)
+        # async: per-step schedule (staleness applied, wait); completes what is in flight
+        step_log = strategy.end_run()
+        wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
     buffer_sync.before_evaluation()
     extra = rank_extras(workload)
     gathered = comm.gather_object((samples, wrong, checked, extra,

@@ -18,6 +18,7 @@ compared with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.strategies.algos import get_algo, wire_dtype
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
+from commbench.strategies.settings import StrategySettings
 
 
 class FlatStrategy(Strategy):
@@ -32,8 +34,11 @@ class FlatStrategy(Strategy):
     uses_algo = True
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 algo: str = "native", compression: str = "none") -> None:
-        super().__init__(comm, grads, compression)
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        algo = self.settings.algo
         self.check(comm, algo)
         self.algo = algo
         self._allreduce = get_algo(algo)

@@ -46,12 +46,13 @@ import inspect
 import os
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from commbench.comm.base import Communicator
 from commbench.strategies.base import COMPRESSIONS, Strategy
-from commbench.strategies.bucketed import DEFAULT_BUCKET_MB
+from commbench.strategies.settings import StrategySettings
 from commbench.timing import now
 
 HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": str(64 * 2**20), "HOROVOD_CYCLE_TIME": "1"}
@@ -79,9 +80,12 @@ class HorovodStrategy(Strategy):
                              "horovod backend (launch with horovodrun, or --backend horovod "
                              "under mpirun)")
 
-    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor], workload,
-                 compression: str = "none", accum_steps: int = 1) -> None:
-        super().__init__(comm, grads, compression)
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        compression, accum_steps = self.compression, self.settings.accum_steps
         self.check(comm, "native")
         import horovod.torch as hvd
 
@@ -157,10 +161,12 @@ class DDPStrategy(Strategy):
     name = "ddp"
     needs_model = True
 
-    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor], workload,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, compression: str = "none",
-                 broadcast_buffers: bool = True) -> None:
-        super().__init__(comm, grads, compression)
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        bucket_mb, broadcast_buffers = self.settings.bucket_mb, self.settings.broadcast_buffers
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
@@ -174,7 +180,7 @@ class DDPStrategy(Strategy):
                 else "broadcast_buffers": self.broadcast_buffers}
         self.ddp = DistributedDataParallel(workload.net, bucket_cap_mb=self.bucket_mb,
                                            process_group=self.group, **sync)
-        self._cast = COMPRESSIONS[compression]
+        self._cast = COMPRESSIONS[self.compression]
         self.ddp.register_comm_hook(None, self._hook)
         workload.net = self.ddp
         workload.sync_in_backward = True

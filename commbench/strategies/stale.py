@@ -49,9 +49,9 @@ blocked on the all-reduce from s steps ago. For wait vs transfer
 start to end) counts at the step that waits for it, step t+s on every rank;
 the first s steps wait for none and have no split.
 
-Args:
-    comm: the communicator.
-    grads: gradient tensors in parameter order.
+Built like every strategy (``Strategy.__init__``); it reads these
+``StrategySettings`` fields:
+
     algo: only ``native`` (what runs a transfer is ``transfer``'s choice).
     compression: ``none``, ``fp16`` or ``bf16`` (wire dtype, as flat).
     staleness: s >= 0.
@@ -70,14 +70,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from commbench.comm.base import Communicator
-from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS, Transfer, TransferEngine
+from commbench.comm.engine import TRANSFER_PATHS, Transfer, TransferEngine
 from commbench.strategies.algos import wire_dtype
 from commbench.strategies.base import dtype_name
 from commbench.strategies.flat import FlatStrategy
+from commbench.strategies.settings import StrategySettings
 from commbench.timing import NullTimer, StepTimer, now
 
 
@@ -99,9 +101,11 @@ class AsyncStrategy(FlatStrategy):
     algos = ("native",)  # the engine's --transfer picks what runs, not --algo
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 algo: str = "native", compression: str = "none", staleness: int = 0,
-                 staleness_lr: bool = False, staleness_warmup: int = 0,
-                 transfer: str = DEFAULT_TRANSFER_PATH) -> None:
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        settings = settings if settings is not None else StrategySettings()
+        algo, staleness = settings.algo, settings.staleness
+        staleness_warmup, transfer = settings.staleness_warmup, settings.transfer
         if algo != "native":
             raise ValueError(f"--strategy async runs its transfers on the transfer engine "
                              f"(--algo native, --transfer thread|ring), not --algo {algo}")
@@ -113,9 +117,10 @@ class AsyncStrategy(FlatStrategy):
         if transfer not in TRANSFER_PATHS:
             raise ValueError(f"--transfer must be one of {', '.join(TRANSFER_PATHS)}, got "
                              f"{transfer!r}")
-        super().__init__(comm, grads, algo=algo, compression=compression)
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
         self.staleness = staleness
-        self.staleness_lr = bool(staleness_lr)
+        self.staleness_lr = bool(settings.staleness_lr)
         self.staleness_warmup = staleness_warmup
         self.transfer = transfer
         # cast, or copy from a device to the host buffer: one copy per tensor
@@ -249,6 +254,9 @@ class AsyncStrategy(FlatStrategy):
         """Complete what is in flight (never applied) and return the per-step log."""
         self.drain()
         return list(self.step_log)
+
+    def step_entry(self) -> dict | None:
+        return self.step_log[-1] if self.step_log else None
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         """The delay pipeline's own pack, engine transfer and unpack, at s = 0
