@@ -75,7 +75,7 @@ class HorovodStrategy(Strategy):
 
     @classmethod
     def check(cls, comm: Communicator, algo: str) -> None:
-        if comm.name != "horovod":
+        if not comm.runs_horovod:
             raise ValueError("--strategy horovod runs hvd.DistributedOptimizer: it needs the "
                              "horovod backend (launch with horovodrun, or --backend horovod "
                              "under mpirun)")
