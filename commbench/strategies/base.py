@@ -34,7 +34,7 @@ COMPRESSIONS: dict[str, torch.dtype | None] = {
     "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def unpack_mean(summed: torch.Tensor, grad: torch.Tensor, ranks: int) -> None:
+def unpack_mean(summed: torch.Tensor, grad: torch.Tensor, ranks: float) -> None:
     """``grad = summed / ranks``, in one pass where both live on one device.
 
     Buffers stay in host memory (MPI here is not CUDA-aware), so on a GPU the

@@ -78,6 +78,7 @@ import torch
 from commbench.buckets import assign_buckets
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.engine import TRANSFER_PATHS, TransferEngine
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import COMPRESSIONS, Strategy, unpack_mean
 from commbench.strategies.settings import MB, StrategySettings
 from commbench.timing import NullTimer, StepTimer
@@ -98,19 +99,12 @@ class _Bucket:
     def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
                  dtype: torch.dtype | None = None) -> None:
         self.indices = indices
-        numel = sum(grads[i].numel() for i in indices)
-        dtype = dtype or grads[indices[0]].dtype
-        device = grads[indices[0]].device
-        gpu = device.type == "cuda"
-        self.buffer = torch.empty(numel, dtype=dtype, pin_memory=gpu)
-        self.dev = torch.empty(numel, dtype=dtype, device=device) if gpu else None
-        packed = self.dev if gpu else self.buffer
-        self.views: dict[int, torch.Tensor] = {}
-        offset = 0
-        for i in indices:
-            n = grads[i].numel()
-            self.views[i] = packed[offset:offset + n].view_as(grads[i])
-            offset += n
+        packed = FlatBuffer([grads[i] for i in indices], dtype=dtype)  # on their device
+        gpu = packed.flat.device.type == "cuda"
+        self.dev = packed.flat if gpu else None
+        self.buffer = torch.empty(packed.flat.numel(), dtype=packed.flat.dtype,
+                                  pin_memory=True) if gpu else packed.flat
+        self.views: dict[int, torch.Tensor] = dict(zip(indices, packed.views))
         self.nbytes = self.buffer.numel() * self.buffer.element_size()
         self.pending: set[int] = set()
         self.handle: Handle | None = None

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from commbench.comm.base import Communicator
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import COMPRESSIONS, Strategy
 from commbench.strategies.settings import StrategySettings
 from commbench.timing import now
@@ -233,12 +234,10 @@ class DDPStrategy(Strategy):
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         # DDP's reducer runs only inside backward; the same hook arithmetic on the
         # same Gloo group reduces the known values, over one flat buffer.
-        flat = torch.cat([g.reshape(-1) for g in self.grads])
-        self._reduce(flat).wait()
-        offset = 0
-        for g in self.grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        fb = FlatBuffer(self.grads)
+        fb.pack(self.grads)
+        self._reduce(fb.flat).wait()
+        fb.unpack(self.grads)
 
     def knobs(self) -> dict:
         return {**super().knobs(), "bucket_cap_mb": self.bucket_mb,

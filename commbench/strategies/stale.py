@@ -76,8 +76,9 @@ import torch
 
 from commbench.comm.base import Communicator
 from commbench.comm.engine import TRANSFER_PATHS, Transfer, TransferEngine
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.algos import wire_dtype
-from commbench.strategies.base import dtype_name
+from commbench.strategies.base import dtype_name, unpack_mean
 from commbench.strategies.flat import FlatStrategy
 from commbench.strategies.settings import StrategySettings
 from commbench.timing import NullTimer, StepTimer, now
@@ -123,10 +124,9 @@ class AsyncStrategy(FlatStrategy):
         self.staleness_lr = bool(settings.staleness_lr)
         self.staleness_warmup = staleness_warmup
         self.transfer = transfer
-        # cast, or copy from a device to the host buffer: one copy per tensor
-        self._copy_in = self.wire != self.grads[0].dtype or self.grads[0].device.type != "cpu"
-        self._slots = [self.buffer]
-        self._slot_views = [self._views]
+        # One fused host buffer per step in flight (the first is flat's); packing casts,
+        # or copies off a device, one tensor at a time where it must.
+        self._slots = [FlatBuffer(self.grads, flat=self.buffer)]
         self._free = [0]
         self._queue: deque[_InFlight] = deque()  # issued, not yet applied; oldest first
         self._t = 0  # steps finished
@@ -153,26 +153,16 @@ class AsyncStrategy(FlatStrategy):
 
     def _slot(self) -> int:
         if not self._free:
-            self._slots.append(torch.empty_like(self.buffer))
-            views, offset = [], 0
-            for g in self.grads:
-                views.append(self._slots[-1][offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-            self._slot_views.append(views)
+            self._slots.append(FlatBuffer(self.grads, dtype=self.wire, device=self.buffer.device))
             self._free.append(len(self._slots) - 1)
         return self._free.pop()
 
     def _issue(self, step: int) -> _InFlight:
         slot = self._slot()
-        buf = self._slots[slot]
-        if self._copy_in:
-            for g, v in zip(self.grads, self._slot_views[slot]):
-                v.copy_(g)
-        else:
-            torch.cat([g.view(-1) for g in self.grads], out=buf)
+        self._slots[slot].pack(self.grads)
         if self._engine is None:
             self._engine = TransferEngine(self.comm, self.transfer)
-        handle = self._engine.submit(buf)
+        handle = self._engine.submit(self._slots[slot].flat)
         tr = _InFlight(step, slot, handle, logged_until=handle.queued)
         # bytes and call count at the issuing step
         self.timer.comm(handle.queued, handle.queued, self.nbytes, whole=False)
@@ -191,11 +181,8 @@ class AsyncStrategy(FlatStrategy):
     def _apply(self, tr: _InFlight, scale: float) -> None:
         """Write the mean of ``tr``'s all-reduce, times ``scale``, into the gradients."""
         div = self.comm.size if scale == 1.0 else self.comm.size / scale
-        for g, v in zip(self.grads, self._slot_views[tr.slot]):
-            if v.device == g.device:
-                torch.div(v, div, out=g)  # divide and copy back in one pass, as flat
-            else:
-                g.copy_(v).div_(div)
+        for g, v in zip(self.grads, self._slots[tr.slot].views):
+            unpack_mean(v, g, div)  # divide and copy back in one pass, as flat
         self._free.append(tr.slot)
 
     def _log_comm(self, end_of_window: float) -> None:
