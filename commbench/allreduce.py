@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from commbench.buffers import OWN_RULES, BufferSync, rule_for
+from commbench.buffers import BufferSync
 from commbench.comm.engine import check_transfer_path
 from commbench.config import Config, check_slow_rank, parse_config
 from commbench.job import run_job
@@ -41,7 +41,7 @@ def runs_of(cfg: Config) -> list[tuple[str, str | None, str]]:
     out: list[tuple[str, str | None, str]] = []
     for s in cfg.strategies:
         algos = STRATEGIES[s].algos_for(cfg.algos) if STRATEGIES[s].uses_algo else [None]
-        buffers = cfg.buffers[:1] if s in OWN_RULES else cfg.buffers
+        buffers = cfg.buffers[:1] if STRATEGIES[s].own_buffer_rule else cfg.buffers
         out += [(s, a, b) for a in algos for b in buffers]
     return out
 
@@ -104,7 +104,7 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
                              strategy_settings(cfg, algo, buffers),
                              backward_order=workload.backward_order, workload=workload)
     with strategy:  # whoever builds a strategy closes it
-        buffer_sync = BufferSync(comm, workload.buffers, rule_for(strategy_name, buffers))
+        buffer_sync = BufferSync(comm, workload.buffers, strategy.buffer_rule(buffers))
         timer = TracingStepTimer() if cfg.timeline else StepTimer()
         fields = {**run_fields(strategy=strategy_name, algo=algo, workload=workload,
                                knobs=strategy.knobs()),

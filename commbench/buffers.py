@@ -21,8 +21,9 @@ others do not hold. The frameworks choose one of two rules:
 The peers keep their own machinery: ``ddp`` sets DDP's ``broadcast_buffers``
 from the rule (DDP broadcasts inside its forward, so that cost lands in
 forward compute), and ``horovod`` broadcasts the whole state dict once at the
-start and keeps buffers local afterwards, as Horovod users do. ``rule_for``
-says which rule a run really had; records carry it as ``buffer_rule``.
+start and keeps buffers local afterwards, as Horovod users do. The strategy
+says which rule a run really had (``Strategy.buffer_rule``); records carry it
+as ``buffer_rule``.
 """
 
 from __future__ import annotations
@@ -37,18 +38,13 @@ from commbench.timing import now
 
 BUFFER_RULES = ("broadcast", "local")
 
-#: strategies with a buffer rule of their own, whatever ``--buffers`` asks: Horovod's peer
-OWN_RULES = {"horovod": "horovod-initial-broadcast"}
+def check_rule(requested: str) -> str:
+    """``requested`` if it is a ``--buffers`` rule, else a ValueError naming the choices.
 
-
-def rule_for(strategy: str, requested: str) -> str:
-    """The buffer rule a run of ``strategy`` follows when ``--buffers requested`` is given."""
+    Which rule a run then follows is its strategy's to say (``Strategy.buffer_rule``:
+    the peers keep their own machinery)."""
     if requested not in BUFFER_RULES:
         raise ValueError(f"--buffers must be one of {', '.join(BUFFER_RULES)}, got {requested!r}")
-    if strategy in OWN_RULES:
-        return OWN_RULES[strategy]
-    if strategy == "ddp":
-        return f"ddp-{requested}"  # DDP's own broadcast_buffers, set from the flag
     return requested
 
 

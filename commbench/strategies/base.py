@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
 from commbench.strategies.algos import check_algo
 from commbench.strategies.settings import StrategySettings
@@ -118,6 +119,15 @@ class Strategy(abc.ABC):
 
     #: the strategy needs the real model (``workload=`` in its constructor)
     needs_model: bool = False
+
+    #: the model-buffer rule the strategy follows whatever ``--buffers`` asks (a peer with
+    #: machinery of its own: Horovod's), else None (``commbench.buffers``)
+    own_buffer_rule: str | None = None
+
+    @classmethod
+    def buffer_rule(cls, requested: str) -> str:
+        """The buffer rule a run follows when ``--buffers requested`` is given."""
+        return cls.own_buffer_rule or check_rule(requested)
 
     def micro_batch(self, last: bool) -> contextlib.AbstractContextManager[None]:
         """Context for one micro-batch's forward and backward under ``--accum-steps``.

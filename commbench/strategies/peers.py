@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import COMPRESSIONS, Strategy
@@ -73,6 +74,7 @@ class _PreSynchronized:
 class HorovodStrategy(Strategy):
     name = "horovod"
     needs_model = True
+    own_buffer_rule = "horovod-initial-broadcast"  # one broadcast of the state dict, at start
 
     @classmethod
     def check(cls, comm: Communicator, algo: str) -> None:
@@ -161,6 +163,10 @@ def _gloo_group(comm: Communicator):
 class DDPStrategy(Strategy):
     name = "ddp"
     needs_model = True
+
+    @classmethod
+    def buffer_rule(cls, requested: str) -> str:
+        return f"ddp-{check_rule(requested)}"  # DDP's own broadcast_buffers, set from the flag
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
                  settings: StrategySettings | None = None, *,
