@@ -46,21 +46,19 @@ class FlatBuffer:
             default, dtype and device are read).
         dtype: the buffer's dtype (default: the first tensor's).
         device: where it lives (default: the first tensor's device).
-        pin_memory: page-locked host memory, for asynchronous copies to and from a GPU.
         flat: an existing buffer to view instead of a new one.
     """
 
     __slots__ = ("flat", "views")
 
     def __init__(self, like: Sequence[torch.Tensor], dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, pin_memory: bool = False,
+                 device: torch.device | str | None = None,
                  flat: torch.Tensor | None = None) -> None:
         if not like:
             raise ValueError("a flat buffer needs at least one tensor")
         if flat is None:
             flat = torch.empty(sum(t.numel() for t in like), dtype=dtype or like[0].dtype,
-                               device=device if device is not None else like[0].device,
-                               pin_memory=pin_memory)
+                               device=device if device is not None else like[0].device)
         self.flat = flat
         self.views = flat_views(flat, like)
 
