@@ -38,6 +38,7 @@ from commbench.timing import now
 
 BUFFER_RULES = ("broadcast", "local")
 
+
 def check_rule(requested: str) -> str:
     """``requested`` if it is a ``--buffers`` rule, else a ValueError naming the choices.
 
@@ -67,7 +68,8 @@ class BufferSync:
         self.groups: list[list[torch.Tensor]] = list(by_dtype.values())
         # One flat host buffer per dtype: one broadcast instead of one per tensor
         # (ResNet-50 has 53 BatchNorm layers, 159 buffers).
-        self._flat = [FlatBuffer(group, device="cpu") for group in self.groups]
+        self._flat = [FlatBuffer(group, device="cpu") for group in self.groups] \
+            if self.broadcasts else []
         self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
 
     def _broadcast(self) -> None:
