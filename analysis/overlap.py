@@ -48,8 +48,8 @@ from analysis.model import H200_NODE, ModelError, Node, Params, Scenario, a100_s
 from commbench.buckets import assign_buckets as _assign_buckets
 
 MB = 2**20  # the bucketed strategy's MB (DDP's bucket_cap_mb unit)
-DEFAULT_BUCKET_MB = 25.0  # commbench.strategies.bucketed.DEFAULT_BUCKET_MB (DDP's)
-FIRST_BUCKET_MB = 1.0  # commbench.strategies.bucketed.FIRST_BUCKET_MB (DDP's first bucket)
+DEFAULT_BUCKET_MB = 25.0  # commbench.strategies.settings.DEFAULT_BUCKET_MB (DDP's)
+FIRST_BUCKET_MB = 1.0  # commbench.strategies.settings.FIRST_BUCKET_MB (DDP's first bucket)
 FLOAT32_BYTES = 4  # profiles are recorded in float32
 
 #: the one device scenario of the extrapolation: ResNet-50, batch 256, one H200

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from commbench.buffers import OWN_RULES, BufferSync, rule_for
+from commbench.buffers import BufferSync
 from commbench.comm.engine import check_transfer_path
 from commbench.config import Config, check_slow_rank, parse_config
 from commbench.job import run_job
@@ -26,7 +26,7 @@ from commbench.report import Column
 from commbench.results import run_fields
 from commbench.run import Output, rank_extras, summarize_extras
 from commbench.runner import run_steps
-from commbench.strategies import STRATEGIES, make_strategy
+from commbench.strategies import STRATEGIES, StrategySettings, make_strategy
 from commbench.strategies.stale import merge_step_log, summarize_step_log
 from commbench.timing import StepTimer, TracingStepTimer
 from commbench.torchtrace import TorchTrace, trace_dir
@@ -42,7 +42,7 @@ def runs_of(cfg: Config) -> list[tuple[str, str | None, str]]:
     out: list[tuple[str, str | None, str]] = []
     for s in cfg.strategies:
         algos = STRATEGIES[s].algos_for(cfg.algos) if STRATEGIES[s].uses_algo else [None]
-        buffers = cfg.buffers[:1] if s in OWN_RULES else cfg.buffers
+        buffers = cfg.buffers[:1] if STRATEGIES[s].own_buffer_rule else cfg.buffers
         out += [(s, a, b) for a in algos for b in buffers]
     return out
 
@@ -86,51 +86,55 @@ def table_row(s: dict) -> list:
             s["busbw_gbps"], s.get("wall_throughput"), s["wrong"]]
 
 
+def strategy_settings(cfg: Config, algo: str | None, buffers: str) -> StrategySettings:
+    """The settings of one run: the flags, its ``--algo`` and its buffer rule."""
+    return StrategySettings(
+        algo=algo or "native", compression=cfg.compression, bucket_mb=cfg.bucket_mb,
+        first_bucket_mb=cfg.first_bucket_mb, progress=cfg.progress, transfer=cfg.transfer,
+        staleness=cfg.staleness, staleness_lr=cfg.staleness_lr,
+        staleness_warmup=cfg.staleness_warmup, accum_steps=cfg.accum_steps,
+        broadcast_buffers=buffers == "broadcast")
+
+
 def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
             buffers: str) -> dict | None:
     """One run: its step records as steps end, then its summary (returned on rank 0)."""
     comm = out.comm
     workload = make_workload(cfg, comm.rank, comm.size)
-    strategy = make_strategy(strategy_name, comm, workload.grads, algo=algo or "native",
-                             bucket_mb=cfg.bucket_mb, first_bucket_mb=cfg.first_bucket_mb,
-                             backward_order=workload.backward_order,
-                             compression=cfg.compression, accum_steps=cfg.accum_steps,
-                             progress=cfg.progress, transfer=cfg.transfer,
-                             workload=workload, staleness=cfg.staleness,
-                             staleness_lr=cfg.staleness_lr,
-                             staleness_warmup=cfg.staleness_warmup,
-                             broadcast_buffers=buffers == "broadcast")
-    buffer_sync = BufferSync(comm, workload.buffers, rule_for(strategy_name, buffers))
-    timer = TracingStepTimer() if cfg.trace else StepTimer()  # torch's takes its collectives
-    fields = {**run_fields(strategy=strategy_name, algo=algo, workload=workload,
-                           knobs=strategy.knobs()),
-              "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
-    # its wall clock starts now, before the first step
-    run = out.run(fields, live=lambda: {"knobs": strategy.knobs()})
+    strategy = make_strategy(strategy_name, comm, workload.grads,
+                             strategy_settings(cfg, algo, buffers),
+                             backward_order=workload.backward_order, workload=workload)
+    with strategy:  # whoever builds a strategy closes it
+        buffer_sync = BufferSync(comm, workload.buffers, strategy.buffer_rule(buffers))
+        timer = TracingStepTimer() if cfg.trace else StepTimer()  # torch's takes its collectives
+        fields = {**run_fields(strategy=strategy_name, algo=algo, workload=workload,
+                               knobs=strategy.knobs()),
+                  "buffer_rule": buffer_sync.rule, "buffer_bytes": buffer_sync.nbytes}
+        # its wall clock starts now, before the first step
+        run = out.run(fields, live=lambda: {"knobs": strategy.knobs()})
 
-    def merge_logs(rec: dict, logs: list) -> None:
-        merge_step_log(rec, [[log] for log in logs], 0)
+        def merge_logs(rec: dict, logs: list) -> None:
+            merge_step_log(rec, [[log] for log in logs], 0)
 
-    def record_step(sample) -> None:
-        """Rank 0 writes the step's record now, so a job killed later keeps every finished
-        step (the run's validation is in the summary)."""
-        log = strategy.step_log[-1] if hasattr(strategy, "step_log") else None
-        run.step(sample, log, merge_logs if log is not None else None)
+        def record_step(sample) -> None:
+            """Rank 0 writes the step's record now, so a job killed later keeps every finished
+            step (the run's validation is in the summary)."""
+            log = strategy.step_entry()
+            run.step(sample, log, merge_logs if log is not None else None)
 
-    trace = None
-    if cfg.trace == "torch":  # rank 0 names the folder: ranks' default file names may differ
-        name = "-".join(x for x in (strategy_name, algo, run.run_id) if x)
-        folder = comm.bcast_object(str(trace_dir(out.path, name))
-                                   if comm.rank == 0 else None)
-        trace = TorchTrace(folder, cfg.warmup, cfg.trace_steps, comm.name, comm.rank,
-                           comm.size, cuda=workload.device.type == "cuda")
-    samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
-                        accum_steps=cfg.accum_steps, on_step=record_step, buffers=buffer_sync,
-                        trace=trace)
-    # async: per-step schedule (staleness applied, wait); completes what is in flight
-    step_log = strategy.end_run() if hasattr(strategy, "end_run") else None
-    wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
-    strategy.close()  # e.g. its transfer engine's thread and communicator
+        trace = None
+        if cfg.trace == "torch":  # rank 0 names the folder: ranks' default file names may differ
+            name = "-".join(x for x in (strategy_name, algo, run.run_id) if x)
+            folder = comm.bcast_object(str(trace_dir(out.path, name))
+                                       if comm.rank == 0 else None)
+            trace = TorchTrace(folder, cfg.warmup, cfg.trace_steps, comm.name, comm.rank,
+                               comm.size, cuda=workload.device.type == "cuda")
+        samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
+                            accum_steps=cfg.accum_steps, on_step=record_step,
+                            buffers=buffer_sync, trace=trace)
+        # async: per-step schedule (staleness applied, wait); completes what is in flight
+        step_log = strategy.end_run()
+        wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
     buffer_sync.before_evaluation()
     extra = rank_extras(workload)
     gathered = comm.gather_object((samples, wrong, checked, extra,

@@ -21,8 +21,9 @@ others do not hold. The frameworks choose one of two rules:
 The peers keep their own machinery: ``ddp`` sets DDP's ``broadcast_buffers``
 from the rule (DDP broadcasts inside its forward, so that cost lands in
 forward compute), and ``horovod`` broadcasts the whole state dict once at the
-start and keeps buffers local afterwards, as Horovod users do. ``rule_for``
-says which rule a run really had; records carry it as ``buffer_rule``.
+start and keeps buffers local afterwards, as Horovod users do. The strategy
+says which rule a run really had (``Strategy.buffer_rule``); records carry it
+as ``buffer_rule``.
 """
 
 from __future__ import annotations
@@ -32,22 +33,19 @@ from collections.abc import Sequence
 import torch
 
 from commbench.comm.base import Communicator
+from commbench.flatbuf import FlatBuffer
 from commbench.timing import now
 
 BUFFER_RULES = ("broadcast", "local")
 
-#: strategies with a buffer rule of their own, whatever ``--buffers`` asks: Horovod's peer
-OWN_RULES = {"horovod": "horovod-initial-broadcast"}
 
+def check_rule(requested: str) -> str:
+    """``requested`` if it is a ``--buffers`` rule, else a ValueError naming the choices.
 
-def rule_for(strategy: str, requested: str) -> str:
-    """The buffer rule a run of ``strategy`` follows when ``--buffers requested`` is given."""
+    Which rule a run then follows is its strategy's to say (``Strategy.buffer_rule``:
+    the peers keep their own machinery)."""
     if requested not in BUFFER_RULES:
         raise ValueError(f"--buffers must be one of {', '.join(BUFFER_RULES)}, got {requested!r}")
-    if strategy in OWN_RULES:
-        return OWN_RULES[strategy]
-    if strategy == "ddp":
-        return f"ddp-{requested}"  # DDP's own broadcast_buffers, set from the flag
     return requested
 
 
@@ -64,25 +62,22 @@ class BufferSync:
         self.rule = rule
         self.broadcasts = rule in ("broadcast", "ddp-broadcast")
         self.per_step = rule == "broadcast"
-        self.groups: list[list[torch.Tensor]] = []
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in buffers:
             by_dtype.setdefault(b.dtype, []).append(b)
-        self.groups = list(by_dtype.values())
+        self.groups: list[list[torch.Tensor]] = list(by_dtype.values())
+        # One flat host buffer per dtype: one broadcast instead of one per tensor
+        # (ResNet-50 has 53 BatchNorm layers, 159 buffers).
+        self._flat = [FlatBuffer(group, device="cpu") for group in self.groups] \
+            if self.broadcasts else []
         self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
 
     def _broadcast(self) -> None:
-        for group in self.groups:
-            # One flat host buffer per dtype: one broadcast instead of one per tensor
-            # (ResNet-50 has 53 BatchNorm layers, 159 buffers).
-            flat = torch.cat([b.detach().reshape(-1).cpu() for b in group])
-            self.comm.bcast(flat, root=0)
+        for group, fb in zip(self.groups, self._flat):
+            fb.pack(group)
+            self.comm.bcast(fb.flat, root=0)
             if self.comm.rank != 0:
-                offset = 0
-                for b in group:
-                    n = b.numel()
-                    b.copy_(flat[offset:offset + n].view_as(b))
-                    offset += n
+                fb.unpack(group)
 
     def before_forward(self, timer) -> None:
         """Rank 0's buffers on every rank, timed as the step's buffer phase of sync."""

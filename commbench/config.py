@@ -221,59 +221,56 @@ def build_parser() -> argparse.ArgumentParser:
                "  mpirun -np 64 --hostfile hosts python -m commbench.allreduce --steps 100")
 
     g = p.add_argument_group("synchronisation")
-    g.add_argument("--strategy", dest="strategies", metavar="NAME[,NAME]",
-                   type=_strategy_list(tuple(STRATEGIES)), default=d.strategies,
-                   help=f"strategies to run, one run each: {', '.join(STRATEGIES)}")
-    g.add_argument("--algo", dest="algos", metavar="NAME[,NAME]",
-                   type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
-                   help="all-reduce algorithms for strategies that take one: native = the "
-                        "backend's own, ring = the project's reduce-scatter + all-gather")
-    g.add_argument("--bucket-mb", metavar="MB", type=nonneg_float, default=d.bucket_mb,
-                   help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
-                        "bucket_cap_mb); 0 = one all-reduce per tensor")
-    g.add_argument("--first-bucket-mb", metavar="MB", type=nonneg_float,
-                   default=d.first_bucket_mb,
-                   help="--strategy bucketed: the first bucket's cap, DDP's 1 MiB by default, so "
-                        "the first all-reduce starts early in backward")
-    g.add_argument("--progress", choices=("poll", "thread"), default=d.progress,
-                   help="--strategy bucketed: how buckets' all-reduces advance during backward: "
-                        "poll = MPI non-blocking all-reduce tested from the compute loop, "
-                        "thread = blocking all-reduces on a comm thread (Horovod's design)")
-    g.add_argument("--transfer", choices=TRANSFER_PATHS, default=d.transfer,
-                   help="--strategy async and bucketed (--progress thread): how the background "
-                        "transfer engine runs each all-reduce: thread = the backend's blocking "
-                        "all-reduce on its own thread (at link speed; Open MPI spins a core "
-                        "while it waits), ring = the project's ring on point-to-point "
-                        "messages, tested between sleeps (light on the CPU; needs MPI)")
-    g.add_argument("--accum-steps", metavar="K", type=positive_int, default=d.accum_steps,
-                   help="gradient accumulation: K micro-batches per step, synchronised once "
-                        "(Horovod's backward_passes_per_step)")
-    g.add_argument("--compression", choices=("none", "fp16", "bf16"), default=d.compression,
-                   help="cast gradients to this dtype for the all-reduce and back after "
-                        "(hvd.Compression.fp16)")
-    g.add_argument("--staleness", metavar="S", type=nonneg_int, default=d.staleness,
-                   help="--strategy async: step t's all-reduce runs while later steps compute "
-                        "and is applied at step t+S; 0 = synchronous")
+    add_flag(g, d, "--strategy", dest="strategies", metavar="NAME[,NAME]",
+             type=_strategy_list(tuple(STRATEGIES)),
+             help=f"strategies to run, one run each: {', '.join(STRATEGIES)}")
+    add_flag(g, d, "--algo", dest="algos", metavar="NAME[,NAME]",
+             type=csv_list(tuple(ALGOS), "--algo"),
+             help="all-reduce algorithms for strategies that take one: native = the "
+                  "backend's own, ring = the project's reduce-scatter + all-gather")
+    add_flag(g, d, "--bucket-mb", metavar="MB", type=nonneg_float,
+             help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
+                  "bucket_cap_mb); 0 = one all-reduce per tensor")
+    add_flag(g, d, "--first-bucket-mb", metavar="MB", type=nonneg_float,
+             help="--strategy bucketed: the first bucket's cap, DDP's 1 MiB by default, so "
+                  "the first all-reduce starts early in backward")
+    add_flag(g, d, "--progress", choices=("poll", "thread"),
+             help="--strategy bucketed: how buckets' all-reduces advance during backward: "
+                  "poll = MPI non-blocking all-reduce tested from the compute loop, "
+                  "thread = blocking all-reduces on a comm thread (Horovod's design)")
+    add_flag(g, d, "--transfer", choices=TRANSFER_PATHS,
+             help="--strategy async and bucketed (--progress thread): how the background "
+                  "transfer engine runs each all-reduce: thread = the backend's blocking "
+                  "all-reduce on its own thread (at link speed; Open MPI spins a core "
+                  "while it waits), ring = the project's ring on point-to-point "
+                  "messages, tested between sleeps (light on the CPU; needs MPI)")
+    add_flag(g, d, "--accum-steps", metavar="K", type=positive_int,
+             help="gradient accumulation: K micro-batches per step, synchronised once "
+                  "(Horovod's backward_passes_per_step)")
+    add_flag(g, d, "--compression", choices=("none", "fp16", "bf16"),
+             help="cast gradients to this dtype for the all-reduce and back after "
+                  "(hvd.Compression.fp16)")
+    add_flag(g, d, "--staleness", metavar="S", type=nonneg_int,
+             help="--strategy async: step t's all-reduce runs while later steps compute "
+                  "and is applied at step t+S; 0 = synchronous")
     g.add_argument("--staleness-lr", action="store_true",
                    help="--strategy async: scale the learning rate by 1/staleness "
                         "(Zhang et al. 2016)")
-    g.add_argument("--staleness-warmup", metavar="N", type=nonneg_int,
-                   default=d.staleness_warmup,
-                   help="--strategy async: run the first N steps synchronously, then "
-                        "staleness S")
+    add_flag(g, d, "--staleness-warmup", metavar="N", type=nonneg_int,
+             help="--strategy async: run the first N steps synchronously, then "
+                  "staleness S")
     add_backend_flag(g)
 
     g = p.add_argument_group("workload")
     add_workload_flags(g, d)
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
-                   help="--workload resnet: where forward/backward run (auto = cuda if "
-                        "present)")
-    g.add_argument("--buffers", metavar="RULE[,RULE]", type=csv_list(BUFFER_RULES, "--buffers"),
-                   default=d.buffers,
-                   help="model buffers (BatchNorm statistics), one run each: broadcast = rank "
-                        "0's before every forward, timed as sync (DDP's broadcast_buffers); "
-                        "local = each rank keeps its own (Horovod after its first broadcast); "
-                        "the horovod peer always follows Horovod's rule")
+    add_flag(g, d, "--device", choices=("auto", "cpu", "cuda"),
+             help="--workload resnet: where forward/backward run (auto = cuda if "
+                  "present)")
+    add_flag(g, d, "--buffers", metavar="RULE[,RULE]", type=csv_list(BUFFER_RULES, "--buffers"),
+             help="model buffers (BatchNorm statistics), one run each: broadcast = rank "
+                  "0's before every forward, timed as sync (DDP's broadcast_buffers); "
+                  "local = each rank keeps its own (Horovod after its first broadcast); "
+                  "the horovod peer always follows Horovod's rule")
 
     g = p.add_argument_group("run")
     add_run_flags(g, steps=d.steps, warmup=d.warmup, seed=d.seed)
@@ -337,6 +334,15 @@ def input_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def add_flag(group: argparse._ArgumentGroup, defaults: object, flag: str, **kwargs) -> None:
+    """``group.add_argument(flag, ...)`` with the default of the configuration field the
+    flag sets (``--bucket-mb`` sets ``bucket_mb``, or ``dest``): a flag's default is
+    written once, in its dataclass, so ``--help`` and a configuration built without the
+    command line agree."""
+    dest = kwargs.pop("dest", flag.removeprefix("--").replace("-", "_"))
+    group.add_argument(flag, dest=dest, default=getattr(defaults, dest), **kwargs)
+
+
 def add_workload_flags(g: argparse._ArgumentGroup, d: WorkloadSpec) -> None:
     """The workload's flags (``WorkloadSpec``), shared by the tools that train one."""
     from commbench.models import MODELS
@@ -362,33 +368,32 @@ def add_workload_flags(g: argparse._ArgumentGroup, d: WorkloadSpec) -> None:
     g.add_argument("--batch-size", type=positive_int, default=d.batch_size,
                    help="samples per rank per step (throughput = ranks * batch / step); "
                         "default 32, 64 for --workload resnet on a GPU")
-    g.add_argument("--image-size", type=positive_int, default=d.image_size,
-                   help="--workload resnet: input pixels per side (default 64 on a CPU, 224 "
-                        "on a GPU; at least 32)")
-    g.add_argument("--lr", type=nonneg_float, default=d.lr,
-                   help="SGD rate of --workload resnet (and of the parameter server's updates "
-                        "on any workload)")
-    g.add_argument("--dataset", choices=("synthetic", "digits"), default=d.dataset,
-                   help="--workload resnet: synthetic inputs, or scikit-learn's digits (a real "
-                        "labelled set shipped in the package; sets 10 classes, reports "
-                        "held-out accuracy)")
-    g.add_argument("--num-classes", type=positive_int, default=d.num_classes,
-                   help="classifier width (sets the last layer's gradient size)")
-    g.add_argument("--compute-ms", type=nonneg_float, default=d.compute_ms,
-                   help="forward+backward time per step replayed by the synthetic workload "
-                        "(1/3 forward, 2/3 backward)")
-    g.add_argument("--compute-profile", metavar="FILE", default=d.compute_profile,
-                   help="synthetic workload: replay this profile (python -m commbench.profile) "
-                        "instead of --compute-ms")
-    g.add_argument("--compute-scale", type=nonneg_float, default=d.compute_scale,
-                   help="multiply the profile's times (0.02 = a device 50x faster)")
-    g.add_argument("--slow-rank", metavar="R:F", type=slow_rank, default=d.slow_rank,
-                   help="synthetic workload: a straggler on purpose, rank R's replayed compute "
-                        "takes F times as long")
-    g.add_argument("--compute-jitter", metavar="CV", type=nonneg_float,
-                   default=d.compute_jitter,
-                   help="synthetic workload: draw each rank's compute per step around its "
-                        "mean with this coefficient of variation (gamma, seeded per rank)")
+    add_flag(g, d, "--image-size", type=positive_int,
+             help="--workload resnet: input pixels per side (default 64 on a CPU, 224 "
+                  "on a GPU; at least 32)")
+    add_flag(g, d, "--lr", type=nonneg_float,
+             help="SGD rate of --workload resnet (and of the parameter server's updates "
+                  "on any workload)")
+    add_flag(g, d, "--dataset", choices=("synthetic", "digits"),
+             help="--workload resnet: synthetic inputs, or scikit-learn's digits (a real "
+                  "labelled set shipped in the package; sets 10 classes, reports "
+                  "held-out accuracy)")
+    add_flag(g, d, "--num-classes", type=positive_int,
+             help="classifier width (sets the last layer's gradient size)")
+    add_flag(g, d, "--compute-ms", type=nonneg_float,
+             help="forward+backward time per step replayed by the synthetic workload "
+                  "(1/3 forward, 2/3 backward)")
+    add_flag(g, d, "--compute-profile", metavar="FILE",
+             help="synthetic workload: replay this profile (python -m commbench.profile) "
+                  "instead of --compute-ms")
+    add_flag(g, d, "--compute-scale", type=nonneg_float,
+             help="multiply the profile's times (0.02 = a device 50x faster)")
+    add_flag(g, d, "--slow-rank", metavar="R:F", type=slow_rank,
+             help="synthetic workload: a straggler on purpose, rank R's replayed compute "
+                  "takes F times as long")
+    add_flag(g, d, "--compute-jitter", metavar="CV", type=nonneg_float,
+             help="synthetic workload: draw each rank's compute per step around its "
+                  "mean with this coefficient of variation (gamma, seeded per rank)")
 
 
 def add_run_flags(g: argparse._ArgumentGroup, steps: int, warmup: int, seed: int) -> None:

@@ -60,6 +60,7 @@ import torch
 
 from commbench import metrics
 from commbench.comm.base import Communicator
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import COMPRESSIONS
 from commbench.timing import StepSample, StepTimer, now
 from commbench.workloads import Workload
@@ -94,14 +95,6 @@ def check(comm: Communicator) -> None:
                          f"got {comm.size}")
 
 
-def _flat_views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    views, offset = [], 0
-    for t in like:
-        views.append(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return views
-
-
 def model_params(workload: Workload) -> list[torch.Tensor]:
     """The tensors the server updates: the model's (the replayed workload's too, updated
     all the same, so the cost is real)."""
@@ -128,13 +121,10 @@ def _server(comm: Communicator, workload, settings: PSSettings,
     workers = comm.size - 1
     base_lr = opt.param_groups[0]["lr"]
     lr_per_update = base_lr / workers  # a round of one update per worker = one sync step
-    numel = sum(p.numel() for p in params)
-    gbuf = torch.empty(numel, dtype=_wire(settings, params))
-    grads = []
-    for p, v in zip(params, _flat_views(gbuf, params)):
+    gbuf = FlatBuffer(params, dtype=_wire(settings, params), device="cpu")
+    for p in params:
         p.grad = torch.zeros_like(p)
-        grads.append(v)
-    pbuf = torch.empty(numel, dtype=params[0].dtype)
+    pbuf = FlatBuffer(params, device="cpu")
     hdr = torch.zeros(HDR_LEN, dtype=torch.float64)
     ver = torch.zeros(1, dtype=torch.int64)
     res = PSResult()
@@ -148,18 +138,17 @@ def _server(comm: Communicator, workload, settings: PSSettings,
             done += 1
             continue
         t_in = now()
-        comm.recv(gbuf, src, tag=TAG_GRAD)
+        comm.recv(gbuf.flat, src, tag=TAG_GRAD)
         staleness = version - int(pulled)
         scale = 1.0 / staleness if settings.staleness_lr and staleness > 0 else 1.0
-        for p, v in zip(params, grads):
-            p.grad.copy_(v)
+        gbuf.unpack([p.grad for p in params])
         opt.param_groups[0]["lr"] = lr_per_update * scale
         with torch.no_grad():
             opt.step()
         version += 1
-        torch.cat([p.detach().view(-1) for p in params], out=pbuf)
+        pbuf.pack(params)
         ver[0] = version
-        comm.send(pbuf, src, tag=TAG_PARAM)
+        comm.send(pbuf.flat, src, tag=TAG_PARAM)
         comm.send(ver, src, tag=TAG_HDR)
         t_out = now()
         res.busy_s += t_out - t_in
@@ -185,16 +174,12 @@ def _wire(settings: PSSettings, params: Sequence[torch.Tensor]) -> torch.dtype:
 
 def _worker(comm: Communicator, workload, settings: PSSettings) -> PSResult:
     params = model_params(workload)
-    numel = sum(p.numel() for p in params)
-    wire = _wire(settings, params)
-    gbuf = torch.empty(numel, dtype=wire)
-    gviews = _flat_views(gbuf, workload.grads)
-    pbuf = torch.empty(numel, dtype=params[0].dtype)
-    pviews = _flat_views(pbuf, params)
+    gbuf = FlatBuffer(workload.grads, dtype=_wire(settings, params), device="cpu")
+    pbuf = FlatBuffer(params, device="cpu")
     hdr = torch.zeros(HDR_LEN, dtype=torch.float64)
     ver = torch.zeros(1, dtype=torch.int64)
     version = 0
-    nbytes = numel * (wire.itemsize + pbuf.element_size())
+    nbytes = gbuf.nbytes + pbuf.nbytes
     res = PSResult()
     timer = StepTimer()
     real = workload.real
@@ -211,19 +196,16 @@ def _worker(comm: Communicator, workload, settings: PSSettings) -> PSResult:
         # not a collective: workers push and pull on their own, so the push/pull of one
         # worker's step k has no counterpart to split wait from transfer by (whole=False)
         with timer.comm_span(nbytes, calls=2, whole=False):
-            for g, v in zip(workload.grads, gviews):
-                v.copy_(g)
+            gbuf.pack(workload.grads)
             hdr.copy_(torch.tensor([KIND_GRAD, k, version, math.nan if loss is None else loss],
                                    dtype=torch.float64))
             comm.send(hdr, SERVER, tag=TAG_HDR)
-            comm.send(gbuf, SERVER, tag=TAG_GRAD)
-            comm.recv(pbuf, SERVER, tag=TAG_PARAM)
+            comm.send(gbuf.flat, SERVER, tag=TAG_GRAD)
+            comm.recv(pbuf.flat, SERVER, tag=TAG_PARAM)
             comm.recv(ver, SERVER, tag=TAG_HDR)
             version = int(ver[0])
             if real:
-                with torch.no_grad():
-                    for p, v in zip(params, pviews):
-                        p.copy_(v)
+                pbuf.unpack(params)
         res.samples.append(timer.end_step())
         res.losses.append(loss)
     hdr.copy_(torch.tensor([KIND_DONE, steps, version, math.nan], dtype=torch.float64))

@@ -61,7 +61,7 @@ from commbench.report import Column
 from commbench.results import run_fields
 from commbench.run import Output
 from commbench.runner import run_steps
-from commbench.strategies import make_strategy
+from commbench.strategies import StrategySettings, make_strategy
 from commbench.timing import StepTimer
 from commbench.workloads import make_workload
 
@@ -199,19 +199,18 @@ def time_to_accuracy(curve: list[dict], target: float) -> float | None:
 
 def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
     workload = make_workload(cfg.workload_spec(), comm.rank, comm.size)
-    strategy = make_strategy("async", comm, workload.grads, staleness=s,
-                             staleness_lr=mitigation == "lr",
-                             staleness_warmup=cfg.staleness_warmup if mitigation == "warmup"
-                             else 0)
+    settings = StrategySettings(staleness=s, staleness_lr=mitigation == "lr",
+                                staleness_warmup=cfg.staleness_warmup
+                                if mitigation == "warmup" else 0)
     rows = []
-    for k in range(cfg.steps):
-        sample = run_steps(comm, workload, strategy, StepTimer(), 1, 0, first_step=k)[0]
-        acc = None
-        if (k + 1) % cfg.eval_every == 0 or k == cfg.steps - 1:
-            acc = workload.evaluate()
-        rows.append((sample.step_s + sample.wait_s, float(workload.loss.detach()), acc))
-    log = strategy.end_run()
-    strategy.close()
+    with make_strategy("async", comm, workload.grads, settings) as strategy:
+        for k in range(cfg.steps):
+            sample = run_steps(comm, workload, strategy, StepTimer(), 1, 0, first_step=k)[0]
+            acc = None
+            if (k + 1) % cfg.eval_every == 0 or k == cfg.steps - 1:
+                acc = workload.evaluate()
+            rows.append((sample.step_s + sample.wait_s, float(workload.loss.detach()), acc))
+        log = strategy.end_run()
     gathered = comm.gather_object(rows)
     if comm.rank != 0:
         return None

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 
-from commbench.strategies import make_strategy
+from commbench.strategies import StrategySettings, make_strategy
 from commbench.strategies.bucketed import MB, BucketedStrategy, assign_buckets
 from commbench.timing import StepTimer
 from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
@@ -86,8 +86,8 @@ class _Comm:
 
 def _strategy(comm, numels, mb, order=None):
     grads = [torch.full((n,), float(i)) for i, n in enumerate(numels)]
-    return BucketedStrategy(comm, grads, bucket_mb=mb, backward_order=order,
-                            progress="poll"), grads
+    return BucketedStrategy(comm, grads, StrategySettings(bucket_mb=mb, progress="poll"),
+                            backward_order=order), grads
 
 
 def test_a_bucket_starts_when_its_last_gradient_is_ready_and_never_before_earlier_ones():

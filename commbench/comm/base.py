@@ -137,6 +137,9 @@ class Communicator(abc.ABC):
     #: whether ``iallreduce`` runs on a background thread of the library's own (Horovod's),
     #: so handles complete without being tested and several may be in flight at once
     progresses_itself: bool = False
+    #: whether horovod.torch is initialised on this job's ranks, so Horovod's own training
+    #: API (``hvd.DistributedOptimizer``: the ``horovod`` peer) can run beside it
+    runs_horovod: bool = False
 
     # -- topology shortcuts -------------------------------------------------
     @property

@@ -148,6 +148,7 @@ class _HorovodGroup(Group):
 class HorovodCommunicator(Communicator):
     name = "horovod"
     progresses_itself = True  # its background thread runs every queued op
+    runs_horovod = True
 
     def __init__(self) -> None:
         self._mpi = None

@@ -1,15 +1,16 @@
 """Synchronisation strategies, registered by name (one module each).
 
 A new strategy is one module with a ``Strategy`` subclass plus one line in
-``STRATEGIES``. A strategy imports no tool and no workload
+``STRATEGIES``; every strategy is built the same way, from the communicator,
+the gradients and one ``StrategySettings``. A strategy imports no tool and no workload
 (``tests/test_import_contract.py``); the parameter server, which runs its own
 loops rather than a step's sync, is a tool: ``python -m commbench.ps``.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from commbench.strategies.bucketed import BucketedStrategy
 from commbench.strategies.flat import FlatStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
 from commbench.strategies.peers import DDPStrategy, HorovodStrategy
+from commbench.strategies.settings import StrategySettings
 from commbench.strategies.stale import AsyncStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -34,15 +36,18 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
-                  algo: str = "native", **knobs: Any) -> Strategy:
-    """Build strategy ``name``; each of ``knobs`` (``bucket_mb``, ``backward_order``, ...)
-    goes to the strategies whose constructor takes it."""
+                  settings: StrategySettings | None = None, *,
+                  backward_order: Sequence[int] | None = None, workload: Any = None,
+                  **fields: Any) -> Strategy:
+    """Build strategy ``name`` from ``settings``; ``fields`` given by keyword
+    (``bucket_mb=5``) replace those of ``settings`` (a name that is no field of
+    ``StrategySettings`` is a TypeError). Every strategy gets the same settings
+    and reads the fields that concern it. Whoever builds a strategy closes it."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-    cls = STRATEGIES[name]
-    takes = inspect.signature(cls).parameters
-    kwargs = {k: v for k, v in knobs.items() if k in takes}
-    return cls(comm, grads, algo=algo, **kwargs) if cls.uses_algo else cls(comm, grads, **kwargs)
+    settings = replace(settings if settings is not None else StrategySettings(), **fields)
+    return STRATEGIES[name](comm, grads, settings, backward_order=backward_order,
+                            workload=workload)
 
 
-__all__ = ["ALGOS", "STRATEGIES", "Strategy", "get_algo", "make_strategy"]
+__all__ = ["ALGOS", "STRATEGIES", "Strategy", "StrategySettings", "get_algo", "make_strategy"]

@@ -1,12 +1,16 @@
 """The interface every synchronisation strategy implements.
 
 A strategy is built once per run from the communicator, the gradient tensors
-(in parameter order) and its knobs. Each step the runner calls
+(in parameter order) and its settings (``StrategySettings``: one typed record,
+the same for every strategy, each reading its own fields), plus the order
+backward produces the gradients and, for the peers that wrap a model, the
+workload. Each step the runner calls
 ``begin_step(timer)``; the workload calls ``on_ready(i)`` as gradient ``i``
 is produced (backward order) and ``progress()`` while it computes; then the
 runner calls ``finish()``, after which every gradient holds the mean over
 ranks. Strategies time their collectives on the timer they were given.
-After the run (and its validation pass) the tool calls ``close()``.
+After the run (and its validation pass) whoever built the strategy closes it
+(``close()``, or ``with make_strategy(...) as strategy:``).
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
 
 import torch
 
+from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
 from commbench.strategies.algos import check_algo
+from commbench.strategies.settings import StrategySettings
 from commbench.timing import NullTimer, StepTimer
 
 #: ``--compression``: the dtype gradients travel in (None: their own), cast before the
@@ -27,7 +35,7 @@ COMPRESSIONS: dict[str, torch.dtype | None] = {
     "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def unpack_mean(summed: torch.Tensor, grad: torch.Tensor, ranks: int) -> None:
+def unpack_mean(summed: torch.Tensor, grad: torch.Tensor, ranks: float) -> None:
     """``grad = summed / ranks``, in one pass where both live on one device.
 
     Buffers stay in host memory (MPI here is not CUDA-aware), so on a GPU the
@@ -59,12 +67,31 @@ class Strategy(abc.ABC):
         return [a for a in requested if a in cls.algos] or [cls.default_algo]
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 compression: str = "none") -> None:
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        """Every strategy's constructor.
+
+        Args:
+            comm: the communicator.
+            grads: the gradient tensors, in parameter order.
+            settings: the run's settings; each strategy reads its own fields.
+            backward_order: indices of ``grads`` in the order backward produces them
+                (default: reverse parameter order, as DDP assumes); the same on every rank.
+            workload: the workload, for the peers that wrap its model (``needs_model``).
+        """
+        settings = settings if settings is not None else StrategySettings()
+        compression = settings.compression
         if compression not in COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}; choose from "
                              f"{', '.join(COMPRESSIONS)}")
+        if self.needs_model and workload is None:
+            raise ValueError(f"--strategy {self.name} wraps the workload's model and "
+                             "optimizer: build it with workload=")
         self.comm = comm
         self.grads = list(grads)
+        self.settings = settings
+        self.backward_order = list(backward_order) if backward_order is not None else \
+            list(reversed(range(len(self.grads))))
         self.compression = compression
         #: the dtype gradients are cast to before the all-reduce (their own without compression)
         self.wire = COMPRESSIONS[compression] or self.grads[0].dtype
@@ -93,6 +120,15 @@ class Strategy(abc.ABC):
     #: the strategy needs the real model (``workload=`` in its constructor)
     needs_model: bool = False
 
+    #: the model-buffer rule the strategy follows whatever ``--buffers`` asks (a peer with
+    #: machinery of its own: Horovod's), else None (``commbench.buffers``)
+    own_buffer_rule: str | None = None
+
+    @classmethod
+    def buffer_rule(cls, requested: str) -> str:
+        """The buffer rule a run follows when ``--buffers requested`` is given."""
+        return cls.own_buffer_rule or check_rule(requested)
+
     def micro_batch(self, last: bool) -> contextlib.AbstractContextManager[None]:
         """Context for one micro-batch's forward and backward under ``--accum-steps``.
 
@@ -108,7 +144,28 @@ class Strategy(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - most strategies hold nothing to release
         """Release what the strategy opened (a transfer engine's thread and
-        communicator). Called once, on every rank, after the run and its validation."""
+        communicator). Called once, on every rank, after the run and its validation,
+        by whoever built the strategy."""
+
+    def __enter__(self) -> Strategy:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # Closed on the way out of a run that ended normally. After an error the job
+        # aborts (``commbench.job.run_job``): closing could wait forever for transfers
+        # in flight that the other ranks will never complete.
+        if exc_type is None:
+            self.close()
+
+    def end_run(self) -> list[dict] | None:
+        """Complete what is still in flight at the end of a run; return the per-step
+        schedule of a strategy that keeps one (``async``), else None."""
+        return None
+
+    def step_entry(self) -> dict | None:
+        """The last finished step's entry in that schedule (None where there is none)."""
+        return None
 
     def knobs(self) -> dict:
         """The strategy's settings, for result records."""

@@ -46,14 +46,11 @@ all-reduce starts early in backward); buckets stay as built from the order given
 construction (DDP rebuilds them once from the order of the first iteration);
 the mean is taken after the sum, as ``flat`` does, not by pre-dividing.
 
-Args:
-    comm: the communicator.
-    grads: gradient tensors in parameter order.
+Built like every strategy (``Strategy.__init__``); ``backward_order`` is the
+order the buckets follow. It reads these ``StrategySettings`` fields:
+
     bucket_mb: bucket cap in MB (2**20 bytes); 0 = one all-reduce per tensor.
     first_bucket_mb: the first bucket's cap (default 1, DDP's).
-    backward_order: indices of ``grads`` in the order backward produces them
-        (default: reverse parameter order, as DDP assumes). Must be the same
-        on every rank.
     compression: ``none``, ``fp16`` or ``bf16`` (buckets hold that dtype).
     progress: ``thread`` (default: the transfer engine runs the buckets in
         order) or ``poll`` (MPI non-blocking all-reduce, tested from
@@ -74,21 +71,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 import torch
 
 from commbench.buckets import assign_buckets
 from commbench.comm.base import Communicator, Handle
-from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS, TransferEngine
+from commbench.comm.engine import TRANSFER_PATHS, TransferEngine
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import COMPRESSIONS, Strategy, unpack_mean
+from commbench.strategies.settings import MB, StrategySettings
 from commbench.timing import NullTimer, StepTimer
-
-MB = 2**20  # DDP's bucket_cap_mb unit
-DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
-#: DDP's first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``): a 25 MB first bucket kept the
-#: link idle until it filled (benchmarks/peer_fairness.py, 2 x 4 at 1 Gbit/s: bucketed / DDP
-#: step 1.060 before, 0.945 after, one run each)
-FIRST_BUCKET_MB = 1.0
 
 
 class _Bucket:
@@ -106,19 +99,12 @@ class _Bucket:
     def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
                  dtype: torch.dtype | None = None) -> None:
         self.indices = indices
-        numel = sum(grads[i].numel() for i in indices)
-        dtype = dtype or grads[indices[0]].dtype
-        device = grads[indices[0]].device
-        gpu = device.type == "cuda"
-        self.buffer = torch.empty(numel, dtype=dtype, pin_memory=gpu)
-        self.dev = torch.empty(numel, dtype=dtype, device=device) if gpu else None
-        packed = self.dev if gpu else self.buffer
-        self.views: dict[int, torch.Tensor] = {}
-        offset = 0
-        for i in indices:
-            n = grads[i].numel()
-            self.views[i] = packed[offset:offset + n].view_as(grads[i])
-            offset += n
+        packed = FlatBuffer([grads[i] for i in indices], dtype=dtype)  # on their device
+        gpu = packed.flat.device.type == "cuda"
+        self.dev = packed.flat if gpu else None
+        self.buffer = torch.empty(packed.flat.numel(), dtype=packed.flat.dtype,
+                                  pin_memory=True) if gpu else packed.flat
+        self.views: dict[int, torch.Tensor] = dict(zip(indices, packed.views))
         self.nbytes = self.buffer.numel() * self.buffer.element_size()
         self.pending: set[int] = set()
         self.handle: Handle | None = None
@@ -150,12 +136,12 @@ class BucketedStrategy(Strategy):
     name = "bucketed"
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 bucket_mb: float = DEFAULT_BUCKET_MB,
-                 backward_order: Sequence[int] | None = None,
-                 compression: str = "none", progress: str = "thread",
-                 transfer: str = DEFAULT_TRANSFER_PATH,
-                 first_bucket_mb: float = FIRST_BUCKET_MB) -> None:
-        super().__init__(comm, grads, compression)
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        bucket_mb, first_bucket_mb = self.settings.bucket_mb, self.settings.first_bucket_mb
+        progress, transfer = self.settings.progress, self.settings.transfer
         for flag, mb in (("--bucket-mb", bucket_mb), ("--first-bucket-mb", first_bucket_mb)):
             if not mb >= 0 or mb == float("inf"):
                 raise ValueError(f"{flag} must be a finite number >= 0, got {mb}")
@@ -171,12 +157,11 @@ class BucketedStrategy(Strategy):
         self._engine: TransferEngine | None = None
         self.bucket_mb = float(bucket_mb)
         self.first_bucket_mb = float(first_bucket_mb)
-        order = list(backward_order) if backward_order is not None else \
-            list(reversed(range(len(self.grads))))
         # Caps count the gradients' own bytes, as DDP's do: its fp16 hook compresses each
         # bucket after bucketing, so a 25 MB bucket of float32 sends 12.5 MB.
-        cast = COMPRESSIONS[compression]
-        groups = assign_buckets([g.numel() * g.element_size() for g in self.grads], order,
+        cast = COMPRESSIONS[self.compression]
+        groups = assign_buckets([g.numel() * g.element_size() for g in self.grads],
+                                self.backward_order,
                                 self.bucket_mb * MB, [g.dtype for g in self.grads],
                                 first_cap_bytes=self.first_bucket_mb * MB)
         self.buckets = [_Bucket(idx, self.grads, cast) for idx in groups]

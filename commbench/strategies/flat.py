@@ -18,13 +18,16 @@ compared with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.algos import get_algo, wire_dtype
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
+from commbench.strategies.settings import StrategySettings
 
 
 class FlatStrategy(Strategy):
@@ -32,39 +35,31 @@ class FlatStrategy(Strategy):
     uses_algo = True
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 algo: str = "native", compression: str = "none") -> None:
-        super().__init__(comm, grads, compression)
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        algo = self.settings.algo
         self.check(comm, algo)
         self.algo = algo
         self._allreduce = get_algo(algo)
-        numel = sum(g.numel() for g in self.grads)
-        device = self.grads[0].device
         # On a GPU the gradients are fused on the device, then staged through a pinned
         # host buffer in one copy each way (MPI here is not CUDA-aware).
-        self.staged = device.type == "cuda"
-        self.buffer = torch.empty(numel, dtype=self.wire, pin_memory=self.staged)
-        self.fused = torch.empty(numel, dtype=self.wire, device=device) \
-            if self.staged else self.buffer
-        self._cast = self.wire != self.grads[0].dtype
-        self._views = []
-        offset = 0
-        for g in self.grads:
-            self._views.append(self.fused[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        self.packed = FlatBuffer(self.grads, dtype=self.wire)  # on the gradients' device
+        self.fused = self.packed.flat
+        self.staged = self.fused.device.type == "cuda"
+        self.buffer = torch.empty(self.fused.numel(), dtype=self.wire, pin_memory=True) \
+            if self.staged else self.fused
 
     def finish(self) -> None:
-        if self._cast:
-            for g, v in zip(self.grads, self._views):
-                v.copy_(g)
-        else:
-            torch.cat([g.view(-1) for g in self.grads], out=self.fused)
+        self.packed.pack(self.grads)  # cast as it packs, under --compression
         if self.staged:
             self.buffer.copy_(self.fused)  # waits for the device, as the collective must
         with self.timer.comm_span(self.nbytes):
             self._allreduce(self.comm, self.buffer, on_phase=self.timer.comm_phase)
         if self.staged:
             self.fused.copy_(self.buffer, non_blocking=True)  # ordered before the division
-        for g, v in zip(self.grads, self._views):  # divide and copy back in one pass
+        for g, v in zip(self.grads, self.packed.views):  # divide and copy back in one pass
             unpack_mean(v, g, self.comm.size)
 
     def knobs(self) -> dict:

@@ -48,12 +48,15 @@ import inspect
 import os
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import COMPRESSIONS, Strategy
-from commbench.strategies.bucketed import DEFAULT_BUCKET_MB
+from commbench.strategies.settings import StrategySettings
 from commbench.timing import now
 
 HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": str(64 * 2**20), "HOROVOD_CYCLE_TIME": "1"}
@@ -73,17 +76,21 @@ class _PreSynchronized:
 class HorovodStrategy(Strategy):
     name = "horovod"
     needs_model = True
+    own_buffer_rule = "horovod-initial-broadcast"  # one broadcast of the state dict, at start
 
     @classmethod
     def check(cls, comm: Communicator, algo: str) -> None:
-        if comm.name != "horovod":
+        if not comm.runs_horovod:
             raise ValueError("--strategy horovod runs hvd.DistributedOptimizer: it needs the "
                              "horovod backend (launch with horovodrun, or --backend horovod "
                              "under mpirun)")
 
-    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor], workload,
-                 compression: str = "none", accum_steps: int = 1) -> None:
-        super().__init__(comm, grads, compression)
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        compression, accum_steps = self.compression, self.settings.accum_steps
         self.check(comm, "native")
         import horovod.torch as hvd
 
@@ -159,10 +166,16 @@ class DDPStrategy(Strategy):
     name = "ddp"
     needs_model = True
 
-    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor], workload,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, compression: str = "none",
-                 broadcast_buffers: bool = True) -> None:
-        super().__init__(comm, grads, compression)
+    @classmethod
+    def buffer_rule(cls, requested: str) -> str:
+        return f"ddp-{check_rule(requested)}"  # DDP's own broadcast_buffers, set from the flag
+
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        bucket_mb, broadcast_buffers = self.settings.bucket_mb, self.settings.broadcast_buffers
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
@@ -180,7 +193,7 @@ class DDPStrategy(Strategy):
         self.ddp = DistributedDataParallel(workload.net, bucket_cap_mb=self.bucket_mb,
                                            process_group=self.group,
                                            find_unused_parameters=self.find_unused, **sync)
-        self._cast = COMPRESSIONS[compression]
+        self._cast = COMPRESSIONS[self.compression]
         self.ddp.register_comm_hook(None, self._hook)
         workload.net = self.ddp
         workload.sync_in_backward = True
@@ -233,12 +246,10 @@ class DDPStrategy(Strategy):
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         # DDP's reducer runs only inside backward; the same hook arithmetic on the
         # same Gloo group reduces the known values, over one flat buffer.
-        flat = torch.cat([g.reshape(-1) for g in self.grads])
-        self._reduce(flat).wait()
-        offset = 0
-        for g in self.grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        fb = FlatBuffer(self.grads)
+        fb.pack(self.grads)
+        self._reduce(fb.flat).wait()
+        fb.unpack(self.grads)
 
     def knobs(self) -> dict:
         return {**super().knobs(), "bucket_cap_mb": self.bucket_mb,

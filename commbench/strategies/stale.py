@@ -49,9 +49,9 @@ blocked on the all-reduce from s steps ago. For wait vs transfer
 start to end) counts at the step that waits for it, step t+s on every rank;
 the first s steps wait for none and have no split.
 
-Args:
-    comm: the communicator.
-    grads: gradient tensors in parameter order.
+Built like every strategy (``Strategy.__init__``); it reads these
+``StrategySettings`` fields:
+
     algo: only ``native`` (what runs a transfer is ``transfer``'s choice).
     compression: ``none``, ``fp16`` or ``bf16`` (wire dtype, as flat).
     staleness: s >= 0.
@@ -70,14 +70,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from commbench.comm.base import Communicator
-from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS, Transfer, TransferEngine
+from commbench.comm.engine import TRANSFER_PATHS, Transfer, TransferEngine
+from commbench.flatbuf import FlatBuffer
 from commbench.strategies.algos import wire_dtype
-from commbench.strategies.base import dtype_name
+from commbench.strategies.base import dtype_name, unpack_mean
 from commbench.strategies.flat import FlatStrategy
+from commbench.strategies.settings import StrategySettings
 from commbench.timing import NullTimer, StepTimer, now
 
 
@@ -99,9 +102,11 @@ class AsyncStrategy(FlatStrategy):
     algos = ("native",)  # the engine's --transfer picks what runs, not --algo
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 algo: str = "native", compression: str = "none", staleness: int = 0,
-                 staleness_lr: bool = False, staleness_warmup: int = 0,
-                 transfer: str = DEFAULT_TRANSFER_PATH) -> None:
+                 settings: StrategySettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        settings = settings if settings is not None else StrategySettings()
+        algo, staleness = settings.algo, settings.staleness
+        staleness_warmup, transfer = settings.staleness_warmup, settings.transfer
         if algo != "native":
             raise ValueError(f"--strategy async runs its transfers on the transfer engine "
                              f"(--algo native, --transfer thread|ring), not --algo {algo}")
@@ -113,15 +118,15 @@ class AsyncStrategy(FlatStrategy):
         if transfer not in TRANSFER_PATHS:
             raise ValueError(f"--transfer must be one of {', '.join(TRANSFER_PATHS)}, got "
                              f"{transfer!r}")
-        super().__init__(comm, grads, algo=algo, compression=compression)
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
         self.staleness = staleness
-        self.staleness_lr = bool(staleness_lr)
+        self.staleness_lr = bool(settings.staleness_lr)
         self.staleness_warmup = staleness_warmup
         self.transfer = transfer
-        # cast, or copy from a device to the host buffer: one copy per tensor
-        self._copy_in = self.wire != self.grads[0].dtype or self.grads[0].device.type != "cpu"
-        self._slots = [self.buffer]
-        self._slot_views = [self._views]
+        # One fused host buffer per step in flight (the first is flat's); packing casts,
+        # or copies off a device, one tensor at a time where it must.
+        self._slots = [FlatBuffer(self.grads, flat=self.buffer)]
         self._free = [0]
         self._queue: deque[_InFlight] = deque()  # issued, not yet applied; oldest first
         self._t = 0  # steps finished
@@ -148,26 +153,16 @@ class AsyncStrategy(FlatStrategy):
 
     def _slot(self) -> int:
         if not self._free:
-            self._slots.append(torch.empty_like(self.buffer))
-            views, offset = [], 0
-            for g in self.grads:
-                views.append(self._slots[-1][offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-            self._slot_views.append(views)
+            self._slots.append(FlatBuffer(self.grads, dtype=self.wire, device=self.buffer.device))
             self._free.append(len(self._slots) - 1)
         return self._free.pop()
 
     def _issue(self, step: int) -> _InFlight:
         slot = self._slot()
-        buf = self._slots[slot]
-        if self._copy_in:
-            for g, v in zip(self.grads, self._slot_views[slot]):
-                v.copy_(g)
-        else:
-            torch.cat([g.view(-1) for g in self.grads], out=buf)
+        self._slots[slot].pack(self.grads)
         if self._engine is None:
             self._engine = TransferEngine(self.comm, self.transfer)
-        handle = self._engine.submit(buf)
+        handle = self._engine.submit(self._slots[slot].flat)
         tr = _InFlight(step, slot, handle, logged_until=handle.queued)
         # bytes and call count at the issuing step
         self.timer.comm(handle.queued, handle.queued, self.nbytes, whole=False)
@@ -186,11 +181,8 @@ class AsyncStrategy(FlatStrategy):
     def _apply(self, tr: _InFlight, scale: float) -> None:
         """Write the mean of ``tr``'s all-reduce, times ``scale``, into the gradients."""
         div = self.comm.size if scale == 1.0 else self.comm.size / scale
-        for g, v in zip(self.grads, self._slot_views[tr.slot]):
-            if v.device == g.device:
-                torch.div(v, div, out=g)  # divide and copy back in one pass, as flat
-            else:
-                g.copy_(v).div_(div)
+        for g, v in zip(self.grads, self._slots[tr.slot].views):
+            unpack_mean(v, g, div)  # divide and copy back in one pass, as flat
         self._free.append(tr.slot)
 
     def _log_comm(self, end_of_window: float) -> None:
@@ -249,6 +241,9 @@ class AsyncStrategy(FlatStrategy):
         """Complete what is in flight (never applied) and return the per-step log."""
         self.drain()
         return list(self.step_log)
+
+    def step_entry(self) -> dict | None:
+        return self.step_log[-1] if self.step_log else None
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         """The delay pipeline's own pack, engine transfer and unpack, at s = 0
