@@ -6,11 +6,13 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from launch import commands
 from launch.execute import Completed, run
+from tests.fakes import command as fake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -26,27 +28,39 @@ def horovodrun_bin() -> str:
     return str(Path(PY).parent / "horovodrun")
 
 
-def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIMEOUT,
-           env: dict[str, str] | None = None) -> Completed:
-    """Run ``program`` under ``mpirun`` or ``horovodrun`` (mpi controller) with ``np`` ranks."""
+def launcher_argv(launcher: str, np: int, program: list[str]) -> list[str]:
+    """The command line that starts ``program`` with ``np`` ranks: ``launcher`` is mpirun,
+    horovodrun (mpi controller) or horovodrun-gloo."""
     if launcher == "mpirun":
         need("mpirun")
-        argv = commands.mpirun(np, program)
-    elif launcher in ("horovodrun", "horovodrun-gloo"):
+        return commands.mpirun(np, program)
+    if launcher in ("horovodrun", "horovodrun-gloo"):
         need(horovodrun_bin())
-        argv = commands.horovodrun(np, program, horovodrun_bin=horovodrun_bin(),
+        return commands.horovodrun(np, program, horovodrun_bin=horovodrun_bin(),
                                    controller="gloo" if launcher.endswith("gloo") else "mpi")
-    else:
-        raise ValueError(launcher)
+    raise ValueError(launcher)
+
+
+def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIMEOUT,
+           env: dict[str, str] | None = None, **fakes: Any) -> Completed:
+    """Run ``program`` under ``mpirun`` or ``horovodrun`` (mpi controller) with ``np`` ranks;
+    with ``fakes`` (``tests.fakes.command``'s, e.g. ``nodes="a,a,b"``), through
+    ``tests/fakes.py`` with those fakes installed."""
+    fakes = {k: v for k, v in fakes.items() if v is not None}
+    if fakes:
+        program = fake_command(program, **fakes)
+    argv = launcher_argv(launcher, np, program)
     res = run(argv, timeout=timeout, env={"OMP_NUM_THREADS": "1", **(env or {})}, cwd=str(ROOT))
     assert not res.timed_out, f"{argv} timed out after {timeout}s\n{res.stdout}\n{res.stderr}"
     return res
 
 
 def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
-              env: dict[str, str] | None = None) -> None:
-    """Run the check script ``tests/mpi/<script>`` and require its OK line (see verdict.py)."""
-    res = launch(launcher, np, [PY, str(ROOT / "tests" / "mpi" / script), backend], env=env)
+              env: dict[str, str] | None = None, nodes: str | None = None) -> None:
+    """Run the check script ``tests/mpi/<script>`` and require its OK line (see verdict.py);
+    ``nodes``: every rank's node name (``tests.fakes``), None for the real host's."""
+    res = launch(launcher, np, [PY, str(ROOT / "tests" / "mpi" / script), backend], env=env,
+                 nodes=nodes)
     assert res.returncode == 0, res.stdout + res.stderr
     assert ok_line in res.stdout, res.stdout
 

@@ -7,7 +7,6 @@ import subprocess
 
 import pytest
 
-from commbench.comm.base import FAKE_NODES_ENV
 from commbench.strategies import STRATEGIES, make_strategy
 from commbench.validate import tolerance
 from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
@@ -25,13 +24,12 @@ def _ok(n: int) -> str:
 @pytest.mark.parametrize("np_,layout", [(1, None), (2, None), (3, "a,a,b"), (4, "a,a,b,b"),
                                         (4, "a,a,a,b"), (6, "a,a,a,b,b,b")])
 def test_every_strategy_compressed_or_not_equals_flat_native_mpi(np_, layout):
-    env = {FAKE_NODES_ENV: layout} if layout else {}
-    run_check("mpirun", np_, SCRIPT, "mpi", _ok(np_), env)
+    run_check("mpirun", np_, SCRIPT, "mpi", _ok(np_), nodes=layout)
 
 
 @pytest.mark.horovod
 def test_every_strategy_compressed_or_not_equals_flat_native_horovod():
-    run_check("horovodrun", 3, SCRIPT, "horovod", _ok(3), {FAKE_NODES_ENV: "a,a,b"})
+    run_check("horovodrun", 3, SCRIPT, "horovod", _ok(3), nodes="a,a,b")
 
 
 @pytest.mark.mpi

@@ -11,7 +11,6 @@ import time
 import pytest
 import torch
 
-from commbench.comm.base import FAKE_NODES_ENV
 from commbench.comm.engine import TransferEngine, check_transfer_path
 from commbench.config import ConfigError, parse_config
 from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
@@ -170,16 +169,16 @@ def test_engine_order_stamps_errors_and_close_mpi(np_):
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_,layout", [(1, None), (2, None), (3, "a,a,b"), (4, "a,a,a,b")])
 def test_engine_strategies_equal_flat_native_mpi(np_, layout):
-    env = {**SMALL_SEGMENTS, **({FAKE_NODES_ENV: layout} if layout else {})}
     run_check("mpirun", np_, "engine_vs_flat.py", "mpi",
-              f"OK engine == flat native on {np_} ranks, paths ['thread', 'ring']", env)
+              f"OK engine == flat native on {np_} ranks, paths ['thread', 'ring']",
+              SMALL_SEGMENTS, nodes=layout)
 
 
 @pytest.mark.horovod
 def test_engine_strategies_equal_flat_native_horovod_mpi_controller():
     run_check("horovodrun", 3, "engine_vs_flat.py", "horovod",
               "OK engine == flat native on 3 ranks, paths ['thread', 'ring']",
-              {**SMALL_SEGMENTS, FAKE_NODES_ENV: "a,a,b"})
+              SMALL_SEGMENTS, nodes="a,a,b")
 
 
 @pytest.mark.horovod

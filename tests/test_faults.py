@@ -1,7 +1,7 @@
 """Faults: a dying, hanging, frozen or failing rank ends the whole job, quickly and clearly.
 
-Real jobs under mpirun and horovodrun with one fault injected through the
-test-only hooks of ``commbench/faults.py``; each checks the exit status, the
+Real jobs under mpirun and horovodrun with one fault injected by
+``tests/fakes.py`` (``--fault``, ``--extra-args``); each checks the exit status, the
 time from the fault (the faulty rank stamps it) to the launcher's exit, the
 message naming the rank, what the results file kept, and that no process of
 the job outlives it (looked for by the test's unique directory in the
@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from commbench import job, watchdog
-from commbench.faults import Fault, parse_fault
 from commbench.results import ResultWriter, read_records, write_atomic
-from launch import commands
-from tests.conftest import PY, ROOT, horovodrun_bin, need
+from tests.conftest import PY, ROOT, launcher_argv
+from tests.fakes import Fault, parse_fault
+from tests.fakes import command as fake_command
 
 NP = 3  # not a power of two; small for a 2-core machine
 K = 3  # the faulty step (0 = the warm-up step), so steps 0..K-1 are finished before it
@@ -46,24 +46,19 @@ def _pids(marker: str) -> list[int]:
     return [int(p) for p in res.stdout.split() if int(p) != os.getpid()]
 
 
-def run_faulty(launcher: str, tmp_path: Path, env: dict[str, str], extra: list[str] = (),
-               np: int = NP) -> dict:
-    """Launch the job; return exit status, output, seconds from fault to exit, and the
-    processes of the job still alive 5 s after the launcher ended (should be none)."""
+def run_faulty(launcher: str, tmp_path: Path, extra: list[str] = (), np: int = NP,
+               **fakes: str) -> dict:
+    """Launch the job through ``tests/fakes.py`` with ``fakes``; return exit status, output,
+    seconds from fault to exit, and the processes of the job still alive 5 s after the
+    launcher ended (should be none)."""
     out = tmp_path / "r.jsonl"
     stamp = tmp_path / "fault.time"
-    prog = [PY, "-m", "commbench.allreduce", *ARGS, *extra, "--output", str(out)]
-    if launcher == "mpirun":
-        need("mpirun")
-        argv = commands.mpirun(np, prog)
-    else:
-        need(horovodrun_bin())
-        argv = commands.horovodrun(np, prog, horovodrun_bin=horovodrun_bin(),
-                                   controller="gloo" if launcher.endswith("gloo") else "mpi")
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "COMMBENCH_TEST_FAULT_STAMP": str(stamp),
-                **env}
+    prog = fake_command([PY, "-m", "commbench.allreduce", *ARGS, *extra, "--output", str(out)],
+                        fault_stamp=stamp, **fakes)
+    argv = launcher_argv(launcher, np, prog)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, cwd=str(ROOT), start_new_session=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(ROOT),
+                            start_new_session=True)
     marker = str(tmp_path)
     try:
         try:
@@ -100,55 +95,51 @@ def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def report(name: str, launcher: str, r: dict) -> None:
+def failed_by(fault: str, name: str, launcher: str, tmp_path: Path, within: float,
+              stalls: bool = False) -> dict:
+    """Run the job with ``fault`` (with the hang tests' step deadline where it ``stalls``);
+    print how it ended; require that it failed within ``within`` s of the fault, kept the
+    steps finished before it (complete lines only) and left no process behind."""
+    r = run_faulty(launcher, tmp_path, ["--step-timeout", str(STEP_TIMEOUT)] if stalls else [],
+                   fault=fault)
     n = len(r["out"].read_text().splitlines()) if r["out"].exists() else 0
     assert r["fault_to_exit"] is not None, f"the fault never struck:\n{r['text']}"
     print(f"[faults] {name} {launcher}: rc {r['rc']}, fault to exit "
           f"{r['fault_to_exit']:.1f} s, {n} lines in the results file")
+    assert r["rc"] != 0, r["text"]
+    assert r["fault_to_exit"] < within
+    assert [rec["step"] for rec in lines_of(r["out"])] == list(range(K))
+    assert not r["left"], f"processes left: {r['left']}"
+    return r
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_killed_rank_ends_the_job_and_keeps_finished_steps(tmp_path, launcher):
-    r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"kill:1:{K}"})
-    report("kill -9 rank 1", launcher, r)
-    assert r["rc"] != 0, r["text"]
-    assert r["fault_to_exit"] < 60
+    r = failed_by(f"kill:1:{K}", "kill -9 rank 1", launcher, tmp_path, within=60)
     assert re.search(r"rank 1 .*signal 9", r["text"]), r["text"]
-    assert [rec["step"] for rec in lines_of(r["out"])] == list(range(K))
-    assert not r["left"], f"processes left: {r['left']}"
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_killed_rank0_leaves_complete_lines_only(tmp_path, launcher):
-    r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"kill:0:{K}"})
-    report("kill -9 rank 0", launcher, r)
-    assert r["rc"] != 0, r["text"]
-    assert r["fault_to_exit"] < 60
-    assert [rec["step"] for rec in lines_of(r["out"])] == list(range(K))
-    assert not r["left"], f"processes left: {r['left']}"
+    failed_by(f"kill:0:{K}", "kill -9 rank 0", launcher, tmp_path, within=60)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_hung_rank_is_named_by_the_watchdog(tmp_path, launcher):
-    r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"hang:1:{K}"},
-                   ["--step-timeout", str(STEP_TIMEOUT)])
-    report("rank 1 hangs in compute", launcher, r)
-    assert r["rc"] != 0, r["text"]
-    assert r["fault_to_exit"] < STEP_TIMEOUT + 30
+    r = failed_by(f"hang:1:{K}", "rank 1 hangs in compute", launcher, tmp_path,
+                  within=STEP_TIMEOUT + 30, stalls=True)
     assert f"rank 1 stalled at step {K}" in r["stderr"], r["text"]
-    assert "in compute at commbench/faults.py" in r["stderr"]
-    assert [rec["step"] for rec in lines_of(r["out"])] == list(range(K))
-    assert not r["left"], f"processes left: {r['left']}"
+    # the innermost frame of the project: the step hook's caller (or the fake itself, in a
+    # clone whose folder is named commbench)
+    assert re.search(r"in compute at (commbench/runner\.py:\d+ in run_steps|\S*tests/fakes\.py)",
+                     r["stderr"]), r["stderr"]
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_frozen_rank_is_named_by_the_others(tmp_path, launcher):
     # SIGSTOP: no thread of rank 2 runs, so only the waiting ranks can name it
-    r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"stop:2:{K}"},
-                   ["--step-timeout", str(STEP_TIMEOUT)])
-    report("rank 2 frozen (SIGSTOP)", launcher, r)
-    assert r["rc"] != 0, r["text"]
-    assert r["fault_to_exit"] < STEP_TIMEOUT + 30
+    r = failed_by(f"stop:2:{K}", "rank 2 frozen (SIGSTOP)", launcher, tmp_path,
+                  within=STEP_TIMEOUT + 30, stalls=True)
     # named by a waiting rank; a rank whose watchdog cannot run (Horovod's enqueue holds
     # Python's lock while it waits) may be listed after it as "also not answering"
     named = re.findall(rf"rank (\d): step {K} over the step deadline.*stalled rank\(s\): 2 "
@@ -159,26 +150,19 @@ def test_frozen_rank_is_named_by_the_others(tmp_path, launcher):
     else:  # when every waiting rank is stuck in that enqueue, faulthandler's backstop
         # (watchdog.backstop_s) ends them, printing their stacks
         assert named or "Timeout (0:00:" in r["stderr"], r["text"]
-    assert [rec["step"] for rec in lines_of(r["out"])] == list(range(K))
-    assert not r["left"], f"processes left: {r['left']}"
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_raising_rank_aborts_with_its_error(tmp_path, launcher):
-    r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_FAULT": f"raise:1:{K}"})
-    report("rank 1 raises", launcher, r)
-    assert r["rc"] != 0, r["text"]
-    assert r["fault_to_exit"] < 15
+    r = failed_by(f"raise:1:{K}", "rank 1 raises", launcher, tmp_path, within=15)
     assert "commbench.allreduce: rank 1 failed:" in r["stderr"], r["text"]
     assert f"InjectedFault: injected fault on rank 1 at step {K}" in r["stderr"]
     assert r["stderr"].count("rank 1 failed") == 1
-    assert [rec["step"] for rec in lines_of(r["out"])] == list(range(K))
-    assert not r["left"], f"processes left: {r['left']}"
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_mismatched_configuration_stops_every_rank(tmp_path, launcher):
-    r = run_faulty(launcher, tmp_path, {"COMMBENCH_TEST_EXTRA_ARGS": "2:--steps 4 --seed 9"})
+    r = run_faulty(launcher, tmp_path, extra_args="2:--steps 4 --seed 9")
     assert r["rc"] == 2, r["text"]
     msg = [line for line in r["stderr"].splitlines() if "different configurations" in line]
     assert len(msg) == 1, r["text"]
@@ -247,7 +231,7 @@ def test_killed_rank_on_the_emulated_cluster_leaves_nothing_behind(tmp_path):
 def test_fault_spec_parsing():
     assert parse_fault("kill:1:3") == Fault("kill", 1, 3)
     for bad in ("kill:1", "nap:1:3", "hang:one:3"):
-        with pytest.raises(ValueError, match="COMMBENCH_TEST_FAULT"):
+        with pytest.raises(ValueError, match="--fault"):
             parse_fault(bad)
 
 

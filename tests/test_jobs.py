@@ -115,8 +115,7 @@ def test_horovodrun_gloo_native_runs_and_ring_is_refused(tmp_path):
 def test_a_wrong_element_fails_the_run(tmp_path, algo):
     out = tmp_path / "r.jsonl"
     res = launch("mpirun", 3, [PY, "-m", "commbench.allreduce", *ARGS, "--algo", algo,
-                               "--output", str(out)],
-                 env={"COMMBENCH_TEST_CORRUPT_RANK": "1"})
+                               "--output", str(out)], corrupt_rank=1)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "wrong elements in validation" in res.stderr
     summary = read_jsonl(out)[-1]

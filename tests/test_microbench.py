@@ -185,8 +185,7 @@ def test_horovodrun(tmp_path):
 def test_a_corrupted_allreduce_is_caught(tmp_path):
     out = tmp_path / "r.jsonl"
     res = launch("mpirun", 3, [*MB, "-b", "4", "-e", "4K", "-f", "32", "-d", "all", "-n", "1",
-                               "-w", "0", "--output", str(out)],
-                 env={"COMMBENCH_TEST_CORRUPT_RANK": "1"})
+                               "-w", "0", "--output", str(out)], corrupt_rank=1)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "wrong elements in validation" in res.stderr
     recs = read_jsonl(out)
