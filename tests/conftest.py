@@ -65,6 +65,28 @@ def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
     assert ok_line in res.stdout, res.stdout
 
 
+def run_tool(launcher: str, np: int, module: str, args: list[str], out: Path, *,
+             timeout: float = JOB_TIMEOUT, env: dict[str, str] | None = None,
+             **fakes: Any) -> list[dict]:
+    """Run the tool ``python -m <module> <args> --output <out>`` with ``np`` ranks under
+    ``launcher`` (with ``fakes``, as ``launch``); require exit status 0; return the records
+    it wrote (``read_jsonl``: without the ``job_end`` record)."""
+    res = launch(launcher, np, [PY, "-m", module, *args, "--output", str(out)], timeout=timeout,
+                 env=env, **fakes)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return read_jsonl(out)
+
+
+def of_kind(records: list[dict], kind: str) -> list[dict]:
+    """The records of one ``kind`` (``step``, ``summary``, ``update``, ...), in order."""
+    return [r for r in records if r["kind"] == kind]
+
+
+def summaries(records: list[dict]) -> dict[str, dict]:
+    """The ``summary`` records of one job, by strategy."""
+    return {r["strategy"]: r for r in of_kind(records, "summary")}
+
+
 def read_jsonl(path: Path, job_end: bool = False) -> list[dict]:
     """The records of a results file; the ``job_end`` record that closes each job (no run,
     no run fields) only with ``job_end``."""
