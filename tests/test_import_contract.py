@@ -126,8 +126,11 @@ def test_the_product_is_scanned():
 
 
 @pytest.mark.parametrize("path", _product_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_product_module_reads_a_test_hook(path: Path):
+def test_no_product_module_reads_a_test_hook_or_imports_the_tests(path: Path):
     text = path.read_text(errors="replace")
     hits = [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
             if TEST_HOOK in line]
     assert hits == [], f"{path.relative_to(ROOT)} names test hooks (move them to tests/fakes.py)"
+    if path.suffix == ".py":
+        names = imports_of(text, _module_name(path))
+        assert [n for n in names if n == "tests" or n.startswith("tests.")] == []
