@@ -19,7 +19,7 @@ docker-image: setup
 	docker/build.sh --local-base
 
 lint:
-	$(VENV)/bin/ruff check commbench launch analysis tests
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from commbench import __version__, faults, watchdog
+from commbench import __version__, watchdog
 from commbench.comm import Communicator, detect_backend, launcher_rank, make_communicator
 from commbench.config import ConfigError
 from commbench.cores import ThreadPlan, thread_plan
@@ -136,9 +136,6 @@ def run_job(prog: str, argv: list[str] | None, parse: Callable[[list[str] | None
             check: Callable[[Communicator, Any], None],
             body: Callable[[Communicator, Any], int]) -> int:
     """Steps 1-4 above; return the exit status."""
-    extra = faults.extra_args(launcher_rank())
-    if extra:  # test-only: a different command line on one rank
-        argv = [*(sys.argv[1:] if argv is None else argv), *extra]
     try:
         cfg = parse(argv)
     except ConfigError as e:

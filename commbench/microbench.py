@@ -370,7 +370,7 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column]) -> list[dict
     """Measure every (dtype, size, algo); rank 0 writes and prints rows as they come."""
     comm = out.comm
     run = out.run({})  # one run: every row shares its id and header
-    algos = {name: get_algo(name) for name in cfg.algos}  # get_algo: the test fault hook too
+    algos = {name: get_algo(name) for name in cfg.algos}
     wd = watchdog.current()  # a deadline per row
     records: list[dict] = []
     for dtype in cfg.dtypes:

@@ -19,13 +19,19 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from commbench import faults, metrics, watchdog
+from commbench import metrics, watchdog
 from commbench.buffers import BufferSync
 from commbench.comm.base import Communicator
 from commbench.linkstats import link_efficiency, link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
 from commbench.timing import NullTimer, StepSample, StepTimer, now
 from commbench.torchtrace import NoTrace
+
+#: called as ``hook(comm, step)`` on every rank inside every step of ``run_steps``, after the
+#: pre-step barrier and the strategy's ``begin_step``, where the step's compute begins (its
+#: time counts as compute): the place for a program that runs the tools to act on one rank at
+#: one step (to make it slow, fail or stop). Empty unless such a program adds to it.
+STEP_HOOKS: list[Callable[[Communicator, int], None]] = []
 
 RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s", "forward_s",
                "backward_s", "optimizer_s", "buffer_sync_s")
@@ -74,7 +80,8 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
         with trace.step(k):
             timer.begin_step(k, k - first_step < warmup, wait_s)
             strategy.begin_step(timer)
-            faults.at_step(comm.rank, k)  # test-only fault injection; nothing unless set
+            for hook in STEP_HOOKS:
+                hook(comm, k)
             for m in range(accum_steps):
                 last = m == accum_steps - 1
                 with strategy.micro_batch(last):

@@ -6,11 +6,13 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from launch import commands
 from launch.execute import Completed, run
+from tests.fakes import command as fake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -22,22 +24,57 @@ def need(binary: str) -> None:
         pytest.fail(f"{binary} not found: run scripts/setup.sh first")
 
 
-def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIMEOUT,
-           env: dict[str, str] | None = None) -> Completed:
-    """Run ``program`` under ``launcher`` (one of ``commands.LAUNCHERS``) with ``np`` ranks."""
+def launcher_argv(launcher: str, np: int, program: list[str]) -> list[str]:
+    """The command line that starts ``program`` with ``np`` ranks under ``launcher`` (one of
+    ``commands.LAUNCHERS``), failing the test if the launcher is not installed."""
     need("mpirun" if launcher == "mpirun" else commands.horovodrun_path())
-    argv = commands.launcher_argv(launcher, np, program)
+    return commands.launcher_argv(launcher, np, program)
+
+
+def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIMEOUT,
+           env: dict[str, str] | None = None, **fakes: Any) -> Completed:
+    """Run ``program`` under ``launcher`` (one of ``commands.LAUNCHERS``) with ``np`` ranks;
+    with ``fakes`` (``tests.fakes.command``'s, e.g. ``nodes="a,a,b"``), through
+    ``tests/fakes.py`` with those fakes installed."""
+    fakes = {k: v for k, v in fakes.items() if v is not None}
+    if fakes:
+        program = fake_command(program, **fakes)
+    argv = launcher_argv(launcher, np, program)
     res = run(argv, timeout=timeout, env={"OMP_NUM_THREADS": "1", **(env or {})}, cwd=str(ROOT))
     assert not res.timed_out, f"{argv} timed out after {timeout}s\n{res.stdout}\n{res.stderr}"
     return res
 
 
 def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
-              env: dict[str, str] | None = None) -> None:
-    """Run the check script ``tests/mpi/<script>`` and require its OK line (see verdict.py)."""
-    res = launch(launcher, np, [PY, str(ROOT / "tests" / "mpi" / script), backend], env=env)
+              env: dict[str, str] | None = None, nodes: str | None = None) -> None:
+    """Run the check script ``tests/mpi/<script>`` and require its OK line (see verdict.py);
+    ``nodes``: every rank's node name (``tests.fakes``), None for the real host's."""
+    res = launch(launcher, np, [PY, str(ROOT / "tests" / "mpi" / script), backend], env=env,
+                 nodes=nodes)
     assert res.returncode == 0, res.stdout + res.stderr
     assert ok_line in res.stdout, res.stdout
+
+
+def run_tool(launcher: str, np: int, module: str, args: list[str], out: Path, *,
+             timeout: float = JOB_TIMEOUT, env: dict[str, str] | None = None,
+             **fakes: Any) -> list[dict]:
+    """Run the tool ``python -m <module> <args> --output <out>`` with ``np`` ranks under
+    ``launcher`` (with ``fakes``, as ``launch``); require exit status 0; return the records
+    it wrote (``read_jsonl``: without the ``job_end`` record)."""
+    res = launch(launcher, np, [PY, "-m", module, *args, "--output", str(out)], timeout=timeout,
+                 env=env, **fakes)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return read_jsonl(out)
+
+
+def of_kind(records: list[dict], kind: str) -> list[dict]:
+    """The records of one ``kind`` (``step``, ``summary``, ``update``, ...), in order."""
+    return [r for r in records if r["kind"] == kind]
+
+
+def summaries(records: list[dict]) -> dict[str, dict]:
+    """The ``summary`` records of one job, by strategy."""
+    return {r["strategy"]: r for r in of_kind(records, "summary")}
 
 
 def read_jsonl(path: Path, job_end: bool = False) -> list[dict]:

@@ -16,32 +16,29 @@ from pathlib import Path
 import pytest
 
 from analysis import figures, load, plot, timeline
-from tests.conftest import PY, ROOT, launch
+from tests.conftest import PY, ROOT, run_tool
 
 pytestmark = pytest.mark.mpi
 
 COMMON = ["--steps", "3", "--warmup", "1", "--compute-ms", "20", "--model", "resnet18",
           "--quiet"]
-
-
-def _job(np: int, module: str, args: list[str], out: Path) -> None:
-    res = launch("mpirun", np, [PY, "-m", module, *args, "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert out.exists()
+A = "commbench.allreduce"
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> Path:
+    """Results files of a few small jobs, each of which must have written records."""
     d = tmp_path_factory.mktemp("results")
-    _job(1, "commbench.allreduce", [*COMMON, "--algo", "native"], d / "flat-np1.jsonl")
-    _job(2, "commbench.allreduce", [*COMMON, "--strategy", "flat,bucketed", "--algo",
-                                    "native,ring", "--timeline"], d / "np2.jsonl")
-    _job(2, "commbench.allreduce", [*COMMON, "--strategy", "bucketed", "--bucket-mb", "5"],
-         d / "bucket5-np2.jsonl")
-    _job(2, "commbench.allreduce", [*COMMON, "--algo", "native", "--batch-size", "64"],
-         d / "batch64-np2.jsonl")
-    _job(2, "commbench.microbench", ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1",
-                                     "--quiet"], d / "microbench-np2.jsonl")
+    for np_, module, args, name in [
+        (1, A, [*COMMON, "--algo", "native"], "flat-np1"),
+        (2, A, [*COMMON, "--strategy", "flat,bucketed", "--algo", "native,ring", "--timeline"],
+         "np2"),
+        (2, A, [*COMMON, "--strategy", "bucketed", "--bucket-mb", "5"], "bucket5-np2"),
+        (2, A, [*COMMON, "--algo", "native", "--batch-size", "64"], "batch64-np2"),
+        (2, "commbench.microbench", ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1",
+                                     "--quiet"], "microbench-np2"),
+    ]:
+        assert run_tool("mpirun", np_, module, args, d / f"{name}.jsonl")
     return d
 
 
@@ -209,7 +206,7 @@ def test_plot_cli_writes_png_and_svg_and_lists_skips(results, tmp_path):
     assert "skipped staleness: no data" in res.stdout
 
 
-# -- bad input -----------------------------------------------------------------
+# -- bad input (exit 2 cases of every tool: tests/test_bad_input.py) ---------------
 
 def _good_lines(results: Path) -> list[str]:
     return (results / "np2.jsonl").read_text().splitlines()
@@ -221,16 +218,6 @@ def _bad(res: subprocess.CompletedProcess, *words: str) -> None:
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     for w in words:
         assert w in lines[0], lines[0]
-
-
-@pytest.mark.parametrize("module", ["analysis.plot", "analysis.export", "analysis.model",
-                                    "analysis.timeline", "analysis.report"])
-def test_bad_flags_and_missing_input_exit_2(module, tmp_path):
-    _bad(_cli(module, str(tmp_path / "missing"), "-o", str(tmp_path / "o")), "missing",
-         "no such file")
-    _bad(_cli(module, str(tmp_path), "--no-such-flag", "-o", str(tmp_path / "o")),
-         "--no-such-flag")
-    assert not (tmp_path / "o").exists()
 
 
 def test_empty_file_alone_exits_2_and_beside_others_warns(results, tmp_path):

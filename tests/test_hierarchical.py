@@ -6,10 +6,9 @@ import os
 
 import pytest
 
-from commbench.comm.base import FAKE_NODES_ENV
 from commbench.comm.hierarchical import _Pipeline, owned_shards, segment_bounds
 from commbench.metrics import union_length
-from tests.conftest import PY, ROOT, launch, read_jsonl, run_check
+from tests.conftest import PY, ROOT, of_kind, read_jsonl, run_check, run_tool
 
 SCRIPT = "hier_vs_native.py"
 
@@ -74,8 +73,8 @@ def test_pipeline_reraises_the_inter_node_error():
     (6, "a,a,b,b,c,c"), (4, None),
 ])
 def test_equals_native_mpi(np_, layout):
-    env = {FAKE_NODES_ENV: layout} if layout else {}
-    run_check("mpirun", np_, SCRIPT, "mpi", f"OK hierarchical == native on {np_} ranks", env)
+    run_check("mpirun", np_, SCRIPT, "mpi", f"OK hierarchical == native on {np_} ranks",
+              nodes=layout)
 
 
 @pytest.mark.horovod
@@ -85,19 +84,16 @@ def test_equals_native_mpi(np_, layout):
 ])
 def test_equals_native_horovod_process_sets(launcher, np_, layout):
     run_check(launcher, np_, SCRIPT, "horovod", f"OK hierarchical == native on {np_} ranks",
-              {FAKE_NODES_ENV: layout})
+              nodes=layout)
 
 
 @pytest.mark.mpi
 def test_strategy_runs_both_variants_in_the_study(tmp_path):
-    out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 4, [PY, "-m", "commbench.allreduce", "--strategy",
-                               "flat,hierarchical", "--algo", "native,hier,hier-leader",
-                               "--model", "resnet18", "--steps", "2", "--warmup", "1",
-                               "--compute-ms", "10", "--output", str(out)],
-                 env={FAKE_NODES_ENV: "a,a,a,b"})
-    assert res.returncode == 0, res.stdout + res.stderr
-    runs = {(s["strategy"], s["algo"]): s for s in read_jsonl(out) if s["kind"] == "summary"}
+    recs = run_tool("mpirun", 4, "commbench.allreduce", [
+        "--strategy", "flat,hierarchical", "--algo", "native,hier,hier-leader",
+        "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "10"],
+        tmp_path / "r.jsonl", nodes="a,a,a,b")
+    runs = {(s["strategy"], s["algo"]): s for s in of_kind(recs, "summary")}
     # flat takes every algo it was given; hierarchical only its own variants
     assert set(runs) == {("flat", "native"), ("flat", "hier"), ("flat", "hier-leader"),
                          ("hierarchical", "hier"), ("hierarchical", "hier-leader")}

@@ -7,6 +7,9 @@
 - A communicator imports no strategy.
 - ``analysis/`` and ``launch/`` never import ``commbench.comm``: they read
   result files and start processes, and must work where MPI is absent.
+- No product module (``commbench/``, ``launch/``, ``analysis/``, ``docker/``)
+  reads a ``COMMBENCH_TEST_*`` variable or knows of the tests in any other
+  way: test doubles live in ``tests/fakes.py``, which wraps product objects.
 
 Imports inside functions count.
 """
@@ -23,7 +26,8 @@ from tests.conftest import ROOT
 #: the tools (``python -m commbench.X``), what only tools build on (the run layer, the
 #: parameter server's loops) and the workloads
 FORBIDDEN = ("commbench.allreduce", "commbench.microbench", "commbench.staleness",
-             "commbench.ps", "commbench.run", "commbench.paramserver", "commbench.workloads")
+             "commbench.ps", "commbench.run", "commbench.paramserver", "commbench.profile",
+             "commbench.workloads")
 STRATEGIES = sorted((ROOT / "commbench" / "strategies").glob("*.py"))
 
 
@@ -92,7 +96,41 @@ def test_analysis_and_launch_import_no_communicator(path: Path):
      ["commbench.workloads", "commbench.workloads.make_workload"]),
     ("from commbench.paramserver import run_ps\n",
      ["commbench.paramserver", "commbench.paramserver.run_ps"]),
+    ("from commbench import microbench, profile\n", ["commbench.microbench", "commbench.profile"]),
     ("import commbench.strategies.base\nfrom commbench.runner import run_steps\n", []),
 ])
 def test_the_check_sees_every_form_of_import(source, found):
     assert forbidden(imports_of(source, "commbench.strategies.x")) == found
+
+
+#: the product: everything a user runs or ships (tests/, scripts/, benchmarks/ are not)
+PRODUCT_DIRS = ("commbench", "launch", "analysis", "docker")
+#: what the tests' hooks were named when product code read them; nothing there may now
+TEST_HOOK = "COMMBENCH_" + "TEST_"
+
+
+def _product_files() -> list[Path]:
+    """Every text file of the product (sources, scripts, the Dockerfile, compose files)."""
+    out = []
+    for d in PRODUCT_DIRS:
+        for p in sorted((ROOT / d).rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and b"\0" not in p.read_bytes()[:4096]:
+                out.append(p)
+    return out
+
+
+def test_the_product_is_scanned():
+    names = {str(p.relative_to(ROOT)) for p in _product_files()}
+    assert {"commbench/runner.py", "commbench/comm/base.py", "commbench/strategies/algos.py",
+            "launch/sweep.py", "analysis/plot.py", "docker/Dockerfile"} <= names
+
+
+@pytest.mark.parametrize("path", _product_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_product_module_reads_a_test_hook_or_imports_the_tests(path: Path):
+    text = path.read_text(errors="replace")
+    hits = [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if TEST_HOOK in line]
+    assert hits == [], f"{path.relative_to(ROOT)} names test hooks (move them to tests/fakes.py)"
+    if path.suffix == ".py":
+        names = imports_of(text, _module_name(path))
+        assert [n for n in names if n == "tests" or n.startswith("tests.")] == []

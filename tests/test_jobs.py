@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PY, ROOT, launch, read_jsonl
+from tests.conftest import PY, ROOT, launch, read_jsonl, run_tool
 
 ARGS = ["--model", "resnet18", "--steps", "3", "--warmup", "1", "--compute-ms", "20",
         "--algo", "native,ring"]
@@ -19,8 +19,7 @@ SUMMARY_FIELDS = (STEP_FIELDS - {"step", "warmup", "ranks"}) | {"wrong", "stats"
                                                                   "measured_steps"}
 
 
-def check_records(path, world_size: int, backend: str) -> None:
-    recs = read_jsonl(path)
+def check_records(recs: list[dict], world_size: int, backend: str) -> None:
     steps = [r for r in recs if r["kind"] == "step"]
     summaries = [r for r in recs if r["kind"] == "summary"]
     assert sorted(s["algo"] for s in summaries) == ["native", "ring"]
@@ -52,46 +51,22 @@ def test_mpirun(tmp_path, np_):
     out = tmp_path / "r.jsonl"
     res = launch("mpirun", np_, [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)])
     assert res.returncode == 0, res.stdout + res.stderr
-    check_records(out, np_, "mpi")
+    check_records(read_jsonl(out), np_, "mpi")
     assert "#wrong" in res.stdout and "(GB/s)" in res.stdout
 
 
 @pytest.mark.horovod
 def test_horovodrun(tmp_path):
-    out = tmp_path / "r.jsonl"
-    res = launch("horovodrun", 4, [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    check_records(out, 4, "horovod")
-    assert read_jsonl(out)[-1]["versions"]["horovod"] == "0.28.1"
+    recs = run_tool("horovodrun", 4, "commbench.allreduce", ARGS, tmp_path / "r.jsonl")
+    check_records(recs, 4, "horovod")
+    assert recs[-1]["versions"]["horovod"] == "0.28.1"
 
 
 @pytest.mark.mpi
 def test_backend_forced_under_mpirun(tmp_path):
-    out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", *ARGS, "--algo", "native",
-                               "--backend", "horovod", "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert {r["backend"] for r in read_jsonl(out)} == {"horovod"}
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("bad,flag", [
-    (["--strategy", "nope"], "--strategy"),
-    (["--backend", "nccl2"], "--backend"),
-    (["--model", "resnet7"], "--model"),
-    (["--steps", "0"], "--steps"),
-    (["--batch-size", "-4"], "--batch-size"),
-    (["--output", "/proc/commbench/r.jsonl"], "--output"),
-])
-def test_bad_input_every_rank_exits_2(tmp_path, bad, flag):
-    out = tmp_path / "r.jsonl"
-    args = [PY, "-m", "commbench.allreduce", "--output", str(out), *bad]
-    res = launch("mpirun", 3, args, timeout=60)
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = [line for line in res.stderr.splitlines() if "commbench.allreduce: error" in line]
-    assert len(lines) == 1 and flag in lines[0], res.stderr
-    assert "Traceback" not in res.stderr
-    assert not out.exists()
+    recs = run_tool("mpirun", 2, "commbench.allreduce",
+                    [*ARGS, "--algo", "native", "--backend", "horovod"], tmp_path / "r.jsonl")
+    assert {r["backend"] for r in recs} == {"horovod"}
 
 
 @pytest.mark.horovod
@@ -115,8 +90,7 @@ def test_horovodrun_gloo_native_runs_and_ring_is_refused(tmp_path):
 def test_a_wrong_element_fails_the_run(tmp_path, algo):
     out = tmp_path / "r.jsonl"
     res = launch("mpirun", 3, [PY, "-m", "commbench.allreduce", *ARGS, "--algo", algo,
-                               "--output", str(out)],
-                 env={"COMMBENCH_TEST_CORRUPT_RANK": "1"})
+                               "--output", str(out)], corrupt_rank=1)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "wrong elements in validation" in res.stderr
     summary = read_jsonl(out)[-1]
@@ -126,11 +100,8 @@ def test_a_wrong_element_fails_the_run(tmp_path, algo):
 # -- wait vs transfer inside the step ----------------------------------------------------
 
 def _allreduce(tmp_path, name: str, args: list[str]) -> list[dict]:
-    out = tmp_path / f"{name}.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", *args, "--output", str(out)],
-                 timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return read_jsonl(out)
+    return run_tool("mpirun", 2, "commbench.allreduce", args, tmp_path / f"{name}.jsonl",
+                    timeout=180)
 
 
 @pytest.mark.mpi

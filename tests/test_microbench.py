@@ -7,7 +7,6 @@ import argparse
 import pytest
 import torch
 
-from commbench.config import ConfigError
 from commbench.metrics import busbw
 from commbench.microbench import (
     DTYPES,
@@ -66,31 +65,6 @@ def test_defaults_and_lists():
     assert (cfg.dtypes, cfg.algos, cfg.iters, cfg.warmup_iters) == (
         ["float16", "bfloat16"], ["ring"], 3, 0)
     assert parse_config(["-d", "all"]).dtypes == list(DTYPES)
-
-
-BAD = [
-    (["-b", "1K", "-e", "8"], "--minbytes"),
-    (["-f", "1"], "--stepfactor"),
-    (["-f", "0"], "--stepfactor"),
-    (["-f", "1.5"], "--stepfactor"),
-    (["-d", "int8"], "--datatype"),
-    (["-d", "float32,fp8"], "--datatype"),
-    (["--algo", "native,tree"], "--algo"),
-    (["-b", "6", "-e", "64"], "--minbytes"),  # float32 is 4 bytes
-    (["-b", "4", "-e", "66"], "--maxbytes"),
-    (["-b", "2", "-d", "float16,float32"], "--minbytes"),
-    (["-n", "0"], "--iters"),
-    (["-n", "-3"], "--iters"),
-    (["-w", "-1"], "--warmup_iters"),
-    (["-b", "1X"], "--minbytes"),
-    (["--output", "/proc/commbench/r.jsonl"], "--output"),
-]
-
-
-@pytest.mark.parametrize("argv,flag", BAD)
-def test_bad_values_name_the_flag(argv, flag):
-    with pytest.raises(ConfigError, match=flag):
-        parse_config(argv)
 
 
 # -- validation values -----------------------------------------------------------
@@ -185,27 +159,13 @@ def test_horovodrun(tmp_path):
 def test_a_corrupted_allreduce_is_caught(tmp_path):
     out = tmp_path / "r.jsonl"
     res = launch("mpirun", 3, [*MB, "-b", "4", "-e", "4K", "-f", "32", "-d", "all", "-n", "1",
-                               "-w", "0", "--output", str(out)],
-                 env={"COMMBENCH_TEST_CORRUPT_RANK": "1"})
+                               "-w", "0", "--output", str(out)], corrupt_rank=1)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "wrong elements in validation" in res.stderr
     recs = read_jsonl(out)
     assert len(recs) == 3 * 3 * len(ALGOS)
     assert all(r["wrong"] >= 1 and r["ranks"]["wrong"][1] >= 1 for r in recs)
     assert "FAILED" in res.stdout
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("argv,flag", [b for b in BAD if "--output" not in b[0]][::2]
-                         + [(["--output", "/proc/commbench/r.jsonl"], "--output")])
-def test_bad_input_exits_2_on_every_rank(tmp_path, argv, flag):
-    out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 2, [*MB, "--output", str(out), *argv], timeout=60)
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = [line for line in res.stderr.splitlines() if "commbench.microbench: error" in line]
-    assert len(lines) == 1 and flag in lines[0], res.stderr
-    assert "Traceback" not in res.stderr and not res.stdout.strip()
-    assert not out.exists()
 
 
 @pytest.mark.parametrize("launcher,np_,backend", [

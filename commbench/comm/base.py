@@ -9,7 +9,6 @@ the strategies need. Tensors are CPU torch tensors reduced in place.
 from __future__ import annotations
 
 import abc
-import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -73,18 +72,14 @@ def topology_from_hostnames(rank: int, hostnames: list[str] | tuple[str, ...]) -
                     cross_size=len(cross), hostnames=hostnames)
 
 
-# Test-only: "a,a,a,b" makes ranks 0-2 report host "a" and rank 3 host "b", so
-# two-level schemes can be tested on uneven layouts on one machine. Only the
-# project's topology sees it; the MPI library still sees the real host.
-FAKE_NODES_ENV = "COMMBENCH_TEST_NODE_OF_RANK"
-
-
 def hostname() -> str:
-    fake = os.environ.get(FAKE_NODES_ENV)
-    if fake:
-        from commbench.comm import launcher_rank
+    """The name of this rank's node: ranks that give the same name share a node.
 
-        return fake.split(",")[launcher_rank()]
+    Backends call it through this module at the time they build their
+    topology, so a program that runs the tools can replace it (to lay out
+    the ranks of one machine as several nodes); the MPI library still sees
+    the real host.
+    """
     return socket.gethostname()
 
 
@@ -127,6 +122,11 @@ class Group(abc.ABC):
         """Copy group rank ``root``'s ``tensor`` to every rank of the group."""
 
 
+def _topology_field(name: str) -> property:
+    """A read-only attribute of a communicator that is ``name`` of its ``topo``."""
+    return property(lambda self: getattr(self.topo, name), doc=f"``topo.{name}``")
+
+
 class Communicator(abc.ABC):
     """One backend's view of the job. Subclasses set ``name`` and ``topo``."""
 
@@ -141,30 +141,13 @@ class Communicator(abc.ABC):
     #: API (``hvd.DistributedOptimizer``: the ``horovod`` peer) can run beside it
     runs_horovod: bool = False
 
-    # -- topology shortcuts -------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.topo.rank
-
-    @property
-    def size(self) -> int:
-        return self.topo.size
-
-    @property
-    def local_rank(self) -> int:
-        return self.topo.local_rank
-
-    @property
-    def local_size(self) -> int:
-        return self.topo.local_size
-
-    @property
-    def cross_rank(self) -> int:
-        return self.topo.cross_rank
-
-    @property
-    def cross_size(self) -> int:
-        return self.topo.cross_size
+    # -- topology shortcuts: comm.rank is comm.topo.rank, and so on ---------
+    rank = _topology_field("rank")
+    size = _topology_field("size")
+    local_rank = _topology_field("local_rank")
+    local_size = _topology_field("local_size")
+    cross_rank = _topology_field("cross_rank")
+    cross_size = _topology_field("cross_size")
 
     # -- collectives on tensors (sum, in place) ----------------------------
     @abc.abstractmethod

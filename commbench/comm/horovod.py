@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from commbench.comm.base import Communicator, Group, Handle, Topology, hostname
+from commbench.comm import base
+from commbench.comm.base import Communicator, Group, Handle, Topology
 
 
 def launched_by_mpi() -> bool:
@@ -164,7 +165,7 @@ class HorovodCommunicator(Communicator):
         hvd.init(process_sets="dynamic")  # two-level schemes add process sets later
         if self._mpi is not None and not hvd.mpi_enabled():
             self._mpi = None  # Gloo controller under mpirun: do not mix in MPI traffic
-        hosts = tuple(hvd.allgather_object(hostname()))
+        hosts = tuple(hvd.allgather_object(base.hostname()))
         self.topo = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                              local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
                              cross_size=hvd.cross_size(), hostnames=hosts)

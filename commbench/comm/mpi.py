@@ -21,14 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from commbench.comm.base import (
-    Communicator,
-    Group,
-    Handle,
-    Topology,
-    hostname,
-    topology_from_hostnames,
-)
+from commbench.comm import base
+from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
 #: 2-byte floats numpy cannot reduce: sent as uint16 bits, summed by a user-defined op
@@ -121,7 +115,7 @@ class MpiCommunicator(Communicator, Group):
         self._owned = owned
         if topo is None:
             topo = topology_from_hostnames(self.comm.Get_rank(),
-                                           self.comm.allgather(hostname()))
+                                           self.comm.allgather(base.hostname()))
         self.topo = topo
         self._half_type = None  # 2-byte contiguous datatype, made at the first half reduce
         self._half_ops: dict[torch.dtype, Any] = {}

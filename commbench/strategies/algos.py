@@ -6,7 +6,6 @@ A new algorithm is one function plus one line here.
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
@@ -57,23 +56,7 @@ def wire_dtype(comm: Communicator, name: str, dtype: torch.dtype) -> torch.dtype
     return dtype if name in P2P_ALGOS else comm.allreduce_dtype(dtype)
 
 
-# Test-only fault hook: on the rank named here, every all-reduce's first
-# element comes out off by one, so the tests can show that #wrong catches it.
-CORRUPT_ENV = "COMMBENCH_TEST_CORRUPT_RANK"
-
-
 def get_algo(name: str) -> AllReduceAlgo:
     if name not in ALGOS:
         raise ValueError(f"unknown algo {name!r}; choose from {', '.join(ALGOS)}")
-    algo = ALGOS[name]
-    if CORRUPT_ENV not in os.environ:
-        return algo
-    bad_rank = int(os.environ[CORRUPT_ENV])
-
-    def corrupted(comm: Communicator, tensor: torch.Tensor,
-                  on_phase: PhaseHook | None = None) -> None:
-        algo(comm, tensor, on_phase=on_phase)
-        if comm.rank == bad_rank and tensor.numel():
-            tensor.view(-1)[0] += 1
-
-    return corrupted
+    return ALGOS[name]
