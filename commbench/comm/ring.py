@@ -153,11 +153,17 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
     sends = [comm.isend(flat[a:b], right, ag_tag) for a, b in segments(r + 1)]
     steps = [segments(r - s) for s in range(p - 1)]
     recvs_by_step: list[list[Handle]] = []
+
+    def post(s: int) -> None:  # step s's receives, two steps ahead of their data
+        if s < len(steps):
+            for h in rs_sends[s]:
+                wait(h)
+            recvs_by_step.append([comm.irecv(flat[a:b], left, ag_tag) for a, b in steps[s]])
+
+    post(0)
+    post(1)
     for s, segs in enumerate(steps):
-        for h in rs_sends[s]:
-            wait(h)
-        recvs_by_step.append([comm.irecv(flat[a:b], left, ag_tag) for a, b in segs])
-    for s, segs in enumerate(steps):
+        post(s + 2)
         for (a, b), h in zip(segs, recvs_by_step[s]):
             wait(h)
             if s < p - 2:
