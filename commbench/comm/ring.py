@@ -23,7 +23,8 @@ it has arrived (and, in the reduce-scatter, been added), while segment
 arithmetic, and a slow hop delays one segment, not the whole step. This is
 how NCCL's ring works; without it the ring reached ~0.7-0.8 of a 1 Gbit/s
 link on the emulated cluster. Messages between two ranks match in posting
-order, which both sides keep monotone in (step, segment).
+order, which both sides keep monotone in (step, segment) within each phase;
+the two phases use two tags (``tag`` and ``tag + 1``).
 
 How the ring waits for a message is the caller's (``WAITS``): ``block``,
 ``Handle.wait``, by default (Open MPI busy-polls inside it;
@@ -110,7 +111,13 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
         a, b = bounds[c % p]
         return [(x, min(x + seg, b)) for x in range(a, b, seg)]
 
-    sends: list[Handle] = []
+    # The all-gather's messages carry their own tag, so its receives can be posted while
+    # reduce-scatter messages from the same neighbour are still arriving, and its first send
+    # leaves as soon as this rank's chunk is reduced: no rank waits for its last
+    # reduce-scatter sends before the all-gather starts (that barrier idled the cross-node
+    # link for a round trip at every phase change).
+    ag_tag = tag + 1
+    rs_sends: list[list[Handle]] = []  # by step: the sends that read chunk r - step
 
     # Reduce-scatter: one chunk of scratch, segment j of every step lands in slot j.
     scratch = torch.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)
@@ -118,38 +125,49 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
     def slot(j: int, a: int, b: int) -> torch.Tensor:
         return scratch[j * seg: j * seg + (b - a)]
 
-    sends += [comm.isend(flat[a:b], right, tag) for a, b in segments(r)]
+    rs_sends.append([comm.isend(flat[a:b], right, tag) for a, b in segments(r)])
     recvs = [comm.irecv(slot(j, a, b), left, tag) for j, (a, b) in enumerate(segments(r - 1))]
     for s in range(p - 1):
         cur, nxt = segments(r - s - 1), segments(r - s - 2)
         last = s == p - 2
-        nxt_recvs = []
+        nxt_recvs: list[Handle] = []
+        forwarded: list[Handle] = []
         for j, (a, b) in enumerate(cur):
             wait(recvs[j])
             flat[a:b].add_(slot(j, a, b))
             if not last:
-                sends.append(comm.isend(flat[a:b], right, tag))  # forward at once
+                forwarded.append(comm.isend(flat[a:b], right, tag))  # forward at once
                 if j < len(nxt):  # slot j is free again: post the next step's segment j
                     na, nb = nxt[j]
                     nxt_recvs.append(comm.irecv(slot(j, na, nb), left, tag))
         if not last:
+            rs_sends.append(forwarded)
             nxt_recvs += [comm.irecv(slot(j, a, b), left, tag)
                           for j, (a, b) in enumerate(nxt) if j >= len(cur)]
             recvs = nxt_recvs
-    for h in sends:  # the all-gather receives into chunks these sends read from
-        wait(h)
-    sends.clear()
     phases.end("reduce_scatter")
 
-    # All-gather: receive straight into place, forward each segment as it lands.
-    sends += [comm.isend(flat[a:b], right, tag) for a, b in segments(r + 1)]
+    # All-gather: send the reduced chunk r + 1 at once (no reduce-scatter send reads it);
+    # receive chunk r - s straight into place once the reduce-scatter sends that read it
+    # are done, and forward each segment as it lands.
+    sends = [comm.isend(flat[a:b], right, ag_tag) for a, b in segments(r + 1)]
     steps = [segments(r - s) for s in range(p - 1)]
-    recvs_by_step = [[comm.irecv(flat[a:b], left, tag) for a, b in segs] for segs in steps]
+    recvs_by_step: list[list[Handle]] = []
+
+    def post(s: int) -> None:  # step s's receives, two steps ahead of their data
+        if s < len(steps):
+            for h in rs_sends[s]:
+                wait(h)
+            recvs_by_step.append([comm.irecv(flat[a:b], left, ag_tag) for a, b in steps[s]])
+
+    post(0)
+    post(1)
     for s, segs in enumerate(steps):
+        post(s + 2)
         for (a, b), h in zip(segs, recvs_by_step[s]):
             wait(h)
             if s < p - 2:
-                sends.append(comm.isend(flat[a:b], right, tag))
+                sends.append(comm.isend(flat[a:b], right, ag_tag))
     for h in sends:
         wait(h)
     phases.end("allgather")
