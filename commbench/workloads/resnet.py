@@ -68,6 +68,7 @@ class ResNetWorkload(Workload):
                 (3, image_size, image_size)
         self.dataset = dataset
         self.test = None
+        self.batch_size = batch_size  # the digits shard's first batch below reads it
         gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
         if self.tokens:
             start = torch.randint(0, net.vocab, (batch_size, 1), generator=gen)
@@ -83,7 +84,6 @@ class ResNetWorkload(Workload):
             self.test = (vx.to(self.device), vy.to(self.device))
             self._cursor = 0
             self._next_batch()
-        self.batch_size = batch_size
         self._module = net  # whose own loss() applies, also once a peer has wrapped ``net``
         probe = self._learn_backward_order(net, gen)
         super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
