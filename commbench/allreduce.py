@@ -197,6 +197,21 @@ def check(comm, cfg: Config) -> None:
         check_transfer_path(comm, cfg.transfer)  # the transfer engine's (--transfer ring: p2p)
 
 
+def trace_lines(summaries: list[dict]) -> list[str]:
+    """The table's footer on ``--trace torch``: what the traced steps cost, per run."""
+    lines = []
+    for s in summaries:
+        if s.get("trace_overhead") is not None:
+            lines.append(f"{s['strategy']}/{s['algo'] or '-'}: {s['traced_steps']} traced steps "
+                         f"(not in the medians) took {s['traced_step_s'] * 1e3:.1f} ms, "
+                         f"{s['trace_overhead']:+.1%} against the untraced median")
+        elif s.get("traced_steps"):
+            lines.append(f"{s['strategy']}/{s['algo'] or '-'}: every measured step traced; its "
+                         "medians include the profiler's cost (--steps above --trace-steps "
+                         "measures it)")
+    return lines
+
+
 def study(comm, cfg: Config) -> int:
     """Every requested run, its records and the table; return the wrong elements."""
     out = Output.open(comm, "allreduce", cfg)
@@ -222,6 +237,7 @@ def study(comm, cfg: Config) -> int:
                           *accuracy_lines(summaries), *pipeline_lines(cfg),
                           *[f"torch.profiler traces: {s['torch_trace_dir']}" for s in summaries
                             if s.get("torch_trace_dir")],
+                          *trace_lines(summaries),
                           f"results: {out.path}"])
     return wrong
 

@@ -216,10 +216,13 @@ class Run:
         """
         out = summarize_steps(self.steps, samples_per_step)
         if wall_clock:
-            wall_s = self._marks[-1] - self._marks[out["warmup_steps"]]
+            # the traced window (--trace torch) is the first measured steps: the wall
+            # clock starts after it when untraced steps follow, as the medians do
+            skip = out["traced_steps"] if "trace_overhead" in out else 0
+            wall_s = self._marks[-1] - self._marks[out["warmup_steps"] + skip]
             out["wall_s"] = wall_s
             out["wall_throughput"] = metrics.throughput(
-                out["measured_steps"] * samples_per_step, wall_s)
+                (out["measured_steps"] - skip) * samples_per_step, wall_s)
         return out
 
 

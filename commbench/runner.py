@@ -241,9 +241,25 @@ def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:
     The summary's plain fields (``step_s``, ``sync_share``, …) are the medians;
     ``straggler_rank`` is the rank named straggler in most measured steps (None
     when no step named one).
+
+    Steps traced by ``torch.profiler`` (``--trace torch``) pay the profiler's
+    cost, so where a run also has untraced measured steps the medians are of
+    those only, and the traced ones are summarised beside them:
+    ``traced_steps``, ``traced_step_s`` (their median) and ``trace_overhead``
+    (``traced_step_s / step_s - 1``, one run's own comparison). Where every
+    measured step was traced the medians are of them (and say so:
+    ``traced_steps == measured_steps``).
     """
     measured = [s for s in steps if not s["warmup"]]
-    out: dict = {"measured_steps": len(measured), "warmup_steps": len(steps) - len(measured)}
+    traced = [s for s in measured if s.get("traced")]
+    out: dict = {"measured_steps": len(measured), "warmup_steps": len(steps) - len(measured),
+                 "traced_steps": len(traced)}
+    if traced and len(traced) < len(measured):
+        traced_step = metrics.percentile([s["step_s"] for s in traced], 50)
+        measured = [s for s in measured if not s.get("traced")]
+        plain_step = metrics.percentile([s["step_s"] for s in measured], 50)
+        out["traced_step_s"] = traced_step
+        out["trace_overhead"] = traced_step / plain_step - 1 if plain_step > 0 else None
     stats = {}
     for f in SUMMARY_FIELDS:
         if f == "throughput":

@@ -54,6 +54,24 @@ def test_summary_excludes_warmup_and_reports_percentiles():
     assert s["throughput"] == pytest.approx(32 / 0.3)
 
 
+def test_summary_keeps_traced_steps_out_of_the_medians_and_states_their_cost():
+    steps = [step_record([sample(0, 5.0, 0.1, warmup=True)], 1)]
+    steps += [step_record([sample(k, 0.2, 0.1)], 1) for k in (1, 2)]  # under torch.profiler
+    steps += [step_record([sample(k, 0.1, 0.05)], 1) for k in range(3, 8)]
+    for s in steps[1:3]:
+        s["traced"] = True
+    s = summarize_steps(steps, samples_per_step=32)
+    assert s["measured_steps"] == 7 and s["traced_steps"] == 2
+    assert s["stats"]["step_s"]["count"] == 5 and s["step_s"] == pytest.approx(0.1)
+    assert s["traced_step_s"] == pytest.approx(0.2)
+    assert s["trace_overhead"] == pytest.approx(1.0)
+    for step in steps[3:]:  # every step traced: its medians are all there is
+        step["traced"] = True
+    s = summarize_steps(steps, samples_per_step=32)
+    assert s["traced_steps"] == 7 and "trace_overhead" not in s
+    assert s["stats"]["step_s"]["count"] == 7
+
+
 def test_timer_phases_and_union_of_comm():
     t = StepTimer()
     t.begin_step(3, warmup=False, wait_s=0.001)

@@ -41,6 +41,14 @@ def test_step_records_say_which_steps_were_traced(job):
     assert [r["traced"] for r in steps] == ([False] * WARMUP + [True] * TRACED
                                             + [False] * (STEPS - TRACED))
     assert not any(r["kind"] == "trace" for r in recs)  # the timeline's records: --trace only
+    # the medians are of the untraced steps; the traced ones' cost is stated beside them
+    summary = next(r for r in recs if r["kind"] == "summary")
+    assert summary["traced_steps"] == TRACED and summary["measured_steps"] == STEPS
+    assert summary["stats"]["step_s"]["count"] == STEPS - TRACED
+    traced = sorted(r["step_s"] for r in steps if r["traced"])
+    assert summary["traced_step_s"] == pytest.approx(sum(traced) / 2)
+    assert summary["trace_overhead"] == pytest.approx(
+        summary["traced_step_s"] / summary["step_s"] - 1)
 
 
 @pytest.mark.mpi
