@@ -36,8 +36,8 @@ def build(records: list[dict], only: list[str] | None = None) -> tuple[dict, dic
 
 
 def body(argv: list[str]) -> int:
+    from analysis.costmodel import add_native_is, mark_native, parse_native_is
     from analysis.figures import FIGURES, save
-    from analysis.model import add_native_is, mark_native, parse_native_is
 
     p = parser(PROG, "Plot commbench results: one figure per question (PNG and SVG).")
     p.add_argument("paths", nargs="+", help="result files or directories (searched for *.jsonl)")

@@ -88,7 +88,7 @@ def claim_runs_lines(claims: list) -> list[str]:
 def model_error_lines(res) -> list[str]:
     """The fitted model's error on this folder's own microbenchmarks: per algorithm and
     link level, messages of at least 1 MiB, points it was not fitted on."""
-    from analysis import model as cost
+    from analysis import costmodel as cost
 
     head = ["### The model's error on these runs", "",
             "Median |predicted ÷ measured − 1| per measured algorithm for messages ≥ 1 MiB, "
@@ -130,7 +130,7 @@ def overlap_lines(records: list[dict], res) -> list[str]:
 
 def build(records: list[dict], out: Path, native_is: dict[str, str] | None = None,
           sources: list[str] | None = None) -> Path:
-    from analysis import model as cost
+    from analysis import costmodel as cost
     from analysis import overlap
     from analysis.claims import check_all
     from analysis.figures import FIGURES, save
@@ -167,7 +167,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
                   "only.", ""]
     if res is not None:
         save(cost.fit_figure(res.points, res.fit_points, res.params), figdir / "model_fit")
-        lines += ["Fitted by `python -m analysis.model` (see its docstring for the formulas, "
+        lines += ["Fitted by `python -m analysis.costmodel` (see its docstring for the formulas, "
                   "Thakur, Rabenseifner & Gropp 2005).", "", "```",
                   *cost.report_lines(res), "```", "", "![model_fit](figures/model_fit.png)", ""]
     save(cost.extrapolation_figure(sc), figdir / "model_extrapolation")
@@ -203,7 +203,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
 
 
 def body(argv: list[str]) -> int:
-    from analysis.model import add_native_is, parse_native_is
+    from analysis.costmodel import add_native_is, parse_native_is
 
     p = parser(PROG, "Write a Markdown report: figures, cost model and the seed claims C1-C8.")
     p.add_argument("paths", nargs="+", help="result files or directories")

@@ -529,7 +529,7 @@ def _takes_tokens(model: str) -> bool:
 def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
     """Fill the defaults that depend on the workload and the device, then check them."""
     from commbench.models.factory import is_factory
-    from commbench.workloads.resnet import MIN_IMAGE_SIZE
+    from commbench.workloads.real import MIN_IMAGE_SIZE
 
     if cuda is None:
         import torch

@@ -53,7 +53,7 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
            vocab: int | None = None) -> dict:
     """Profile forward, backward (per-gradient ready times) and optimizer of ``model``."""
     from commbench.timing import NullTimer, now
-    from commbench.workloads.resnet import ResNetWorkload
+    from commbench.workloads.real import ResNetWorkload
 
     wl = ResNetWorkload(model, rank=0, seed=seed, batch_size=batch_size,
                         num_classes=num_classes, image_size=image_size, device=device,

@@ -57,11 +57,11 @@ from commbench.config import (
 from commbench.job import run_job
 from commbench.paramserver import PSSettings, run_ps, summarize_updates
 from commbench.paramserver import check as check_ps
-from commbench.report import Column
 from commbench.results import run_fields
 from commbench.run import Output
 from commbench.runner import run_steps
 from commbench.strategies import StrategySettings, make_strategy
+from commbench.tables import Column
 from commbench.timing import StepTimer
 from commbench.workloads import make_workload
 
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_study(argv: list[str] | None = None) -> StudyConfig:
     from pathlib import Path
 
-    from commbench.workloads.resnet import MIN_IMAGE_SIZE
+    from commbench.workloads.real import MIN_IMAGE_SIZE
 
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     d = vars(ns)

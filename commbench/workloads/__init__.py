@@ -6,9 +6,9 @@ import sys
 from typing import Callable
 
 from commbench.config import WorkloadSpec
-from commbench.report import rank0_print
+from commbench.tables import rank0_print
 from commbench.workloads.base import Workload
-from commbench.workloads.resnet import ResNetWorkload
+from commbench.workloads.real import ResNetWorkload
 from commbench.workloads.synthetic import SyntheticWorkload
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {

@@ -1,7 +1,7 @@
 """The alpha-beta-gamma cost model of all-reduce: fitted here, used to look past this machine.
 
-    python -m analysis.model results/ -o model/        # fit, check, extrapolate; prints tables
-    python -m analysis.model results/ --native-is rd=results/mb-rd.jsonl
+    python -m analysis.costmodel results/ -o model/        # fit, check, extrapolate; prints tables
+    python -m analysis.costmodel results/ --native-is rd=results/mb-rd.jsonl
 
 Per link level (``intra``: ranks on one host; ``inter``: between hosts) a
 message of ``m`` bytes costs ``alpha + m * beta``; reducing ``m`` bytes costs
@@ -61,7 +61,7 @@ import numpy as np
 from analysis.cli import UsageError, entry, output_dir, parser, warn
 from analysis.load import get, load, num
 
-PROG = "analysis.model"
+PROG = "analysis.costmodel"
 
 # unknowns of the model, in this order in every coefficient vector
 PARAMS = ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
