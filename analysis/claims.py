@@ -24,8 +24,8 @@ from itertools import product
 import numpy as np
 
 from analysis import match, overlap
+from analysis.costmodel import ModelResult, Scenario, error_by_algorithm, predict, sync_share
 from analysis.load import get, knob, num, stat
-from analysis.model import ModelResult, Scenario, error_by_algorithm, predict, sync_share
 from commbench import metrics
 
 REPRODUCED, REFUTED, NOT_HERE = "reproduced", "refuted", "not reproducible here"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 
 from analysis.cli import UsageError, entry, output_dir, parser, warn, writing
+from analysis.costmodel import add_native_is, mark_native, parse_native_is
+from analysis.figures import FIGURES, save
 from analysis.load import load
 
 PROG = "analysis.plot"
@@ -21,8 +23,6 @@ PROG = "analysis.plot"
 
 def build(records: list[dict], only: list[str] | None = None) -> tuple[dict, dict]:
     """(drawn: name -> Figure, skipped: name -> reason) for the requested figures."""
-    from analysis.figures import FIGURES
-
     drawn, skipped = {}, {}
     for name, (_question, fn) in FIGURES.items():
         if only and name not in only:
@@ -36,9 +36,6 @@ def build(records: list[dict], only: list[str] | None = None) -> tuple[dict, dic
 
 
 def body(argv: list[str]) -> int:
-    from analysis.figures import FIGURES, save
-    from analysis.model import add_native_is, mark_native, parse_native_is
-
     p = parser(PROG, "Plot commbench results: one figure per question (PNG and SVG).")
     p.add_argument("paths", nargs="+", help="result files or directories (searched for *.jsonl)")
     p.add_argument("-o", "--output", default="plots", help="directory for the figures")

@@ -15,8 +15,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from analysis import costmodel as cost
+from analysis import overlap
+from analysis.claims import check_all
 from analysis.cli import entry, output_dir, parser, warn
+from analysis.costmodel import add_native_is, parse_native_is
+from analysis.figures import FIGURES, save
 from analysis.load import busy_runs, load, mark_machine_load
+from analysis.plot import build as build_figures
 from commbench.cores import BUSY_LOAD_FRACTION
 
 PROG = "analysis.report"
@@ -88,8 +94,6 @@ def claim_runs_lines(claims: list) -> list[str]:
 def model_error_lines(res) -> list[str]:
     """The fitted model's error on this folder's own microbenchmarks: per algorithm and
     link level, messages of at least 1 MiB, points it was not fitted on."""
-    from analysis import model as cost
-
     head = ["### The model's error on these runs", "",
             "Median |predicted ÷ measured − 1| per measured algorithm for messages ≥ 1 MiB, "
             "on the microbenchmark points the fit did not use (goal ≤ "
@@ -109,8 +113,6 @@ def model_error_lines(res) -> list[str]:
 def overlap_lines(records: list[dict], res) -> list[str]:
     """The overlap model: its extrapolation on the one device scenario, and its check
     against the bucketed runs of the folder (with the fitted parameters)."""
-    from analysis import overlap
-
     lines = ["## Overlap model (bucketed sync during backward)", "",
              "Buckets formed as the bucketed strategy forms them, each started when its last "
              "gradient is ready (the compute profile's ready times), served by the link in "
@@ -130,12 +132,6 @@ def overlap_lines(records: list[dict], res) -> list[str]:
 
 def build(records: list[dict], out: Path, native_is: dict[str, str] | None = None,
           sources: list[str] | None = None) -> Path:
-    from analysis import model as cost
-    from analysis import overlap
-    from analysis.claims import check_all
-    from analysis.figures import FIGURES, save
-    from analysis.plot import build as build_figures
-
     figdir = out / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
     cost.mark_native(records, native_is)
@@ -167,7 +163,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
                   "only.", ""]
     if res is not None:
         save(cost.fit_figure(res.points, res.fit_points, res.params), figdir / "model_fit")
-        lines += ["Fitted by `python -m analysis.model` (see its docstring for the formulas, "
+        lines += ["Fitted by `python -m analysis.costmodel` (see its docstring for the formulas, "
                   "Thakur, Rabenseifner & Gropp 2005).", "", "```",
                   *cost.report_lines(res), "```", "", "![model_fit](figures/model_fit.png)", ""]
     save(cost.extrapolation_figure(sc), figdir / "model_extrapolation")
@@ -203,8 +199,6 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
 
 
 def body(argv: list[str]) -> int:
-    from analysis.model import add_native_is, parse_native_is
-
     p = parser(PROG, "Write a Markdown report: figures, cost model and the seed claims C1-C8.")
     p.add_argument("paths", nargs="+", help="result files or directories")
     p.add_argument("-o", "--output", default="report", help="directory for README.md + figures")

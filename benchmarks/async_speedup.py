@@ -45,7 +45,7 @@ from benchmarks.cluster_jobs import (
     records,
 )
 from commbench.comm.engine import TRANSFER_PATHS
-from commbench.report import Column, format_table
+from commbench.tables import Column, format_table
 
 DEFAULT_LAYOUTS = "2x1,2x2,2x4,4x2"
 JOB_TIMEOUT_S = 300.0

@@ -37,6 +37,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
+from commbench import profile
+from launch import commands
+from launch.execute import run
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, BATCH, IMAGE = "resnet18", 64, 224  # as profiles/h200-resnet18-b64.json
 SHIPPED = ROOT / "profiles" / f"h200-{MODEL}-b{BATCH}.json"
@@ -49,8 +55,6 @@ def _line(ok: bool, name: str, text: str) -> bool:
 
 
 def check_device() -> bool:
-    import torch
-
     if not torch.cuda.is_available():
         return False
     return _line(True, "device", f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
@@ -58,9 +62,6 @@ def check_device() -> bool:
 
 
 def check_profile(out: Path) -> bool:
-    from commbench import profile
-    from launch.execute import run
-
     path = out / f"gpu-{MODEL}-b{BATCH}.json"
     res = run([sys.executable, "-m", "commbench.profile", "--model", MODEL, "--batch-size",
                str(BATCH), "--image-size", str(IMAGE), "--device", "cuda", "--iters", "10",
@@ -91,9 +92,6 @@ def check_profile(out: Path) -> bool:
 
 
 def check_job(out: Path) -> bool:
-    from launch import commands
-    from launch.execute import run
-
     records = out / "gpu-job.jsonl"
     program = commands.python_module("commbench.allreduce", [
         "--workload", "resnet", "--device", "cuda", "--model", MODEL, "--batch-size",

@@ -43,7 +43,7 @@ from benchmarks.cluster_jobs import (
     parse_layout,
     records,
 )
-from commbench.report import Column, format_table
+from commbench.tables import Column, format_table
 
 DEFAULT_CASES = "2x1@1gbit@64M,2x2@1gbit@64M,2x4@1gbit@64M,2x4@200mbit@16M"
 ALGOS = ("native", "ring", "hier", "hier-leader")

@@ -54,7 +54,7 @@ from benchmarks.cluster_jobs import (
     outdir_of,
     records,
 )
-from commbench.report import Column, format_table
+from commbench.tables import Column, format_table
 
 JOB_TIMEOUT_S = 420.0
 PROFILE = "profiles/h200-resnet50-b256.json"

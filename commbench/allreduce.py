@@ -22,12 +22,12 @@ from commbench.buffers import BufferSync
 from commbench.comm.engine import check_transfer_path
 from commbench.config import Config, check_slow_rank, parse_config
 from commbench.job import run_job
-from commbench.report import Column
 from commbench.results import run_fields
 from commbench.run import Output, rank_extras, summarize_extras
 from commbench.runner import run_steps
 from commbench.strategies import STRATEGIES, StrategySettings, make_strategy
-from commbench.strategies.stale import merge_step_log, summarize_step_log
+from commbench.strategies.asynchronous import merge_step_log, summarize_step_log
+from commbench.tables import Column
 from commbench.timing import StepTimer, TracingStepTimer
 from commbench.torchtrace import TorchTrace, trace_dir
 from commbench.validate import count_wrong

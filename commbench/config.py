@@ -19,6 +19,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from commbench.torchtrace import DEFAULT_STEPS
+
 
 class ConfigError(Exception):
     """A user error in the command line; the message names the flag."""
@@ -203,7 +205,7 @@ def _strategy_list(names: tuple[str, ...]):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Imported here so --help lists exactly what the registries hold.
+    # imports torch: launch.sweep imports this module and must start without it
     from commbench.buffers import BUFFER_RULES
     from commbench.comm.engine import TRANSFER_PATHS
     from commbench.strategies import ALGOS, STRATEGIES
@@ -298,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
 def model_name(text: str) -> str:
     """``--model``: a registered model, or ``package.module:factory`` (imported later, in
     ``resolve_workload``, so its errors come with the other flags' checks)."""
+    # imports torch: launch.sweep imports this module and must start without it
     from commbench.models import MODELS
     from commbench.models.factory import ModelError, check_ref, is_factory
 
@@ -314,6 +317,7 @@ def model_name(text: str) -> str:
 
 def model_kwargs(text: str) -> dict:
     """``--model-kwargs``: a JSON object or ``k=v,k=v``."""
+    # imports torch: launch.sweep imports this module and must start without it
     from commbench.models.factory import parse_kwargs
 
     try:
@@ -345,6 +349,7 @@ def add_flag(group: argparse._ArgumentGroup, defaults: object, flag: str, **kwar
 
 def add_workload_flags(g: argparse._ArgumentGroup, d: WorkloadSpec) -> None:
     """The workload's flags (``WorkloadSpec``), shared by the tools that train one."""
+    # imports torch (launch.sweep imports this module), and commbench.workloads imports it
     from commbench.models import MODELS
     from commbench.workloads import WORKLOADS
 
@@ -407,6 +412,7 @@ def add_run_flags(g: argparse._ArgumentGroup, steps: int, warmup: int, seed: int
 
 def add_backend_flag(group: argparse._ArgumentGroup) -> None:
     """``--backend``, shared by every tool that runs under a launcher."""
+    # imports torch: launch.sweep imports this module and must start without it
     from commbench.comm import BACKENDS
 
     group.add_argument("--backend", choices=("auto", *BACKENDS), default="auto",
@@ -492,8 +498,6 @@ def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
 
 def check_trace(cfg: Config) -> None:
     """``--trace-steps`` belongs to ``--trace torch`` and fits in ``--steps``."""
-    from commbench.torchtrace import DEFAULT_STEPS
-
     if cfg.trace != "torch":
         if cfg.trace_steps is not None:
             raise ConfigError("--trace-steps: needs --trace torch")
@@ -521,6 +525,7 @@ def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = No
 
 def _takes_tokens(model: str) -> bool:
     """Whether ``model`` takes token ids (built on the meta device: no weights)."""
+    # imports torch: launch.sweep imports this module and must start without it
     from commbench.models import build_model, input_kind
 
     return input_kind(build_model(model, device="meta")) == "tokens"
@@ -528,11 +533,12 @@ def _takes_tokens(model: str) -> bool:
 
 def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
     """Fill the defaults that depend on the workload and the device, then check them."""
+    # imports torch (launch.sweep imports this module), and commbench.workloads imports it
     from commbench.models.factory import is_factory
-    from commbench.workloads.resnet import MIN_IMAGE_SIZE
+    from commbench.workloads.real import MIN_IMAGE_SIZE
 
     if cuda is None:
-        import torch
+        import torch  # launch.sweep imports this module and must start without torch
 
         cuda = torch.cuda.is_available()
     real = spec.workload == "resnet"
@@ -571,7 +577,7 @@ def resolve_workload(spec: WorkloadSpec, cuda: bool | None = None) -> None:
         if real:
             raise ConfigError("--compute-profile: only the synthetic workload replays a "
                               "profile; --workload resnet computes for real")
-        from commbench.profile import ProfileError, load
+        from commbench.profile import ProfileError, load  # imports torch (see above)
 
         try:
             load(spec.compute_profile, spec.model, spec.num_classes, spec.model_kwargs)
@@ -583,6 +589,7 @@ def check_model(spec: WorkloadSpec) -> None:
     """A user's model (or a registered one given ``--input-shape``/``--vocab``/
     ``--model-kwargs``) must build and take its inputs: one forward and backward on the
     meta device (``workloads.objective.probe_spec``), on every rank before any collective."""
+    # imports torch: launch.sweep imports this module and must start without it
     from commbench.models.factory import ModelError, is_factory
 
     if not (is_factory(spec.model) or spec.input_shape or spec.vocab or spec.model_kwargs):
@@ -590,7 +597,7 @@ def check_model(spec: WorkloadSpec) -> None:
     if spec.dataset != "synthetic" and (spec.input_shape or spec.vocab):
         raise ConfigError(f"--dataset {spec.dataset}: its samples are 3 x --image-size "
                           "images; drop --input-shape and --vocab")
-    from commbench.workloads.objective import probe_spec
+    from commbench.workloads.objective import probe_spec  # imports torch (see above)
 
     try:
         probe_spec(spec.model, spec.model_kwargs, spec.num_classes, spec.batch_size,

@@ -31,7 +31,7 @@ from commbench import __version__, watchdog
 from commbench.comm import Communicator, detect_backend, launcher_rank, make_communicator
 from commbench.config import ConfigError
 from commbench.cores import ThreadPlan, thread_plan
-from commbench.report import rank0_print
+from commbench.tables import rank0_print
 
 #: flags only rank 0 acts on (where it writes, whether it prints): ranks may differ in them
 RANK0_ONLY_FIELDS = frozenset({"output", "output_dir", "quiet"})

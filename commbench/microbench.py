@@ -57,10 +57,10 @@ from commbench.config import (
 )
 from commbench.job import run_job
 from commbench.metrics import algbw, busbw
-from commbench.report import Column, format_footer, format_header, format_row
 from commbench.results import link_info
 from commbench.run import Output
 from commbench.strategies.algos import ALGOS, check_algo, get_algo, wire_dtype
+from commbench.tables import Column, format_footer, format_header, format_row
 
 PROG = "commbench.microbench"
 

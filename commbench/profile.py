@@ -37,8 +37,19 @@ from pathlib import Path
 import torch
 
 from commbench import __version__
+from commbench.config import (
+    ConfigError,
+    Parser,
+    WorkloadSpec,
+    check_model,
+    input_shape,
+    model_name,
+)
+from commbench.config import model_kwargs as kwargs_flag
 from commbench.models import parameter_shapes
 from commbench.results import write_atomic
+from commbench.timing import NullTimer, now
+from commbench.workloads.real import ResNetWorkload
 
 PROFILE_SCHEMA = 1
 
@@ -52,9 +63,6 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
            model_kwargs: dict | None = None, input_shape: tuple[int, ...] | None = None,
            vocab: int | None = None) -> dict:
     """Profile forward, backward (per-gradient ready times) and optimizer of ``model``."""
-    from commbench.timing import NullTimer, now
-    from commbench.workloads.resnet import ResNetWorkload
-
     wl = ResNetWorkload(model, rank=0, seed=seed, batch_size=batch_size,
                         num_classes=num_classes, image_size=image_size, device=device,
                         model_kwargs=model_kwargs, input_shape=input_shape, vocab=vocab)
@@ -158,16 +166,6 @@ def load(path: str | Path, model: str, num_classes: int, model_kwargs: dict | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from commbench.config import (
-        ConfigError,
-        Parser,
-        WorkloadSpec,
-        check_model,
-        input_shape,
-        model_name,
-    )
-    from commbench.config import model_kwargs as kwargs_flag
-
     p = Parser(prog="python -m commbench.profile", description=__doc__.splitlines()[0])
     p.add_argument("--model", type=model_name, default="resnet18",
                    help="a registered model or package.module:factory (as commbench.allreduce)")

@@ -46,10 +46,10 @@ from commbench.config import (
 )
 from commbench.job import run_job
 from commbench.paramserver import SERVER, PSSettings, run_ps, summarize_updates
-from commbench.report import Column
 from commbench.results import run_fields
 from commbench.run import Output, Run, rank_extras, summarize_extras
 from commbench.strategies.base import COMPRESSIONS
+from commbench.tables import Column
 from commbench.workloads import make_workload
 
 PROG = "commbench.ps"

@@ -50,6 +50,7 @@ def _dist_version(name: str) -> str | None:
 
 
 def versions(backend_versions: dict[str, str]) -> dict[str, str | None]:
+    # numpy and torch: launch.sweep imports this module and must start without them
     import numpy
     import torch
 

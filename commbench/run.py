@@ -49,9 +49,9 @@ from commbench.cores import (
     runnable_before_job,
 )
 from commbench.job import set_torch_threads
-from commbench.report import Column, format_table, rank0_print
 from commbench.results import ResultWriter, default_output, job_header, link_info, versions
 from commbench.runner import step_record, summarize_steps
+from commbench.tables import Column, format_table, rank0_print
 from commbench.timing import StepSample, now
 
 

@@ -38,6 +38,7 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from commbench import metrics
 from commbench.config import (
@@ -55,15 +56,17 @@ from commbench.config import (
     positive_int,
 )
 from commbench.job import run_job
+from commbench.models import MODELS
 from commbench.paramserver import PSSettings, run_ps, summarize_updates
 from commbench.paramserver import check as check_ps
-from commbench.report import Column
 from commbench.results import run_fields
 from commbench.run import Output
 from commbench.runner import run_steps
 from commbench.strategies import StrategySettings, make_strategy
+from commbench.tables import Column
 from commbench.timing import StepTimer
 from commbench.workloads import make_workload
+from commbench.workloads.real import MIN_IMAGE_SIZE
 
 PROG = "commbench.staleness"
 MITIGATIONS = ("none", "lr", "warmup")
@@ -112,8 +115,6 @@ def _int_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from commbench.models import MODELS
-
     p = Parser(prog=f"python -m {PROG}", formatter_class=help_formatter,
                description="Train on scikit-learn's digits under bounded staleness s and a "
                            "parameter server; report time-to-accuracy, final accuracy and "
@@ -153,10 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_study(argv: list[str] | None = None) -> StudyConfig:
-    from pathlib import Path
-
-    from commbench.workloads.resnet import MIN_IMAGE_SIZE
-
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     d = vars(ns)
     cfg = StudyConfig(**{k: d[k] for k in StudyConfig.__dataclass_fields__ if k in d},

@@ -135,7 +135,7 @@ class _MpiSide:
                 self.send(dest, msg)
 
     def receive(self) -> list[tuple[int, tuple]]:
-        from mpi4py import MPI
+        from mpi4py import MPI  # importing mpi4py.MPI initialises MPI: not at import time
 
         got = []
         status = MPI.Status()
@@ -149,7 +149,7 @@ def _side_channel(comm: Any) -> _MpiSide | None:
     mpi_comm = getattr(comm, "mpi_world", None)
     if mpi_comm is None:
         return None
-    from mpi4py import MPI
+    from mpi4py import MPI  # importing mpi4py.MPI initialises MPI: not at import time
 
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         return None

@@ -47,6 +47,7 @@ from pathlib import Path
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from launch import commands, links, linktest
 from launch.commands import LAUNCHERS, NodeSet, NodeSlots
+from launch.execute import run
 
 STATE_DIR = Path(os.environ.get("COMMBENCH_CLUSTER_DIR", "/run/commbench-cluster"))
 DEFAULT_SUBNET = "10.213.57.0/24"  # private; nothing else on this machine uses it
@@ -521,8 +522,6 @@ def _cli(argv: list[str] | None = None) -> int:
 
 
 def _cli_run(a) -> int:
-    from launch.execute import run
-
     program = a.program[1:] if a.program[:1] == ["--"] else a.program
     if not program:
         raise ClusterError("run: give the program after --")

@@ -6,6 +6,7 @@ outlives a test or a sweep that gave up on it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -37,8 +38,6 @@ def _die_with_parent() -> None:
     """In the child: get SIGTERM if the launching process dies (Linux), so a killed
     sweep or test does not orphan its mpirun, which then ends its ranks."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

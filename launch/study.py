@@ -44,9 +44,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from commbench.config import Config
+from commbench.config import build_parser as allreduce_parser
 from commbench.cores import BUSY_LOAD_FRACTION
 from launch import commands, links
 from launch import sweep as sweeps
+from launch.cluster import (
+    ClusterError,
+    ClusterSpec,
+    check_machine,
+    launch_argv,
+    node_slots,
+    parse_rate,
+)
 
 CLAIMS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8")
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,10 +276,9 @@ def planned_records(job: Job, cluster: Cluster) -> list[dict]:
     ``analysis.match`` sees of each run. The convergence study writes no summaries."""
     if job.program != "commbench.allreduce":
         return []
-    from commbench.allreduce import runs_of
-    from commbench.config import Config, build_parser
+    from commbench.allreduce import runs_of  # imports torch: the launcher starts without it
 
-    ns = build_parser().parse_args(job.args)
+    ns = allreduce_parser().parse_args(job.args)
     cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
     local, left = [], job.ranks  # ranks fill the nodes in order
     for s in cluster.node_slots:
@@ -295,15 +304,11 @@ def planned_records(job: Job, cluster: Cluster) -> list[dict]:
 
 def _shaping(rate: str | None) -> str | None:
     """``link_shaping`` as ``launch.cluster.launch_argv`` gives it to the ranks."""
-    from launch.cluster import parse_rate
-
     r = parse_rate(rate)
     return None if r is None else links.shaping_text(r)
 
 
 def _gbps(rate: str | None) -> float | None:
-    from launch.cluster import parse_rate
-
     r = parse_rate(rate)
     return None if r is None else r * LINK_EFFICIENCY
 
@@ -311,7 +316,7 @@ def _gbps(rate: str | None) -> float | None:
 # -- how long ------------------------------------------------------------------------------
 
 def _params(model: str) -> int:
-    from commbench.models import parameter_shapes
+    from commbench.models import parameter_shapes  # imports torch: the launcher starts without it
 
     return sum(math.prod(s) for _, s in parameter_shapes(model, 10 if model == "smallcnn"
                                                          else 1000))
@@ -412,7 +417,6 @@ def make_cluster(a: argparse.Namespace) -> Cluster:
         slots = commands.NodeSet.parse(hosts).node_slots
         return Cluster(len(slots), slots[0] if len(set(slots)) == 1 else tuple(slots),
                        a.launcher, hosts)
-    from launch.cluster import ClusterError, node_slots
 
     listed = a.slots is not None and "," in a.slots
     try:  # default 2 nodes x 4 slots; a per-node list gives the nodes
@@ -450,8 +454,6 @@ def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
     if cluster.ranks < 2 and {"C2", "C3", "C4", "C7"} & set(claims):
         raise StudyError(f"the cluster has one rank ({where}): nothing to synchronise")
     if cluster.emulated:
-        from launch.cluster import ClusterError, parse_rate
-
         for r in scale.rates:
             try:
                 parse_rate(r)
@@ -495,7 +497,6 @@ def launch_command(point: dict, sweep: sweeps.Sweep, out: Path) -> list[str]:
     brings up for the point's link rate; nothing is made here)."""
     if "slots" not in point:
         return sweeps.launch_point(point, sweep, out, sweeps._Clusters())
-    from launch.cluster import ClusterSpec, launch_argv, parse_rate
 
     spec = ClusterSpec(nodes=point.get("nodes"), slots=point["slots"],
                        rate_gbps=parse_rate(point["rate"]), name=sweeps.CLUSTER_NAME)
@@ -532,8 +533,6 @@ def main(argv: list[str] | None = None) -> int:
              **({} if cluster.emulated else {"hosts": cluster.hosts})},
             {}, [j.point(cluster) for j in jobs])
         if not a.dry_run and cluster.emulated:
-            from launch.cluster import ClusterError, check_machine
-
             try:
                 check_machine()
             except ClusterError as e:

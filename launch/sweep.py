@@ -51,8 +51,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from commbench.config import MOVED_STRATEGIES
+from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from commbench.results import write_atomic
 from launch import commands
+from launch.cluster import (
+    ClusterError,
+    check_machine,
+    cluster,
+    launch_argv,
+    measure_link,
+    node_slots,
+    parse_rate,
+    parse_slots,
+)
 from launch.commands import LAUNCHERS
 from launch.execute import run
 
@@ -114,8 +125,6 @@ def _check_value(key: str, value, typ: type):
 def _check_slots(name: str, value) -> int | list[int]:
     """A point's slots: an int (every node, as before) or a per-node list of ints, from
     ``[3, 1]``, ``"3,1"`` or ``"3+1"``; ``name`` names the setting in errors."""
-    from launch.cluster import ClusterError, parse_slots
-
     text = value.replace("+", ",") if isinstance(value, str) else value
     try:
         per_node = parse_slots(text, name)
@@ -134,8 +143,6 @@ def _grid_value(name: str, key: str, value):
 
 def layout_of(point: dict, where: str = "grid") -> list[int] | None:
     """Slots per node of a point on an emulated cluster (None: no cluster)."""
-    from launch.cluster import ClusterError, node_slots
-
     if "slots" not in point:
         return None
     try:
@@ -204,8 +211,6 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
             raise SweepError(f"grid: {ranks} ranks is more than "
                              f"{commands.layout_text(layout)}")
         if "rate" in p:
-            from launch.cluster import ClusterError, parse_rate
-
             try:
                 parse_rate(p["rate"])
             except ClusterError as e:
@@ -219,7 +224,7 @@ def load_file(path: str) -> tuple[dict, dict]:
     p = Path(path)
     try:
         if p.suffix == ".toml":
-            import tomllib
+            import tomllib  # Python 3.11+ (3.9 supported): an ImportError is a SweepError
 
             data = tomllib.loads(p.read_text())
         else:
@@ -288,8 +293,6 @@ class _Clusters:
 
     def get(self, slots: list[int], rate: str | None):
         """The cluster with ``slots`` per node (a list, one per node) and links at ``rate``."""
-        from launch.cluster import cluster, measure_link
-
         key = (tuple(slots), rate)
         if key != self.key:
             self.close()
@@ -309,13 +312,9 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> l
     before the point runs (after its cluster's link test), and go to the ranks, so the
     records say how busy the machine was before this job loaded it (``commbench.cores``);
     read by rank 0 at start-up they would include the job's own start-up."""
-    from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
-
     prog = point_program(point, sweep, out)
     layout = layout_of(point)
     if layout is not None:
-        from launch.cluster import launch_argv
-
         spec, link = clusters.get(layout, point.get("rate"))
         np = point.get("ranks", spec.ranks)
         return launch_argv(spec, sweep.launcher, np, prog, link, load_average(),
@@ -421,8 +420,6 @@ def main(argv: list[str] | None = None) -> int:
             sweep_d["args"] = [*sweep_d.get("args", []), *extra]
         sweep = make_sweep(sweep_d, grid_d)
         if any("slots" in pt for pt in sweep.points()):
-            from launch.cluster import ClusterError, check_machine
-
             try:
                 check_machine()
             except ClusterError as e:

@@ -318,7 +318,7 @@ def test_report_has_figures_model_and_every_claim(results, tmp_path):
 
 
 def test_analysis_imports_no_mpi_horovod_or_torch():
-    code = ("import sys, analysis.plot, analysis.figures, analysis.model, analysis.report, "
+    code = ("import sys, analysis.plot, analysis.figures, analysis.costmodel, analysis.report, "
             "analysis.timeline, analysis.export, analysis.claims; "
             "bad = [m for m in ('mpi4py', 'horovod', 'torch', 'commbench.comm') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")

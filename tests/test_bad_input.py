@@ -37,7 +37,7 @@ def case(module: str, args: list[str], *names: str, ranks: int | None = None):
 
 
 A, MB, PS = "commbench.allreduce", "commbench.microbench", "commbench.ps"
-ANALYSIS = ("analysis.plot", "analysis.export", "analysis.model", "analysis.timeline",
+ANALYSIS = ("analysis.plot", "analysis.export", "analysis.costmodel", "analysis.timeline",
             "analysis.report")
 CLUSTER_RUN = ["run", "--name", "cbt"]  # the cluster tests' name; a bad line creates nothing
 STUDY = ["--quick", "-o", "{tmp}/s"]

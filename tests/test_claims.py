@@ -560,7 +560,7 @@ def test_every_schema_version_written_is_readable():
 
 @pytest.mark.parametrize("module,out", [("analysis.report", "rep"), ("analysis.plot", "plots"),
                                         ("analysis.export", "rows.csv"),
-                                        ("analysis.model", "model"),
+                                        ("analysis.costmodel", "model"),
                                         ("analysis.timeline", "trace.json")])
 def test_a_newer_schema_exits_2_naming_file_and_line_and_writes_nothing(module, out, tmp_path):
     newer = max(load.READABLE_SCHEMAS) + 1

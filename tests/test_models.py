@@ -73,7 +73,7 @@ def test_language_models_ignore_num_classes_and_images_stay_the_default():
 
 def test_gpt_tiny_trains_for_real_and_announces_the_tied_gradient_once():
     from commbench.timing import NullTimer
-    from commbench.workloads.resnet import ResNetWorkload
+    from commbench.workloads.real import ResNetWorkload
 
     wl = ResNetWorkload("gpt-tiny", rank=0, batch_size=8, lr=0.5)
     assert wl.inputs.shape == (8, 64) and wl.image_size is None
@@ -91,7 +91,7 @@ def test_gpt_tiny_trains_for_real_and_announces_the_tied_gradient_once():
 
 
 def test_gpt_tiny_refuses_an_image_data_set():
-    from commbench.workloads.resnet import ResNetWorkload
+    from commbench.workloads.real import ResNetWorkload
 
     with pytest.raises(ValueError, match="digits.*token ids"):
         ResNetWorkload("gpt-tiny", rank=0, dataset="digits")

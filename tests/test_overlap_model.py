@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from analysis import overlap, report
-from analysis.model import Params, predict
+from analysis import costmodel, overlap, report
+from analysis.costmodel import Params, predict
 
 MIB = 2**20
 
@@ -219,9 +219,8 @@ def test_the_fitted_beta_is_kept_only_where_fitted_at_the_runs_link_rate(tmp_pat
 
 
 def _pt(label: str, size: float, factor: float, nodes: int = 1):
-    from analysis import model
     t = predict(label, size, 4, FIT4, nodes, 4 // nodes)
-    return model.Point(label, label, size, 4, nodes, 4 // nodes, t * factor)
+    return costmodel.Point(label, label, size, 4, nodes, 4 // nodes, t * factor)
 
 
 FIT4 = Params(alpha_intra=5e-6, beta_intra=2e-10, alpha_inter=40e-6, beta_inter=8e-9,
@@ -229,12 +228,11 @@ FIT4 = Params(alpha_intra=5e-6, beta_intra=2e-10, alpha_inter=40e-6, beta_inter=
 
 
 def test_model_error_per_algorithm_counts_messages_of_1_mib_and_more():
-    from analysis import model
     # measured = predicted x 1.1 and x 0.8: errors 1/1.1 - 1 and 1/0.8 - 1 (0.0909, 0.25),
     # median 0.1705; the 512 KiB point (measured x 2) is below 1 MiB and left out
     pts = [_pt("ring", 2 * MIB, 1.1), _pt("ring", 4 * MIB, 0.8), _pt("ring", MIB / 2, 2.0),
            _pt("hier", 8 * MIB, 1.25, nodes=2)]
-    rows = model.error_by_algorithm(pts, FIT4)
+    rows = costmodel.error_by_algorithm(pts, FIT4)
     assert rows[0][:3] == ("hier", "inter", 1) and rows[0][3] == pytest.approx(0.2)
     assert rows[1][:3] == ("ring", "intra", 2)
     assert rows[1][3] == pytest.approx((1 - 1 / 1.1 + 0.25) / 2)
@@ -242,7 +240,7 @@ def test_model_error_per_algorithm_counts_messages_of_1_mib_and_more():
     text = "\n".join(report.model_error_lines(res))
     assert "| ring | intra | 2 | 17.0% | no |" in text
     assert "| hier | inter | 1 | 20.0% | no |" in text
-    near = model.error_by_algorithm([_pt("rd", 2 * MIB, 1.05)], FIT4)  # 1/1.05 - 1: 4.8 %
+    near = costmodel.error_by_algorithm([_pt("rd", 2 * MIB, 1.05)], FIT4)  # 1/1.05 - 1: 4.8 %
     text = "\n".join(report.model_error_lines(SimpleNamespace(held_points=[
         _pt("rd", 2 * MIB, 1.05)], params=FIT4)))
     assert near[0][3] == pytest.approx(1 - 1 / 1.05) and "| rd | intra | 1 | 4.8% | yes |" in text

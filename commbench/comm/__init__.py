@@ -11,21 +11,12 @@ import os
 from typing import Callable
 
 from commbench.comm.base import Communicator, Handle, Topology, topology_from_hostnames
+from commbench.comm.horovod import HorovodCommunicator
+from commbench.comm.mpi import MpiCommunicator
 
-
-def _mpi() -> Communicator:
-    from commbench.comm.mpi import MpiCommunicator
-
-    return MpiCommunicator()
-
-
-def _horovod() -> Communicator:
-    from commbench.comm.horovod import HorovodCommunicator
-
-    return HorovodCommunicator()
-
-
-BACKENDS: dict[str, Callable[[], Communicator]] = {"mpi": _mpi, "horovod": _horovod}
+#: each backend's constructor; mpi4py's MPI and horovod.torch load when one is built
+BACKENDS: dict[str, Callable[[], Communicator]] = {"mpi": MpiCommunicator,
+                                                   "horovod": HorovodCommunicator}
 
 
 def detect_backend(environ: dict[str, str] | None = None) -> str:

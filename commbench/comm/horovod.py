@@ -33,10 +33,12 @@ import os
 import sys
 from typing import Any
 
+import mpi4py
 import torch
 
 from commbench.comm import base
 from commbench.comm.base import Communicator, Group, Handle, Topology
+from commbench.comm.mpi import as_buffer, mpi_library_version, p2p_irecv, p2p_isend, p2p_recv_any
 
 
 def launched_by_mpi() -> bool:
@@ -46,7 +48,7 @@ def launched_by_mpi() -> bool:
 def horovod_reduces(dtype: torch.dtype) -> bool:
     """Whether the installed horovod.torch has a CPU all-reduce for ``dtype``."""
     try:
-        from horovod.torch import mpi_ops
+        from horovod.torch import mpi_ops  # horovod is optional (the [horovod] extra)
 
         lib = mpi_ops.mpi_lib
     except (ImportError, AttributeError):  # layout changed: assume only bfloat16 is missing
@@ -100,15 +102,11 @@ class _HorovodGroup(Group):
         self.supports_p2p = mpi_comm is not None
 
     def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
-        from commbench.comm.mpi import p2p_isend
-
         if self._mpi_comm is None:
             return super().isend(tensor, dest, tag)
         return p2p_isend(self._mpi_comm, tensor, dest, tag)
 
     def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
-        from commbench.comm.mpi import p2p_irecv
-
         if self._mpi_comm is None:
             return super().irecv(tensor, source, tag)
         return p2p_irecv(self._mpi_comm, tensor, source, tag)
@@ -155,11 +153,12 @@ class HorovodCommunicator(Communicator):
         self._mpi = None
         if launched_by_mpi():
             # Initialise MPI with MPI_THREAD_MULTIPLE (mpi4py's default) before
-            # Horovod so both share MPI_COMM_WORLD.
+            # Horovod so both share MPI_COMM_WORLD (here, not at import: importing
+            # mpi4py.MPI initialises MPI).
             from mpi4py import MPI
 
             self._mpi = MPI
-        import horovod.torch as hvd
+        import horovod.torch as hvd  # optional extra; loaded after MPI is initialised
 
         self.hvd = hvd
         hvd.init(process_sets="dynamic")  # two-level schemes add process sets later
@@ -255,33 +254,21 @@ class HorovodCommunicator(Communicator):
 
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
                  tag: int = 0) -> None:
-        from commbench.comm.mpi import as_buffer
-
         self._p2p().Sendrecv(as_buffer(send), dest, tag, as_buffer(recv), source, tag)
 
     def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
-        from commbench.comm.mpi import p2p_isend
-
         return p2p_isend(self._p2p(), tensor, dest, tag)
 
     def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
-        from commbench.comm.mpi import p2p_irecv
-
         return p2p_irecv(self._p2p(), tensor, source, tag)
 
     def send(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> None:
-        from commbench.comm.mpi import as_buffer
-
         self._p2p().Send(as_buffer(tensor), dest, tag)
 
     def recv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> None:
-        from commbench.comm.mpi import as_buffer
-
         self._p2p().Recv(as_buffer(tensor), source, tag)
 
     def recv_any(self, tensor: torch.Tensor, tag: int = 0) -> int:
-        from commbench.comm.mpi import p2p_recv_any
-
         return p2p_recv_any(self._mpi, self._p2p(), tensor, tag)
 
     def barrier(self) -> None:
@@ -320,14 +307,10 @@ class HorovodCommunicator(Communicator):
         self.hvd.shutdown()
 
     def versions(self) -> dict[str, str]:
-        import horovod
+        import horovod  # optional extra: the module imports without it
 
         out = {"horovod": horovod.__version__, "horovod_controller": self.controller}
         if self._mpi is not None:
-            import mpi4py
-
-            from commbench.comm.mpi import mpi_library_version
-
             out["mpi4py"] = mpi4py.__version__
             out["mpi_library"] = mpi_library_version(self._mpi)
         return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import mpi4py
 import numpy as np
 import torch
 
@@ -108,7 +109,7 @@ class MpiCommunicator(Communicator, Group):
                  owned: bool = False) -> None:
         """``comm``: an mpi4py communicator (default MPI_COMM_WORLD); ``topo``: its
         topology if known (else gathered); ``owned``: ``close`` frees ``comm``."""
-        from mpi4py import MPI
+        from mpi4py import MPI  # importing mpi4py.MPI initialises MPI: not at import time
 
         self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -224,8 +225,6 @@ class MpiCommunicator(Communicator, Group):
             self._owned = False
 
     def versions(self) -> dict[str, str]:
-        import mpi4py
-
         return {
             "mpi4py": mpi4py.__version__,
             "mpi_library": mpi_library_version(self._MPI),

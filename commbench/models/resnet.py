@@ -23,6 +23,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from commbench.models.factory import ModelError, call_factory, is_factory
+from commbench.models.gpt import gpt2_small, gpt_tiny
+from commbench.models.small import smallcnn
+
 
 def _conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(in_planes, out_planes, 3, stride=stride, padding=1, bias=False)
@@ -147,9 +151,6 @@ MODELS: dict[str, Callable[..., ResNet]] = {
 
 def _register_small() -> None:
     """Models that are not ResNets, registered beside them (one line each)."""
-    from commbench.models.gpt import gpt2_small, gpt_tiny
-    from commbench.models.small import smallcnn
-
     MODELS["smallcnn"] = smallcnn  # digits convergence studies on CPU
     MODELS["gpt2-small"] = gpt2_small  # 124 M parameters, tied embedding (replay)
     MODELS["gpt-tiny"] = gpt_tiny  # trains for real on a CPU
@@ -167,8 +168,6 @@ def build_model(name: str, num_classes: int = 1000, device: str | torch.device =
     a factory, ``package.module:callable`` (called with ``kwargs`` only:
     ``commbench.models.factory``).
     """
-    from commbench.models.factory import ModelError, call_factory, is_factory
-
     if is_factory(name):
         return call_factory(name, dict(kwargs or {}), device)
     if name not in MODELS:

@@ -17,13 +17,13 @@ import torch
 
 from commbench.comm.base import Communicator
 from commbench.strategies.algos import ALGOS, get_algo
+from commbench.strategies.asynchronous import AsyncStrategy
 from commbench.strategies.base import Strategy
 from commbench.strategies.bucketed import BucketedStrategy
 from commbench.strategies.flat import FlatStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
 from commbench.strategies.peers import DDPStrategy, HorovodStrategy
 from commbench.strategies.settings import StrategySettings
-from commbench.strategies.stale import AsyncStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "flat": FlatStrategy,
@@ -31,7 +31,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "hierarchical": HierarchicalStrategy,
     "horovod": HorovodStrategy,  # hvd.DistributedOptimizer on the workload's model
     "ddp": DDPStrategy,  # torch DistributedDataParallel on Gloo
-    "async": AsyncStrategy,  # bounded staleness s (module stale: async is a keyword)
+    "async": AsyncStrategy,  # bounded staleness s (module asynchronous: async is a keyword)
 }
 
 

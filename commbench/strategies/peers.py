@@ -51,6 +51,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
@@ -92,7 +94,7 @@ class HorovodStrategy(Strategy):
                          workload=workload)
         compression, accum_steps = self.compression, self.settings.accum_steps
         self.check(comm, "native")
-        import horovod.torch as hvd
+        import horovod.torch as hvd  # optional extra: only --strategy horovod needs it
 
         codecs = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
         if compression not in codecs:
@@ -145,8 +147,6 @@ class HorovodStrategy(Strategy):
 
 def _gloo_group(comm: Communicator):
     """The default torch.distributed group on Gloo, rendezvous at rank 0 (made once)."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return dist.group.WORLD
     where = None
@@ -176,9 +176,6 @@ class DDPStrategy(Strategy):
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
         bucket_mb, broadcast_buffers = self.settings.bucket_mb, self.settings.broadcast_buffers
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel
-
         self._dist = dist
         self.group = _gloo_group(comm)
         self.bucket_mb = float(bucket_mb)

@@ -6,9 +6,9 @@ import sys
 from typing import Callable
 
 from commbench.config import WorkloadSpec
-from commbench.report import rank0_print
+from commbench.tables import rank0_print
 from commbench.workloads.base import Workload
-from commbench.workloads.resnet import ResNetWorkload
+from commbench.workloads.real import ResNetWorkload
 from commbench.workloads.synthetic import SyntheticWorkload
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
@@ -31,7 +31,7 @@ def make_workload(cfg: WorkloadSpec, rank: int, world_size: int = 1,
     else:
         profile = None
         if cfg.compute_profile:
-            from commbench.profile import load
+            from commbench.profile import load  # cycle: profile imports workloads.real
 
             profile = load(cfg.compute_profile, cfg.model, cfg.num_classes, cfg.model_kwargs)
         wl = SyntheticWorkload(cfg.model, cfg.compute_ms, rank, seed=cfg.seed,

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from commbench.models import build_model
+from commbench.models.factory import ModelError
+
 LOSS_RULES = ("module.loss", "cross-entropy", "token cross-entropy", "mean square")
 
 
@@ -150,9 +153,6 @@ def probe_spec(model: str, kwargs: dict, num_classes: int, batch_size: int,
     (the model rejects the inputs) and the cause; cheap, so every rank checks before
     any collective.
     """
-    from commbench.models import build_model
-    from commbench.models.factory import ModelError
-
     try:
         return probe_model(build_model(model, num_classes, "meta", kwargs), batch_size,
                            input_shape, vocab)

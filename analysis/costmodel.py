@@ -1,7 +1,7 @@
 """The alpha-beta-gamma cost model of all-reduce: fitted here, used to look past this machine.
 
-    python -m analysis.model results/ -o model/        # fit, check, extrapolate; prints tables
-    python -m analysis.model results/ --native-is rd=results/mb-rd.jsonl
+    python -m analysis.costmodel results/ -o model/        # fit, check, extrapolate; prints tables
+    python -m analysis.costmodel results/ --native-is rd=results/mb-rd.jsonl
 
 Per link level (``intra``: ranks on one host; ``inter``: between hosts) a
 message of ``m`` bytes costs ``alpha + m * beta``; reducing ``m`` bytes costs
@@ -50,6 +50,7 @@ throughput); ``--compute-ms``, ``--grad-bytes``, ``--local-size`` and
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections import defaultdict
@@ -59,9 +60,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from analysis.cli import UsageError, entry, output_dir, parser, warn
-from analysis.load import get, load, num
+from analysis.load import get, load, num, result_files
 
-PROG = "analysis.model"
+PROG = "analysis.costmodel"
 
 # unknowns of the model, in this order in every coefficient vector
 PARAMS = ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
@@ -465,6 +466,7 @@ EXTRAP_RATES = (25.0, 100.0, 400.0)
 def extrapolation_figure(sc: Scenario, rates: Sequence[float] = EXTRAP_RATES,
                          ranks: Sequence[int] = EXTRAP_RANKS, claim: float | None = 0.35):
     """Predicted sync share vs ranks, one line per (link speed, flat ring / hierarchical)."""
+    # matplotlib (~0.5 s): only when drawing; claims and overlap import this module
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -492,7 +494,7 @@ def extrapolation_figure(sc: Scenario, rates: Sequence[float] = EXTRAP_RATES,
 def fit_figure(pts: Sequence[Point], fit_pts: Sequence[Point], params: Params):
     """Measured all-reduce time vs size (markers; filled = fitted on) with the model's lines,
     one panel per rank count and node count."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # only when drawing (see extrapolation_figure)
 
     panels: dict[tuple, dict[tuple, list[Point]]] = defaultdict(lambda: defaultdict(list))
     for pt in pts:
@@ -566,7 +568,7 @@ def analyse(records: Sequence[dict], native_is: dict[str, str] | None = None,
             held += h
     params = fit(fit_pts)
     if scenario is None:  # the one device scenario of predictions at scale
-        from analysis.overlap import default_scenario
+        from analysis.overlap import default_scenario  # cycle: overlap imports this module
         scenario = default_scenario()
     return ModelResult(params, fit_pts, held, pts, errors(held, params), scenario)
 
@@ -629,7 +631,6 @@ def parse_native_is(items: Sequence[str]) -> dict[str, str]:
         if algo not in FLAT_ALGOS or not path:
             raise UsageError(f"--native-is {item!r}: expected ALGO=PATH with ALGO one of "
                              f"{', '.join(FLAT_ALGOS)}")
-        from analysis.load import result_files
         for f in result_files([path]):
             out[str(f)] = algo
     return out
@@ -653,7 +654,7 @@ def cli_scenario(device: str = "h200", compute_ms: float | None = None,
                  grad_bytes: float | None = None, local_size: int | None = None,
                  alpha_inter_us: float | None = None) -> Scenario:
     """The command line's scenario: ``device``'s, with the values given replacing its own."""
-    from analysis import overlap
+    from analysis import overlap  # cycle: overlap imports this module
 
     if device not in DEVICES:
         raise UsageError(f"--device {device!r}: choose from {', '.join(DEVICES)}")
@@ -730,9 +731,8 @@ def body(argv: list[str]) -> int:
         raise UsageError(str(e)) from None
     print("\n".join(report_lines(res, rates)))
     if out is not None:
-        import json
+        from analysis.figures import save  # imports matplotlib: only when drawing (see above)
 
-        from analysis.figures import save
         output_dir(out)
         save(fit_figure(res.points, res.fit_points, res.params), out / "model_fit")
         save(extrapolation_figure(sc, rates), out / "model_extrapolation")

@@ -28,6 +28,7 @@ import torch
 from commbench.models import build_model, input_kind
 from commbench.models.factory import is_factory
 from commbench.workloads.base import Workload
+from commbench.workloads.data import digits
 from commbench.workloads.objective import (
     first_tensor,
     loss_of,
@@ -77,8 +78,6 @@ class ResNetWorkload(Workload):
         elif dataset == "synthetic":
             self.inputs = make_inputs(batch_size, self.input_shape, vocab, gen, self.device)
         else:
-            from commbench.workloads.data import digits
-
             tx, ty, vx, vy = digits(image_size, seed)
             self._train = (tx[rank::world_size], ty[rank::world_size])  # this rank's shard
             self.test = (vx.to(self.device), vy.to(self.device))

@@ -67,13 +67,14 @@ Example::
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from commbench import metrics
 from commbench.comm.base import Communicator
 from commbench.comm.engine import TRANSFER_PATHS, Transfer, TransferEngine
 from commbench.flatbuf import FlatBuffer
@@ -291,10 +292,6 @@ def merge_step_log(rec: dict, logs: Sequence[list[dict]], k: int) -> None:
 def summarize_step_log(steps: Sequence[dict]) -> dict:
     """Over the measured steps: how often each staleness was applied (``None``: no update)
     and the time blocked on the all-reduce from s steps ago."""
-    from collections import Counter
-
-    from commbench import metrics
-
     measured = [s for s in steps if not s["warmup"]]
     hist = Counter("none" if s["staleness"] is None else str(s["staleness"]) for s in measured)
     waits = [s["apply_wait_s"] for s in measured]
