@@ -13,7 +13,7 @@ run: setup
 
 test:
 	./scripts/setup.sh --with-test-deps
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=30
 
 docker-image: setup
 	docker/build.sh --local-base
