@@ -177,8 +177,7 @@ def _case_dir(factory, i: int) -> Path:
 def plain_runs(request, tmp_path_factory) -> dict:
     """Every selected plain-process case run as its own process, 3 at a time (start-up is
     mostly importing torch), in its own directory; keyed by (module, args)."""
-    def one(i: int, module: str, args: list[str]):
-        d = _case_dir(tmp_path_factory, i)
+    def one(i: int, module: str, args: list[str], d: Path):
         res = subprocess.run([PY, "-m", module, *_argv(module, args, d)], capture_output=True,
                              text=True, cwd=str(d), env={**os.environ, "PYTHONPATH": str(ROOT)},
                              timeout=120)
@@ -187,8 +186,11 @@ def plain_runs(request, tmp_path_factory) -> dict:
     selected = [item.callspec.params for item in request.session.items
                 if item.originalname == "test_bad_input_exits_2_with_one_line_naming_the_cause"]
     cases = [(c["module"], c["args"]) for c in selected if c["ranks"] is None]
+    # the directories first, on this thread: pytest's temporary base directory is not
+    # made safely by three threads at once (a session starting with this file failed so)
+    dirs = [_case_dir(tmp_path_factory, i) for i in range(len(cases))]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(lambda ic: one(ic[0], *ic[1]), enumerate(cases)))
+        return dict(pool.map(lambda ic: one(ic[0], *ic[1], dirs[ic[0]]), enumerate(cases)))
 
 
 def test_every_case_is_listed_once():
