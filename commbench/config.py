@@ -606,3 +606,30 @@ def check_model(spec: WorkloadSpec) -> None:
         raise ConfigError(str(e)) from None
     except ValueError as e:  # a registered model given keyword arguments it rejects
         raise ConfigError(f"--model {spec.model}: {e}") from None
+
+
+# nccl-tests' size suffixes: binary multiples (1K = 1024 bytes)
+_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``8``, ``64K``, ``256M`` or ``1G`` (K/M/G = 2**10/20/30, any case)."""
+    s = text.strip()
+    mult = _SUFFIXES.get(s[-1:].upper(), 1)
+    digits = s[:-1] if mult > 1 else s
+    if not digits.isdigit():  # refuses "", "-8", "1.5K", "8B", "1T"
+        raise argparse.ArgumentTypeError(
+            f"expected a byte count such as 8, 64K, 256M or 1G, got {text!r}")
+    value = int(digits) * mult
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def message_sizes(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
+    """``minbytes``, times ``stepfactor`` each step, while not above ``maxbytes``."""
+    sizes, size = [], minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size *= stepfactor
+    return sizes

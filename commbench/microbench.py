@@ -52,7 +52,9 @@ from commbench.config import (
     check_writable,
     csv_list,
     help_formatter,
+    message_sizes,
     nonneg_int,
+    parse_size,
     positive_int,
 )
 from commbench.job import run_job
@@ -70,25 +72,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 
-# nccl-tests' size suffixes: binary multiples (1K = 1024 bytes)
-_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
 # -- flags ---------------------------------------------------------------------
-
-def parse_size(text: str) -> int:
-    """Bytes from ``8``, ``64K``, ``256M`` or ``1G`` (K/M/G = 2**10/20/30, any case)."""
-    s = text.strip()
-    mult = _SUFFIXES.get(s[-1:].upper(), 1)
-    digits = s[:-1] if mult > 1 else s
-    if not digits.isdigit():  # refuses "", "-8", "1.5K", "8B", "1T"
-        raise argparse.ArgumentTypeError(
-            f"expected a byte count such as 8, 64K, 256M or 1G, got {text!r}")
-    value = int(digits) * mult
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
 
 def _stepfactor(text: str) -> int:
     v = positive_int(text)
@@ -101,15 +85,6 @@ def _dtypes(text: str) -> list[str]:
     if text.strip() == "all":  # nccl-tests' -d all
         return list(DTYPES)
     return csv_list(tuple(DTYPES), "-d/--datatype")(text)
-
-
-def message_sizes(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
-    """``minbytes``, times ``stepfactor`` each step, while not above ``maxbytes``."""
-    sizes, size = [], minbytes
-    while size <= maxbytes:
-        sizes.append(size)
-        size *= stepfactor
-    return sizes
 
 
 @dataclass

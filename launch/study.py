@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from commbench.config import Config
+from commbench.config import Config, message_sizes, parse_size
 from commbench.config import build_parser as allreduce_parser
 from commbench.cores import BUSY_LOAD_FRACTION
 from launch import commands, links
@@ -339,11 +339,17 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
         step = 32 * REAL_S_PER_SAMPLE * share
         return STARTUP_S + runs * int(_flag(a, "--steps", "200")) * step * 1.2  # + evaluations
     if job.program == "commbench.microbench":  # every size, each algorithm: ~ its link time
-        top = 64 << 20
-        moved = sum(top >> (2 * i) for i in range(6)) * 2 * len(_flag(a, "--algo").split(","))
-        gbps = (_gbps(job.rate) if cluster.emulated else ASSUMED_GBPS) or ASSUMED_GBPS
-        iters = int(_flag(a, "-n")) + int(_flag(a, "-w"))
-        return STARTUP_S + iters * moved * 8 / (gbps * 1e9)
+        sizes = message_sizes(parse_size(_flag(a, "-b", "8")), parse_size(_flag(a, "-e", "32M")),
+                              int(_flag(a, "-f", "2")))
+        p = job.ranks
+        moved = 2 * (p - 1) / p * sum(sizes) * len(_flag(a, "--algo", "native").split(","))
+        if p <= cluster.node_slots[0]:  # one node: shared memory
+            per_iter = moved / SHM_BYTES_S
+        else:
+            gbps = (_gbps(job.rate) if cluster.emulated else ASSUMED_GBPS) or ASSUMED_GBPS
+            per_iter = moved * 8 / (gbps * LINK_EFFICIENCY * 1e9)
+        iters = int(_flag(a, "-n", "20")) + int(_flag(a, "-w", "5"))
+        return STARTUP_S + iters * per_iter
     model = _flag(a, "--model")
     params = _params(model)
     batch, k = int(_flag(a, "--batch-size", "32")), int(_flag(a, "--accum-steps", "1"))

@@ -3,6 +3,7 @@ exits 2 before any job, a second run resumes, and a tiny study runs end to end."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -14,7 +15,17 @@ import pytest
 from analysis import match
 from analysis.load import get, knob, num
 from launch.cluster import parse_rate
-from launch.study import FULL, QUICK, Cluster, Scale, default_ranks, plan, planned_records
+from launch.study import (
+    FULL,
+    QUICK,
+    STARTUP_S,
+    Cluster,
+    Scale,
+    default_ranks,
+    estimate,
+    plan,
+    planned_records,
+)
 from tests.conftest import PY, ROOT, read_jsonl
 
 EMULATED = Cluster(nodes=2, slots=4)
@@ -120,6 +131,17 @@ def test_quick_study_is_estimated_within_its_budget():
     quick = sum(j.estimate_s for j in plan(QUICK, EMULATED))
     full = sum(j.estimate_s for j in plan(FULL, EMULATED))
     assert 0 < quick <= 20 * 60 < full
+
+
+def test_microbench_estimate_reads_its_own_sizes_and_where_it_runs():
+    jobs = {j.name: j for j in plan(QUICK, EMULATED) if j.program == "commbench.microbench"}
+    local, both = jobs["microbench-np4"], jobs["microbench-np8"]
+    assert estimate(local, QUICK, EMULATED) < estimate(both, QUICK, EMULATED)  # shm vs link
+    bigger = dataclasses.replace(both, args=[("256M" if a == "64M" else a) for a in both.args])
+    more = dataclasses.replace(both, args=[("3" if a == "2" else a) for a in both.args])
+    base = estimate(both, QUICK, EMULATED) - STARTUP_S
+    assert estimate(bigger, QUICK, EMULATED) - STARTUP_S > 3 * base  # a 4x larger top size
+    assert estimate(more, QUICK, EMULATED) - STARTUP_S > base  # one more warm-up call
 
 
 def test_dry_run_lists_every_job_and_runs_nothing(tmp_path):
