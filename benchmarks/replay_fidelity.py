@@ -49,13 +49,14 @@ def jobs_of(model: str, batch: int, steps: int, warmup: int, threads: int,
               "--quiet"]
     py = [sys.executable, "-m"]
     return [
-        (f"{model} #{rep}: profile", [*py, "commbench.profile", "--model", model, "--batch-size",
-                               str(batch), "--iters", str(steps), "--warmup", str(warmup),
-                               "--threads", str(threads), "-o", str(prof)]),
-        (f"{model} #{rep}: real", [*py, "commbench.allreduce", "--workload", "resnet", *common,
-                            "--output", str(real)]),
-        (f"{model} #{rep}: replay", [*py, "commbench.allreduce", "--compute-profile", str(prof),
-                              "--compute-scale", "1", *common, "--output", str(replay)]),
+        (f"{model} #{rep}: profile",
+         [*py, "commbench.profile", "--model", model, "--batch-size", str(batch), "--iters",
+          str(steps), "--warmup", str(warmup), "--threads", str(threads), "-o", str(prof)]),
+        (f"{model} #{rep}: real",
+         [*py, "commbench.allreduce", "--workload", "resnet", *common, "--output", str(real)]),
+        (f"{model} #{rep}: replay",
+         [*py, "commbench.allreduce", "--compute-profile", str(prof), "--compute-scale", "1",
+          *common, "--output", str(replay)]),
     ]
 
 

@@ -201,14 +201,14 @@ def trace_lines(summaries: list[dict]) -> list[str]:
     """The table's footer on ``--trace torch``: what the traced steps cost, per run."""
     lines = []
     for s in summaries:
+        run = f"{s['strategy']}/{s['algo'] or '-'}"
         if s.get("trace_overhead") is not None:
-            lines.append(f"{s['strategy']}/{s['algo'] or '-'}: {s['traced_steps']} traced steps "
-                         f"(not in the medians) took {s['traced_step_s'] * 1e3:.1f} ms, "
-                         f"{s['trace_overhead']:+.1%} against the untraced median")
+            lines.append(f"{run}: {s['traced_steps']} traced steps (not in the medians) took "
+                         f"{s['traced_step_s'] * 1e3:.1f} ms, {s['trace_overhead']:+.1%} "
+                         "against the untraced median")
         elif s.get("traced_steps"):
-            lines.append(f"{s['strategy']}/{s['algo'] or '-'}: every measured step traced; its "
-                         "medians include the profiler's cost (--steps above --trace-steps "
-                         "measures it)")
+            lines.append(f"{run}: every measured step traced; its medians include the "
+                         "profiler's cost (--steps above --trace-steps measures it)")
     return lines
 
 

@@ -218,7 +218,7 @@ class Run:
         if wall_clock:
             # the traced window (--trace torch) is the first measured steps: the wall
             # clock starts after it when untraced steps follow, as the medians do
-            skip = out["traced_steps"] if "trace_overhead" in out else 0
+            skip = out["traced_steps"] if "traced_step_s" in out else 0
             wall_s = self._marks[-1] - self._marks[out["warmup_steps"] + skip]
             out["wall_s"] = wall_s
             out["wall_throughput"] = metrics.throughput(

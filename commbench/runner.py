@@ -255,11 +255,8 @@ def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:
     out: dict = {"measured_steps": len(measured), "warmup_steps": len(steps) - len(measured),
                  "traced_steps": len(traced)}
     if traced and len(traced) < len(measured):
-        traced_step = metrics.percentile([s["step_s"] for s in traced], 50)
+        out["traced_step_s"] = metrics.percentile([s["step_s"] for s in traced], 50)
         measured = [s for s in measured if not s.get("traced")]
-        plain_step = metrics.percentile([s["step_s"] for s in measured], 50)
-        out["traced_step_s"] = traced_step
-        out["trace_overhead"] = traced_step / plain_step - 1 if plain_step > 0 else None
     stats = {}
     for f in SUMMARY_FIELDS:
         if f == "throughput":
@@ -268,6 +265,9 @@ def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:
             vals = [s[f] for s in measured if s.get(f) is not None]
         stats[f] = metrics.summarize(vals)
         out[f] = stats[f]["median"]
+    if "traced_step_s" in out:
+        out["trace_overhead"] = (out["traced_step_s"] / out["step_s"] - 1
+                                 if out["step_s"] > 0 else None)
     names = list(dict.fromkeys(k for s in measured for k in s.get("comm_phases_s") or {}))
     if names:  # medians of each phase of the all-reduce (critical-path rank's)
         stats["comm_phases_s"] = {k: metrics.summarize(

@@ -326,6 +326,17 @@ def _flag(args: Sequence[str], flag: str, default: str | None = None) -> str | N
     return args[args.index(flag) + 1] if flag in args else default
 
 
+def _ring_s(job: Job, cluster: Cluster, nbytes: float) -> float:
+    """Seconds a ring all-reduce of ``nbytes`` takes on ``job``'s ranks: the bytes each
+    rank sends through shared memory (all on the first node) or the link."""
+    p = job.ranks
+    moved = 2 * (p - 1) / p * nbytes
+    if p <= cluster.node_slots[0]:  # all on the first node
+        return moved / SHM_BYTES_S
+    gbps = _gbps(job.rate) if cluster.emulated else ASSUMED_GBPS
+    return moved * 8 / ((gbps or ASSUMED_GBPS) * 1e9)
+
+
 def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
     """Seconds ``job`` should take here: start-up, then per run (warm-up + steps +
     validation) compute + the all-reduce's bytes through the link (or shared memory).
@@ -341,13 +352,7 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
     if job.program == "commbench.microbench":  # every size, each algorithm: ~ its link time
         sizes = message_sizes(parse_size(_flag(a, "-b", "8")), parse_size(_flag(a, "-e", "32M")),
                               int(_flag(a, "-f", "2")))
-        p = job.ranks
-        moved = 2 * (p - 1) / p * sum(sizes) * len(_flag(a, "--algo", "native").split(","))
-        if p <= cluster.node_slots[0]:  # one node: shared memory
-            per_iter = moved / SHM_BYTES_S
-        else:
-            gbps = (_gbps(job.rate) if cluster.emulated else ASSUMED_GBPS) or ASSUMED_GBPS
-            per_iter = moved * 8 / (gbps * LINK_EFFICIENCY * 1e9)
+        per_iter = _ring_s(job, cluster, sum(sizes)) * len(_flag(a, "--algo", "native").split(","))
         iters = int(_flag(a, "-n", "20")) + int(_flag(a, "-w", "5"))
         return STARTUP_S + iters * per_iter
     model = _flag(a, "--model")
@@ -362,13 +367,7 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
         compute += params * HOST_S_PER_PARAM * share
         slow = _flag(a, "--slow-rank")
         compute *= float(slow.split(":")[1]) if slow else 1.0
-    p = job.ranks
-    moved = 2 * (p - 1) / p * params * 4  # bytes each rank sends in a ring all-reduce
-    if p <= cluster.node_slots[0]:  # all on the first node
-        comm = moved / SHM_BYTES_S
-    else:
-        gbps = _gbps(job.rate) if cluster.emulated else ASSUMED_GBPS
-        comm = moved * 8 / ((gbps or ASSUMED_GBPS) * 1e9)
+    comm = _ring_s(job, cluster, params * 4)
     runs = len(_flag(a, "--algo", "native").split(",")) if _flag(a, "--strategy") == "flat" \
         else 1
     steps = int(_flag(a, "--steps", "20")) + int(_flag(a, "--warmup", "3")) + 1
