@@ -65,3 +65,30 @@ def test_each_strategy_says_which_buffer_rule_it_follows():
     assert [n for n, cls in STRATEGIES.items() if cls.own_buffer_rule] == ["horovod"]
     with pytest.raises(ValueError, match="--buffers must be one of"):
         STRATEGIES["flat"].buffer_rule("everything")
+
+
+
+def test_ddp_close_waits_until_no_callback_is_held_elsewhere():
+    """Gloo's thread drops a bucket's Python callback after the rank's wait returned;
+    one it drops while the interpreter shuts down aborts the process, so ``close``
+    waits for every callback ``_reduce`` handed out to be released."""
+    import threading
+    import time
+    import weakref
+
+    from commbench.strategies.peers import DDPStrategy
+
+    s = DDPStrategy.__new__(DDPStrategy)  # only close's bookkeeping, no process group
+    s._callbacks = weakref.WeakSet()
+    held = [lambda f: f]
+    s._callbacks.add(held[0])
+    released = []
+
+    def release() -> None:
+        time.sleep(0.2)
+        released.append(time.perf_counter())
+        held.clear()  # the last strong reference, as Gloo's thread drops its own
+
+    threading.Thread(target=release).start()
+    s.close()
+    assert released and time.perf_counter() >= released[0] and not len(s._callbacks)

@@ -47,6 +47,8 @@ import contextlib
 import inspect
 import os
 import socket
+import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -198,6 +200,7 @@ class DDPStrategy(Strategy):
         self._buckets = self._step_buckets = 0
         self._bucket_starts: list[float] = []
         self._early = 0
+        self._callbacks: weakref.WeakSet = weakref.WeakSet()
 
     def begin_step(self, timer) -> None:
         super().begin_step(timer)
@@ -224,6 +227,7 @@ class DDPStrategy(Strategy):
                 buf.copy_(out)
             return buf
 
+        self._callbacks.add(done)  # gone once Gloo's thread has let go of it (``close``)
         return fut.then(done)
 
     def _hook(self, _state, bucket):  # DDP rejects a return annotation that is a string
@@ -247,6 +251,19 @@ class DDPStrategy(Strategy):
         fb.pack(self.grads)
         self._reduce(fb.flat).wait()
         fb.unpack(self.grads)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Wait until Gloo's threads have dropped every completion callback.
+
+        A Gloo thread runs a bucket's callback (``_reduce``) and releases it after the
+        rank's wait has already returned; releasing a Python function takes the GIL,
+        and a thread that asks for it while the interpreter is shutting down is ended by
+        ``pthread_exit``, which aborts the process from inside Gloo's C++ ("terminate
+        called without an active exception", seen in CI on a run's last rank to exit).
+        """
+        deadline = now() + timeout_s
+        while len(self._callbacks) and now() < deadline:
+            time.sleep(0.001)
 
     def knobs(self) -> dict:
         return {**super().knobs(), "bucket_cap_mb": self.bucket_mb,
