@@ -91,6 +91,9 @@ class Group(abc.ABC):
     size: int
     #: whether ``isend``/``irecv`` work within the group (the project's ring needs them)
     supports_p2p: bool = False
+    #: whether ``ireduce_scatter_v`` and the other ``i`` collectives return before the
+    #: transfer is done (by default they run it to the end)
+    nonblocking_collectives: bool = False
 
     @abc.abstractmethod
     def allreduce(self, tensor: torch.Tensor) -> None:
@@ -120,6 +123,40 @@ class Group(abc.ABC):
     @abc.abstractmethod
     def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
         """Copy group rank ``root``'s ``tensor`` to every rank of the group."""
+
+    def ireduce_scatter_v(self, tensor: torch.Tensor,
+                          counts: list[int]) -> tuple[torch.Tensor, Handle]:
+        """Start ``reduce_scatter_v``: this rank's part (filled once the handle is done) and
+        the handle; a backend without a non-blocking one runs it to the end."""
+        return self.reduce_scatter_v(tensor, counts), DONE
+
+    def iallgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> Handle:
+        """Start ``allgather_v``; a backend without a non-blocking one runs it to the end."""
+        self.allgather_v(part, counts, out)
+        return DONE
+
+    def ireduce(self, tensor: torch.Tensor, root: int = 0) -> Handle:
+        """Start ``reduce``; a backend without a non-blocking one runs it to the end."""
+        self.reduce(tensor, root)
+        return DONE
+
+    def ibcast(self, tensor: torch.Tensor, root: int = 0) -> Handle:
+        """Start ``bcast``; a backend without a non-blocking one runs it to the end."""
+        self.bcast(tensor, root)
+        return DONE
+
+
+class _Done(Handle):
+    """An operation that completed when it was started."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+
+DONE = _Done()
 
 
 def _topology_field(name: str) -> property:

@@ -33,7 +33,7 @@ The calling thread runs every segment's intra-node reduce-scatter (or
 reduce), handing each to an inter-node thread as it is done, then every
 segment's all-gather (or broadcast) as the inter-node thread finishes it;
 that thread runs the ring on the cross groups (how it waits for a message:
-``INTER_WAIT``, which says why it differs between the variants). The two
+``_OneAtATime``: one thread in the library at a time). The two
 threads use different communicators (the node's group, the cross groups),
 and every rank issues its node's collectives in the same fixed order (all
 first phases, then all last phases), so matching never depends on timing.
@@ -59,28 +59,71 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 import torch
 
 from commbench.comm.base import Communicator, Group, Handle
 from commbench.comm.phases import PhaseHook, Phases
-from commbench.comm.ring import WAITS, chunk_bounds, ring_allreduce
+from commbench.comm.ring import POLL_S, chunk_bounds, ring_allreduce
 
 # 8 MiB: 8 segments for 64 MiB, so filling and draining the pipeline costs about
 # 1/8 of the intra-node phases; each local rank's share of a segment still goes
 # across in 1 MiB ring segments. Tunable through COMMBENCH_HIER_SEGMENT_BYTES.
 SEGMENT_BYTES = int(os.environ.get("COMMBENCH_HIER_SEGMENT_BYTES", 8 << 20))
-#: how each variant's inter-node thread waits for a ring message (``ring.WAITS``;
-#: COMMBENCH_HIER_INTER_WAIT overrides both). ``hier``: block. All local ranks run a
-#: cross-node thread while their calling thread sits in the node's blocking collective;
-#: Open MPI (MPI_THREAD_MULTIPLE) then lets that collective progress only when the other
-#: thread calls into MPI, so a thread that polls between sleeps starved it: 16.4 s
-#: instead of 0.9 s on 2 emulated nodes x 4 ranks, 1 Gbit/s, 64 MiB. ``hier-leader``:
-#: poll. Only the node's leader has the thread, and spinning it cost the node's cores:
-#: 632 ms polling, 746 ms blocking, same layout.
-INTER_WAIT = {name: WAITS[os.environ.get("COMMBENCH_HIER_INTER_WAIT", default)]
-              for name, default in (("hier", "block"), ("hier-leader", "poll"))}
+T = TypeVar("T")
+class _OneAtATime:
+    """Lets one of the pipeline's two threads into the communication library at a time.
+
+    With both inside Open MPI 4.1 at once (``MPI_THREAD_MULTIPLE``: the calling thread
+    in the node's blocking reduce, the cross-node thread testing the ring's messages),
+    a node leader aborted in CI with heap corruption ("double free or corruption")
+    freeing the pipelined ``MPI_Reduce``'s scratch buffer, in a few percent of runs;
+    never reproduced on demand (0 of ~90 runs), so it is avoided rather than explained.
+    Every call of either thread goes through this lock, and neither blocks inside the
+    library: the intra-node phases are non-blocking collectives and both threads test
+    their handles between sleeps of ``ring.POLL_S``. Locked out of a blocking
+    collective, the cross-node thread could not post the ring's next messages (leader
+    variant 947 ms against 724 ms on 2 emulated nodes x 4 ranks, 1 Gbit/s, 64 MiB);
+    polled, both variants ran at least as fast as before (hier 591 ms against 705,
+    leader 685 against 724; 1 run of 7 iterations each).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def call(self, fn: Callable[..., T], *args) -> T:
+        with self.lock:
+            return fn(*args)
+
+    def start(self, group: Group, name: str, *args) -> Any:
+        """``group``'s non-blocking collective ``name`` started under the lock; a group
+        without them (Horovod process sets, Gloo) runs it to the end, outside the lock
+        (its library's own thread moves the bytes, not this one)."""
+        fn = getattr(group, name)
+        return self.call(fn, *args) if group.nonblocking_collectives else fn(*args)
+
+    def wait(self, h: Handle) -> None:
+        """The ring's ``poll``, each test taken under the lock."""
+        while not self.call(h.test):
+            time.sleep(POLL_S)
+
+    def group(self, group: Group) -> Group:
+        return _SerializedGroup(group, self)
+
+
+class _SerializedGroup:
+    """The ring's view of a group (size, rank, isend, irecv), each call under the lock."""
+
+    def __init__(self, group: Group, serial: _OneAtATime) -> None:
+        self.size, self.rank, self.supports_p2p = group.size, group.rank, group.supports_p2p
+        self._group, self._serial = group, serial
+
+    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
+        return self._serial.call(self._group.isend, tensor, dest, tag)
+
+    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
+        return self._serial.call(self._group.irecv, tensor, source, tag)
 
 
 def owned_shards(i: int, n_local: int, L: int) -> range:
@@ -199,8 +242,6 @@ def pipeline_segments(comm: Communicator, numel: int, element_size: int,
     return len(segment_bounds(numel, element_size, segment_bytes))
 
 
-T = TypeVar("T")
-
 
 class _Pipeline(Generic[T]):
     """Runs ``first(k)`` for every segment on the calling thread, ``inter(k, x)`` on a
@@ -277,15 +318,19 @@ def _shard_regions(numel: int, p: Plan) -> tuple[list[tuple[int, int]], list[int
 
 def _cross_allreduce(p: Plan, flat: torch.Tensor, part: torch.Tensor,
                      shard: list[tuple[int, int]], start: int,
-                     wait: Callable[[Handle], None] | None = None) -> None:
+                     serial: _OneAtATime | None = None) -> None:
     """All-reduce across nodes every shard this rank owns (``part`` holds them, from
-    element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node)."""
+    element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node).
+    With ``serial`` (pipelined: the cross groups run the ring), through its lock."""
     for j in p.my_shards:
         g = p.cross[j]
         if g is not None and g.size > 1:
             a, b = shard[j]
-            _inter_node_allreduce(g, part[a - start:b - start] if p.local_size > 1
-                                  else flat[a:b], wait)
+            x = part[a - start:b - start] if p.local_size > 1 else flat[a:b]
+            if serial is None:
+                _inter_node_allreduce(g, x)
+            else:
+                ring_allreduce(serial.group(g), x, wait=serial.wait)
 
 
 def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
@@ -321,18 +366,22 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
                                                  segment_bytes)]
     layout = [_shard_regions(s.numel(), p) for s in segs]
 
+    serial = _OneAtATime()  # the two threads (class docstring)
+
     def first(k: int) -> torch.Tensor:
-        counts = layout[k][1]
-        return p.local.reduce_scatter_v(segs[k], counts) if p.local_size > 1 else segs[k]
+        if p.local_size == 1:
+            return segs[k]
+        part, h = serial.start(p.local, "ireduce_scatter_v", segs[k], layout[k][1])
+        serial.wait(h)
+        return part
 
     def inter(k: int, part: torch.Tensor) -> None:
         shard, counts = layout[k]
-        _cross_allreduce(p, segs[k], part, shard, sum(counts[:p.local_index]),
-                         INTER_WAIT["hier"])
+        _cross_allreduce(p, segs[k], part, shard, sum(counts[:p.local_index]), serial)
 
     def last(k: int, part: torch.Tensor) -> None:
         if p.local_size > 1:
-            p.local.allgather_v(part, layout[k][1], segs[k])
+            serial.wait(serial.start(p.local, "iallgather_v", part, layout[k][1], segs[k]))
 
     pipe = _Pipeline(n, first, inter, last)
     pipe.run(t0)
@@ -370,18 +419,21 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
     segs = [flat[a:b] for a, b in segment_bounds(flat.numel(), flat.element_size(),
                                                  segment_bytes)]
 
+    serial = _OneAtATime()  # the leader's two threads (class docstring)
+    leaders = serial.group(p.leaders) if crosses else None
+
     def first(k: int) -> torch.Tensor:
         if p.local_size > 1:
-            p.local.reduce(segs[k], root=0)
+            serial.wait(serial.start(p.local, "ireduce", segs[k], 0))
         return segs[k]
 
     def inter(k: int, seg: torch.Tensor) -> None:
         if crosses:  # the node's leader; the others have nothing to do across nodes
-            _inter_node_allreduce(p.leaders, seg, INTER_WAIT["hier-leader"])
+            ring_allreduce(leaders, seg, wait=serial.wait)
 
     def last(k: int, seg: torch.Tensor) -> None:
         if p.local_size > 1:
-            p.local.bcast(seg, root=0)
+            serial.wait(serial.start(p.local, "ibcast", seg, 0))
 
     pipe = _Pipeline(n, first, inter, last)
     pipe.run(t0)

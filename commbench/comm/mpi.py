@@ -161,6 +161,21 @@ class MpiCommunicator(Communicator, Group):
         displs = [sum(counts[:i]) for i in range(len(counts))]
         self.comm.Allgatherv(as_buffer(part), [as_buffer(out), (counts, displs)])
 
+    nonblocking_collectives = True
+
+    def ireduce_scatter_v(self, tensor: torch.Tensor,
+                          counts: list[int]) -> tuple[torch.Tensor, Handle]:
+        part = torch.empty(counts[self.comm.Get_rank()], dtype=tensor.dtype)
+        send, op = self._reduce_args(tensor)
+        recv, _ = self._reduce_args(part)
+        return part, _MpiHandle(self.comm.Ireduce_scatter(send, recv, counts, op=op),
+                                (send, recv))
+
+    def iallgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> Handle:
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        send, recv = as_buffer(part), as_buffer(out)
+        return _MpiHandle(self.comm.Iallgatherv(send, [recv, (counts, displs)]), (send, recv))
+
     def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
         buf, op = self._reduce_args(tensor)
         if self.comm.Get_rank() == root:
@@ -170,6 +185,16 @@ class MpiCommunicator(Communicator, Group):
 
     def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
         self.comm.Bcast(as_buffer(tensor), root=root)
+
+    def ireduce(self, tensor: torch.Tensor, root: int = 0) -> Handle:
+        buf, op = self._reduce_args(tensor)
+        if self.comm.Get_rank() == root:
+            return _MpiHandle(self.comm.Ireduce(self._MPI.IN_PLACE, buf, op=op, root=root), buf)
+        return _MpiHandle(self.comm.Ireduce(buf, None, op=op, root=root), buf)
+
+    def ibcast(self, tensor: torch.Tensor, root: int = 0) -> Handle:
+        buf = as_buffer(tensor)
+        return _MpiHandle(self.comm.Ibcast(buf, root=root), buf)
 
     def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
         return p2p_isend(self.comm, tensor, dest, tag)
