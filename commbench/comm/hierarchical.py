@@ -85,8 +85,9 @@ class _OneAtATime:
     their handles between sleeps of ``ring.POLL_S``. Locked out of a blocking
     collective, the cross-node thread could not post the ring's next messages (leader
     variant 947 ms against 724 ms on 2 emulated nodes x 4 ranks, 1 Gbit/s, 64 MiB);
-    polled, both variants ran at least as fast as before (hier 591 ms against 705,
-    leader 685 against 724; 1 run of 7 iterations each).
+    polled, both variants ran faster than before (2 x 4: hier 590 ms against 705, leader
+    660 against 724; 2 x 2: hier 583, leader 630, against 937 and 766 in the issue's
+    runs; bound 561 ms at the measured 0.956 Gbit/s; one run of 7 iterations each).
     """
 
     def __init__(self) -> None:

