@@ -65,7 +65,7 @@ import torch
 
 from commbench.comm.base import Communicator, Group, Handle
 from commbench.comm.phases import PhaseHook, Phases
-from commbench.comm.ring import POLL_S, chunk_bounds, ring_allreduce
+from commbench.comm.ring import POLL_S, block, chunk_bounds, poll, ring_allreduce
 
 # 8 MiB: 8 segments for 64 MiB, so filling and draining the pipeline costs about
 # 1/8 of the intra-node phases; each local rank's share of a segment still goes
@@ -98,19 +98,43 @@ class _OneAtATime:
             return fn(*args)
 
     def start(self, group: Group, name: str, *args) -> Any:
-        """``group``'s non-blocking collective ``name`` started under the lock; a group
-        without them (Horovod process sets, Gloo) runs it to the end, outside the lock
-        (its library's own thread moves the bytes, not this one)."""
-        fn = getattr(group, name)
-        return self.call(fn, *args) if group.nonblocking_collectives else fn(*args)
+        """``group``'s non-blocking collective ``name``, started under the lock."""
+        return self.call(getattr(group, name), *args)
 
     def wait(self, h: Handle) -> None:
         """The ring's ``poll``, each test taken under the lock."""
         while not self.call(h.test):
             time.sleep(POLL_S)
 
+    ring_wait = wait
+
     def group(self, group: Group) -> Group:
         return _SerializedGroup(group, self)
+
+
+class _Concurrent:
+    """The pipeline's threads where the node's collectives are another library's
+    (Horovod process sets, whose own background thread moves the bytes): they start
+    and end inside ``start``; the cross-node thread waits for the ring's messages with
+    ``ring_wait``, as before the lock (``hier``: block, ``hier-leader``: poll)."""
+
+    def __init__(self, ring_wait: Callable[[Handle], None]) -> None:
+        self.ring_wait = ring_wait
+
+    def start(self, group: Group, name: str, *args) -> Any:
+        return getattr(group, name)(*args)
+
+    def wait(self, h: Handle) -> None:
+        h.wait()
+
+    def group(self, group: Group) -> Group:
+        return group
+
+
+def _threads(p: Plan, ring_wait: Callable[[Handle], None]) -> _OneAtATime | _Concurrent:
+    """How the pipeline's two threads share the library: one at a time where this
+    process runs the node's collectives itself (MPI), else as they come."""
+    return _OneAtATime() if p.local.nonblocking_collectives else _Concurrent(ring_wait)
 
 
 class _SerializedGroup:
@@ -319,10 +343,10 @@ def _shard_regions(numel: int, p: Plan) -> tuple[list[tuple[int, int]], list[int
 
 def _cross_allreduce(p: Plan, flat: torch.Tensor, part: torch.Tensor,
                      shard: list[tuple[int, int]], start: int,
-                     serial: _OneAtATime | None = None) -> None:
+                     serial: _OneAtATime | _Concurrent | None = None) -> None:
     """All-reduce across nodes every shard this rank owns (``part`` holds them, from
     element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node).
-    With ``serial`` (pipelined: the cross groups run the ring), through its lock."""
+    With ``serial`` (pipelined: the cross groups run the ring), by its threads' rule."""
     for j in p.my_shards:
         g = p.cross[j]
         if g is not None and g.size > 1:
@@ -331,7 +355,7 @@ def _cross_allreduce(p: Plan, flat: torch.Tensor, part: torch.Tensor,
             if serial is None:
                 _inter_node_allreduce(g, x)
             else:
-                ring_allreduce(serial.group(g), x, wait=serial.wait)
+                ring_allreduce(serial.group(g), x, wait=serial.ring_wait)
 
 
 def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
@@ -367,7 +391,7 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
                                                  segment_bytes)]
     layout = [_shard_regions(s.numel(), p) for s in segs]
 
-    serial = _OneAtATime()  # the two threads (class docstring)
+    serial = _threads(p, block)  # how the two threads share the library
 
     def first(k: int) -> torch.Tensor:
         if p.local_size == 1:
@@ -420,7 +444,7 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
     segs = [flat[a:b] for a, b in segment_bounds(flat.numel(), flat.element_size(),
                                                  segment_bytes)]
 
-    serial = _OneAtATime()  # the leader's two threads (class docstring)
+    serial = _threads(p, poll)  # how the leader's two threads share the library
     leaders = serial.group(p.leaders) if crosses else None
 
     def first(k: int) -> torch.Tensor:
@@ -430,7 +454,7 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
 
     def inter(k: int, seg: torch.Tensor) -> None:
         if crosses:  # the node's leader; the others have nothing to do across nodes
-            ring_allreduce(leaders, seg, wait=serial.wait)
+            ring_allreduce(leaders, seg, wait=serial.ring_wait)
 
     def last(k: int, seg: torch.Tensor) -> None:
         if p.local_size > 1:
