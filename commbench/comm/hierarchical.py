@@ -39,10 +39,11 @@ and every rank issues its node's collectives in the same fixed order (all
 first phases, then all last phases), so matching never depends on timing.
 mpi4py initialises MPI with ``MPI_THREAD_MULTIPLE``. Unpipelined (all of one
 phase, then the next) on Gloo and for tensors of one segment. On 2 emulated
-nodes x 4 ranks at 1 Gbit/s, 64 MiB (one run each, see the lead's benchmark
-for figures): unpipelined hier 1000 ms (intra-node 361 + 93 ms one after the
-other against 549 ms inter-node), leader 1092 ms; pipelined in 8 segments
-hier 905 ms, leader 632 ms; ring 1036-1059 ms.
+nodes x 4 ranks at 1 Gbit/s, 64 MiB (one run each; ``benchmarks/hier_bound.py``
+prints them): unpipelined hier 1000 ms (intra-node 361 + 93 ms one after the
+other against 549 ms inter-node), leader 1092 ms; pipelined in 8 segments,
+one thread in MPI at a time, hier 586 ms (0.96 of its link bound), leader
+665 ms; ring 1017 ms.
 
 Phases are reported as intervals (``on_phase``): pipelined, they overlap,
 and each runs from its first segment's start to its last segment's end.
