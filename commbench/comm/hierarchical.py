@@ -26,9 +26,10 @@ On one node, both variants reduce to their intra-node part.
 
 Pipelined in segments (where the inter-node phase runs on the ring, i.e. the
 cross groups have point-to-point messages, some node has more than one rank,
-and the tensor is above one segment, ``SEGMENT_BYTES``): the tensor is cut into segments and the three
-phases run on each in turn, as NCCL's tree and ring algorithms do, so the
-intra-node phases of one segment overlap the inter-node phase of another.
+and the tensor is above one segment, ``SEGMENT_BYTES``): the tensor is cut
+into segments and the three phases run on each in turn, as NCCL's tree and
+ring algorithms do, so the intra-node phases of one segment overlap the
+inter-node phase of another.
 The calling thread runs every segment's intra-node reduce-scatter (or
 reduce), handing each to an inter-node thread as it is done, then every
 segment's all-gather (or broadcast) as the inter-node thread finishes it;
