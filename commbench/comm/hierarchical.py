@@ -74,6 +74,8 @@ from commbench.comm.ring import POLL_S, block, chunk_bounds, poll, ring_allreduc
 # across in 1 MiB ring segments. Tunable through COMMBENCH_HIER_SEGMENT_BYTES.
 SEGMENT_BYTES = int(os.environ.get("COMMBENCH_HIER_SEGMENT_BYTES", 8 << 20))
 T = TypeVar("T")
+
+
 class _OneAtATime:
     """Lets one of the pipeline's two threads into the communication library at a time.
 
@@ -143,7 +145,7 @@ class _SerializedGroup:
     """The ring's view of a group (size, rank, isend, irecv), each call under the lock."""
 
     def __init__(self, group: Group, serial: _OneAtATime) -> None:
-        self.size, self.rank, self.supports_p2p = group.size, group.rank, group.supports_p2p
+        self.size, self.rank = group.size, group.rank
         self._group, self._serial = group, serial
 
     def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
@@ -231,8 +233,7 @@ def plan_inter_node_algo(comm: Communicator) -> str | None:
     return inter_node_algo(groups[0]) if groups else None
 
 
-def _inter_node_allreduce(group: Group, tensor: torch.Tensor,
-                          wait: Callable[[Handle], None] | None = None) -> None:
+def _inter_node_allreduce(group: Group, tensor: torch.Tensor) -> None:
     """All-reduce across nodes with the project's pipelined ring where the group allows.
 
     Open MPI's tuned all-reduce between two ranks moved 16 MiB at 0.67 of a
@@ -240,10 +241,9 @@ def _inter_node_allreduce(group: Group, tensor: torch.Tensor,
     while the ring, sending half each way at once in 1 MiB segments, took
     0.70 s; with four such flows per node pair (2 x 4 ranks) hierarchical's
     inter-node phase ran at ~0.6 of the link on the native all-reduce.
-    ``wait`` completes one ring message (default: block in it).
     """
     if inter_node_algo(group) == "ring":
-        ring_allreduce(group, tensor, wait=wait)
+        ring_allreduce(group, tensor)
     else:
         group.allreduce(tensor)
 
@@ -269,7 +269,6 @@ def pipeline_segments(comm: Communicator, numel: int, element_size: int,
     if p.nodes == 1 or not p.cross_p2p or p.L == 1:
         return 1
     return len(segment_bounds(numel, element_size, segment_bytes))
-
 
 
 class _Pipeline(Generic[T]):

@@ -15,6 +15,7 @@ the predefined ``MPI.SUM`` on a numpy view.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from typing import Any, Callable
 
@@ -82,6 +83,11 @@ class _MpiHandle(Handle):
         if not self._done:
             self._req.Wait()
             self._done = True
+
+
+def _displacements(counts: list[int]) -> list[int]:
+    """Where each rank's part starts in a buffer of consecutive parts of ``counts``."""
+    return list(itertools.accumulate(counts, initial=0))[:-1]
 
 
 class _Then(Handle):
@@ -178,29 +184,32 @@ class MpiCommunicator(Communicator, Group):
         sub = self.comm.Split(color, ranks.index(me) if me in ranks else 0)
         return MpiCommunicator(sub) if me in ranks else None
 
-    def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _scatter_args(self, tensor: torch.Tensor, counts: list[int]) -> tuple[Any, ...]:
+        """(this rank's part, send spec, receive spec, op) of a reduce-scatter."""
         part = torch.empty(counts[self.comm.Get_rank()], dtype=tensor.dtype)
         send, op = self._reduce_args(tensor)
         recv, _ = self._reduce_args(part)
+        return part, send, recv, op
+
+    def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        part, send, recv, op = self._scatter_args(tensor, counts)
         self.comm.Reduce_scatter(send, recv, counts, op=op)
         return part
 
     def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
-        displs = [sum(counts[:i]) for i in range(len(counts))]
+        displs = _displacements(counts)
         self.comm.Allgatherv(as_buffer(part), [as_buffer(out), (counts, displs)])
 
     nonblocking_collectives = True
 
     def ireduce_scatter_v(self, tensor: torch.Tensor,
                           counts: list[int]) -> tuple[torch.Tensor, Handle]:
-        part = torch.empty(counts[self.comm.Get_rank()], dtype=tensor.dtype)
-        send, op = self._reduce_args(tensor)
-        recv, _ = self._reduce_args(part)
+        part, send, recv, op = self._scatter_args(tensor, counts)
         return part, _MpiHandle(self.comm.Ireduce_scatter(send, recv, counts, op=op),
                                 (send, recv))
 
     def iallgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> Handle:
-        displs = [sum(counts[:i]) for i in range(len(counts))]
+        displs = _displacements(counts)
         send, recv = as_buffer(part), as_buffer(out)
         return _MpiHandle(self.comm.Iallgatherv(send, [recv, (counts, displs)]), (send, recv))
 
@@ -226,7 +235,7 @@ class MpiCommunicator(Communicator, Group):
         p = self.comm.Get_size()
         counts = [b - a for a, b in chunk_bounds(flat.numel(), p)]
         part, scatter = self.ireduce_scatter_v(flat, counts)
-        displs = [sum(counts[:i]) for i in range(p)]
+        displs = _displacements(counts)
 
         def gather() -> Handle:
             send = as_buffer(part)
