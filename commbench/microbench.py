@@ -61,7 +61,7 @@ from commbench.job import run_job
 from commbench.metrics import algbw, busbw
 from commbench.results import link_info
 from commbench.run import Output
-from commbench.strategies.algos import ALGOS, check_algo, get_algo, wire_dtype
+from commbench.strategies.algos import ALGOS, TWO_LEVEL_ALGOS, check_algo, get_algo, wire_dtype
 from commbench.tables import Column, format_footer, format_header, format_row
 
 PROG = "commbench.microbench"
@@ -304,7 +304,7 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         **({"inter_node_algo": plan_inter_node_algo(comm),
             "hier_segments": pipeline_segments(comm, size // DTYPES[dtype].itemsize,
                                                DTYPES[dtype].itemsize)}
-           if algo in ("hier", "hier-leader") and comm.size > 1 else {}),
+           if algo in TWO_LEVEL_ALGOS and comm.size > 1 else {}),
         "time_us": {"min": min(seconds) * 1e6, "avg": avg_s * 1e6, "max": max(seconds) * 1e6},
         "algbw": algbw(size, avg_s),
         "busbw": busbw(size, avg_s, n),

@@ -99,6 +99,11 @@ class Group(abc.ABC):
     def allreduce(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over the group, in place."""
 
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the group's collectives move a ``dtype`` tensor in (its own, unless
+        the library widens it)."""
+        return dtype
+
     def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
         """Start sending ``tensor`` to group rank ``dest`` (where ``supports_p2p``)."""
         raise NotImplementedError(f"{type(self).__name__} has no point-to-point messages")

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from commbench.comm.base import Communicator
-from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce
+from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce, plan_wire_dtype
 from commbench.comm.phases import PhaseHook
 from commbench.comm.ring import ring_allreduce
 
@@ -34,6 +34,8 @@ ALGOS: dict[str, AllReduceAlgo] = {
 
 #: algorithms built on point-to-point messages (the others use collectives of groups)
 P2P_ALGOS = frozenset({"ring"})
+#: the two-level algorithms (``commbench.comm.hierarchical``)
+TWO_LEVEL_ALGOS = frozenset({"hier", "hier-leader"})
 
 
 def check_algo(comm: Communicator, name: str) -> None:
@@ -49,11 +51,16 @@ def check_algo(comm: Communicator, name: str) -> None:
 def wire_dtype(comm: Communicator, name: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype algorithm ``name`` transfers for a tensor of ``dtype`` on ``comm``.
 
-    The ring sends the tensor's bytes as they are; ``native`` and the
-    hierarchical algorithms' all-reduces are whatever the backend does (Horovod
-    0.28.1 widens bfloat16 to float32).
+    The ring sends the tensor's bytes as they are; ``native`` is whatever the
+    backend does (Horovod 0.28.1 widens bfloat16 to float32), and the hierarchical
+    algorithms whatever their groups do (Horovod's MPI controller: the groups' MPI
+    twins, as they are; Gloo: Horovod's process sets, widened).
     """
-    return dtype if name in P2P_ALGOS else comm.allreduce_dtype(dtype)
+    if name in P2P_ALGOS:
+        return dtype
+    if name in TWO_LEVEL_ALGOS:
+        return plan_wire_dtype(comm, dtype)
+    return comm.allreduce_dtype(dtype)
 
 
 def get_algo(name: str) -> AllReduceAlgo:

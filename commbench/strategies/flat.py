@@ -25,7 +25,7 @@ import torch
 from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.flatbuf import FlatBuffer
-from commbench.strategies.algos import get_algo, wire_dtype
+from commbench.strategies.algos import TWO_LEVEL_ALGOS, get_algo, wire_dtype
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
 from commbench.strategies.settings import StrategySettings
 
@@ -66,7 +66,7 @@ class FlatStrategy(Strategy):
         hier = {"inter_node_algo": plan_inter_node_algo(self.comm),
                 "hier_segments": pipeline_segments(self.comm, self.buffer.numel(),
                                                    self.buffer.element_size())} \
-            if self.algo in ("hier", "hier-leader") and self.comm.size > 1 else {}
+            if self.algo in TWO_LEVEL_ALGOS and self.comm.size > 1 else {}
         return {**super().knobs(), "algo": self.algo, "fused_bytes": self.nbytes, **hier,
                 "wire_dtype": dtype_name(wire_dtype(self.comm, self.algo, self.wire)),
                 "staging": "pinned host buffer" if self.staged else None}

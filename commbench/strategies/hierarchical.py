@@ -10,7 +10,8 @@ algorithms of ``commbench.comm.hierarchical``:
   the first ranks, broadcast inside the node.
 
 With the mpi backend the levels are MPI sub-communicators (``Split``); with
-the horovod backend, Horovod process sets (dynamic). Uneven nodes (3 + 1)
+the horovod backend, Horovod process sets (dynamic), whose collectives run on
+MPI twins of the sets under Horovod's MPI controller (``comm/horovod.py``). Uneven nodes (3 + 1)
 and a single node work. ``--strategy flat --algo hier`` runs the same thing;
 this name exists so studies read "flat vs hierarchical".
 """
