@@ -152,6 +152,8 @@ def test_horovodrun(tmp_path):
     wire = {(r["dtype"], r["algo"]): r["wire_dtype"] for r in recs}
     assert wire[("bfloat16", "native")] == "float32"
     assert wire[("bfloat16", "ring")] == "bfloat16" and wire[("float16", "native")] == "float16"
+    # the two-level algorithms run on the process sets' MPI twins here: bytes as they are
+    assert wire[("bfloat16", "hier")] == wire[("bfloat16", "hier-leader")] == "bfloat16"
     assert "runs as float32 on the wire" in res.stdout
 
 
