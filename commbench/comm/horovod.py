@@ -105,7 +105,9 @@ class _HorovodGroup(Group):
     by its coordinator, so they cannot overlap the inter-node phase: on 2 emulated
     nodes x 4 ranks at 1 Gbit/s, ResNet-50's gradient (102 MB), the set's intra-node
     reduce-scatter (an ``alltoall``) spanned 0.6-1.2 s against 84 ms for 64 MiB on the
-    mpi backend, and hierarchical's step was 0.92x flat's. Horovod's own hierarchical
+    mpi backend, and hierarchical's exposed sync was 0.92x flat's; on the twins, 0.60x
+    and 0.89x in two runs (5 and 8 steps; each step either near the link, 0.93-0.97 s,
+    or 1.3-2.0 s, Horovod's thread in MPI beside both of ours). Horovod's own hierarchical
     all-reduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``) likewise runs its phases on MPI
     communicators of its own, not on process sets. Under the Gloo controller there is
     no twin and every collective is Horovod's.
