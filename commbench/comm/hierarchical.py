@@ -251,8 +251,7 @@ def plan_wire_dtype(comm: Communicator, dtype: torch.dtype) -> torch.dtype:
         return dtype
     p = plan_for(comm)
     groups = [g for g in (p.local, *p.cross.values(), p.leaders) if g is not None]
-    return max((g.wire_dtype(dtype) for g in groups), default=dtype,
-               key=lambda d: torch.empty(0, dtype=d).element_size())
+    return max((g.wire_dtype(dtype) for g in groups), key=lambda d: d.itemsize)
 
 
 def _inter_node_allreduce(group: Group, tensor: torch.Tensor) -> None:

@@ -91,58 +91,24 @@ class _HorovodHandle(Handle):
 
 
 class _HorovodGroup(Group):
-    """A Horovod process set. Horovod orders a set's ranks by global rank, so the
-    group's rank order is the sorted member list; Horovod has no reduce, so
-    ``reduce`` all-reduces inside the set (more traffic than a reduce, same result
-    on the root).
-
-    Under Horovod's MPI controller the set has a twin: the same ranks as an mpi4py
-    communicator. The twin carries the group's point-to-point messages (process sets
-    have none) and its reduce-scatter, all-gather, reduce and broadcast (the two-level
-    all-reduce's intra-node phases), blocking and non-blocking, as the mpi backend's
-    groups do; ``allreduce`` stays Horovod's. Through the process set, those phases
-    queue on Horovod's one background thread behind every other op, each negotiated
-    by its coordinator, so they cannot overlap the inter-node phase: on 2 emulated
-    nodes x 4 ranks at 1 Gbit/s, ResNet-50's gradient (102 MB), the set's intra-node
-    reduce-scatter (an ``alltoall``) spanned 0.6-1.2 s against 84 ms for 64 MiB on the
-    mpi backend, and hierarchical's exposed sync was 0.92x flat's; on the twins, 0.60x
-    and 0.89x in two runs (5 and 8 steps; each step either near the link, 0.93-0.97 s,
-    or 1.3-2.0 s, Horovod's thread in MPI beside both of ours). Horovod's own hierarchical
-    all-reduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``) likewise runs its phases on MPI
-    communicators of its own, not on process sets. Under the Gloo controller there is
-    no twin and every collective is Horovod's.
-    """
+    """A Horovod process set (Gloo controller: ``HorovodCommunicator.subgroup``). Horovod
+    orders a set's ranks by global rank, so the group's rank order is the sorted member
+    list; Horovod has no reduce, so ``reduce`` all-reduces inside the set (more traffic
+    than a reduce, same result on the root). No point-to-point messages."""
 
     def __init__(self, parent: HorovodCommunicator, process_set: Any,
-                 members: tuple[int, ...], mpi_comm: Any = None) -> None:
+                 members: tuple[int, ...]) -> None:
         if list(members) != sorted(members):
             raise ValueError("Horovod process sets need their ranks in ascending order")
         self.parent, self.ps, self.members = parent, process_set, members
         self.rank, self.size = members.index(parent.rank), len(members)
         self.hvd = parent.hvd
-        #: the same ranks on MPI (MPI controller only), see the class docstring
-        self._twin: MpiCommunicator | None = None
-        if mpi_comm is not None:
-            hosts = [parent.topo.hostnames[m] for m in members]
-            self._twin = MpiCommunicator(mpi_comm, topo=topology_from_hostnames(self.rank,
-                                                                                hosts))
-        self.supports_p2p = self.nonblocking_collectives = self._twin is not None
-
-    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
-        if self._twin is None:
-            return super().isend(tensor, dest, tag)
-        return self._twin.isend(tensor, dest, tag)
-
-    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
-        if self._twin is None:
-            return super().irecv(tensor, source, tag)
-        return self._twin.irecv(tensor, source, tag)
 
     def allreduce(self, tensor: torch.Tensor) -> None:
         self.parent.allreduce(tensor, process_set=self.ps)
 
     def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return dtype if self._twin is not None else self.parent.allreduce_dtype(dtype)
+        return self.parent.allreduce_dtype(dtype)
 
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` in a dtype Horovod can move (bfloat16 widened, as allreduce does)."""
@@ -150,8 +116,6 @@ class _HorovodGroup(Group):
         return t if wire == t.dtype else t.to(wire)
 
     def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        if self._twin is not None:
-            return self._twin.reduce_scatter_v(tensor, counts)
         # every rank sends rank i its part; then each sums what it received
         got = self.hvd.alltoall(self._wire(tensor.view(-1)),
                                 splits=torch.tensor(counts, dtype=torch.int32),
@@ -161,49 +125,19 @@ class _HorovodGroup(Group):
         return got.view(self.size, counts[self.rank]).sum(0).to(tensor.dtype)
 
     def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
-        if self._twin is not None:
-            self._twin.allgather_v(part, counts, out)
-            return
         out.view(-1).copy_(self.hvd.allgather(self._wire(part),
                                               name=self.parent.op_name("allgather", self.ps),
                                               process_set=self.ps))
 
     def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
-        if self._twin is not None:
-            self._twin.reduce(tensor, root)
-        else:
-            self.allreduce(tensor)
+        self.allreduce(tensor)
 
     def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
-        if self._twin is not None:
-            self._twin.bcast(tensor, root)
-            return
         wire = self._wire(tensor)
         self.hvd.broadcast_(wire, root_rank=self.members[root],
                             name=self.parent.op_name("broadcast", self.ps), process_set=self.ps)
         if wire is not tensor:
             tensor.copy_(wire)
-
-    def ireduce_scatter_v(self, tensor: torch.Tensor,
-                          counts: list[int]) -> tuple[torch.Tensor, Handle]:
-        if self._twin is not None:
-            return self._twin.ireduce_scatter_v(tensor, counts)
-        return super().ireduce_scatter_v(tensor, counts)
-
-    def iallgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> Handle:
-        if self._twin is not None:
-            return self._twin.iallgather_v(part, counts, out)
-        return super().iallgather_v(part, counts, out)
-
-    def ireduce(self, tensor: torch.Tensor, root: int = 0) -> Handle:
-        if self._twin is not None:
-            return self._twin.ireduce(tensor, root)
-        return super().ireduce(tensor, root)
-
-    def ibcast(self, tensor: torch.Tensor, root: int = 0) -> Handle:
-        if self._twin is not None:
-            return self._twin.ibcast(tensor, root)
-        return super().ibcast(tensor, root)
 
 
 class HorovodCommunicator(Communicator):
@@ -236,7 +170,7 @@ class HorovodCommunicator(Communicator):
         self._names = "commbench"  # prefix of every op name (a dup's is its own)
         self._dups = 0
         self._p2p_comm = self._mpi.COMM_WORLD if self._mpi is not None else None
-        self._group_comms: dict[tuple[int, ...], Any] = {}  # subgroup's MPI twin (p2p)
+        self._group_comms: dict[tuple[int, ...], Any] = {}  # subgroup's MPI twin
 
     def op_name(self, kind: str, process_set: Any = None) -> str:
         """A name for the next ``kind`` op on ``process_set``.
@@ -280,13 +214,28 @@ class HorovodCommunicator(Communicator):
                             name=self.op_name("broadcast", self.hvd.global_process_set))
 
     def subgroup(self, ranks: list[int]) -> Group | None:
+        """``ranks`` as a group: a Horovod process set, made once; under the MPI controller
+        the group is the set's twin, the same ranks split from ``MPI_COMM_WORLD``, whose
+        collectives and point-to-point messages are MPI's.
+
+        Through the process set, the two-level all-reduce's intra-node phases queue on
+        Horovod's one background thread behind every other op, each negotiated by its
+        coordinator, so they cannot overlap the inter-node phase: on 2 emulated nodes x
+        4 ranks at 1 Gbit/s, ResNet-50's gradient (102 MB), the set's intra-node
+        reduce-scatter (an ``alltoall``) spanned 0.6-1.2 s against 84 ms for 64 MiB on
+        the mpi backend, and hierarchical's exposed sync was 0.92x flat's; on the twins,
+        0.60x and 0.89x in two runs (5 and 8 steps; each step either near the link,
+        0.93-0.97 s, or 1.3-2.0 s, Horovod's thread in MPI beside both of ours).
+        Horovod's own hierarchical all-reduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``)
+        likewise runs its phases on MPI communicators of its own, not on process sets.
+        """
         key = tuple(ranks)
         if key not in self._sets:  # Horovod refuses a second set with the same ranks
             if sorted(key) == list(range(self.size)):
                 self._sets[key] = self.hvd.global_process_set
             else:
                 self._sets[key] = self.hvd.add_process_set(sorted(key))
-            # The same ranks on MPI for point-to-point messages (collective, like the set).
+            # The same ranks on MPI (collective, like the set).
             if self._p2p_comm is not None:
                 mine = self.rank in key
                 self._group_comms[key] = self._p2p_comm.Split(
@@ -294,7 +243,12 @@ class HorovodCommunicator(Communicator):
                     sorted(key).index(self.rank) if mine else 0)
         if self.rank not in key:
             return None
-        return _HorovodGroup(self, self._sets[key], key, self._group_comms.get(key))
+        twin = self._group_comms.get(key)  # none under Gloo, nor for a dup's older sets
+        if twin is None:
+            return _HorovodGroup(self, self._sets[key], key)
+        members = sorted(key)
+        return MpiCommunicator(twin, topo=topology_from_hostnames(
+            members.index(self.rank), [self.topo.hostnames[m] for m in members]))
 
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
         wire = self.allreduce_dtype(tensor.dtype)
