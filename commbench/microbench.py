@@ -12,6 +12,11 @@ dtype and every ``--algo``:
 1. warm up with ``-w`` all-reduces, then a barrier (waiting for a late rank
    stays out of the timed loop), then each rank times its own loop of ``-n``
    in-place all-reduces; its time per call is the loop's time over ``-n``.
+   With ``--sync-each`` a barrier (not timed) starts every call instead, so
+   that ranks enter each call together, as compute between a step's calls
+   makes them (Intel MPI Benchmarks' ``-sync 1``); on the emulated cluster
+   Open MPI's own ring-family all-reduces of 2 ranks ran at half the link
+   back to back and at the link so;
    The buffer holds zeros while timed: repeated in-place sums of anything
    else overflow float16/bfloat16 within a few calls;
 2. gather the per-rank times on rank 0: min / avg / max over ranks (clocks of
@@ -95,6 +100,7 @@ class MicroConfig(JobOutput):
     dtypes: list[str] = field(default_factory=lambda: ["float32"])
     iters: int = 20  # nccl-tests' defaults
     warmup_iters: int = 5
+    sync_each: bool = False  # a barrier before each timed call (else back to back)
     step_timeout: float | None = None  # seconds per row; None = auto, 0 = off (watchdog)
     algos: list[str] = field(default_factory=lambda: list(ALGOS))
 
@@ -136,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed all-reduces per size and algorithm")
     g.add_argument("-w", "--warmup_iters", type=nonneg_int, default=d.warmup_iters,
                    help="untimed all-reduces before them")
+    g.add_argument("--sync-each", action="store_true",
+                   help="a barrier (not timed) before each timed all-reduce, so ranks enter "
+                        "every call together as after a step's compute (Intel MPI "
+                        "Benchmarks' -sync 1); default: each rank's calls back to back, as "
+                        "nccl-tests and OSU time them")
     add_step_timeout_flag(g, what="row (size, type, algorithm)")
 
     add_output_group(p, "microbench")
@@ -238,9 +249,10 @@ AllReduce = Callable[[Communicator, torch.Tensor], None]
 
 
 def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, iters: int,
-                  warmup: int) -> tuple[float, dict[str, float]]:
-    """This rank's seconds per all-reduce (its own loop of ``iters``, after a barrier), and
-    seconds per call of each phase the algorithm reports (``commbench.comm.phases``)."""
+                  warmup: int, sync_each: bool = False) -> tuple[float, dict[str, float]]:
+    """This rank's seconds per all-reduce (its own loop of ``iters``, after a barrier; with
+    ``sync_each`` the mean of calls each started by an untimed barrier), and seconds per
+    call of each phase the algorithm reports (``commbench.comm.phases``)."""
     buf.zero_()
     for _ in range(warmup):
         allreduce(comm, buf)
@@ -250,10 +262,19 @@ def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, i
         phases[name] = phases.get(name, 0.0) + t1 - t0
 
     comm.barrier()  # a late rank's lateness is not transfer time
-    start = time.perf_counter()
-    for _ in range(iters):
-        allreduce(comm, buf, on_phase=on_phase)
-    seconds = (time.perf_counter() - start) / iters
+    if sync_each:
+        total = 0.0
+        for _ in range(iters):
+            comm.barrier()
+            t0 = time.perf_counter()
+            allreduce(comm, buf, on_phase=on_phase)
+            total += time.perf_counter() - t0
+        seconds = total / iters
+    else:
+        start = time.perf_counter()
+        for _ in range(iters):
+            allreduce(comm, buf, on_phase=on_phase)
+        seconds = (time.perf_counter() - start) / iters
     return seconds, {k: v / iters for k, v in phases.items()}
 
 
@@ -311,6 +332,7 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         "wrong": sum(w for _, w, _ in per_rank),
         "iters": cfg.iters,
         "warmup": cfg.warmup_iters,
+        "sync_each": cfg.sync_each,  # a barrier before each timed call (else back to back)
         # per phase: the slowest rank's time per call, so phases add up to its time;
         # every rank's under ranks
         "phases_us": {k: v * 1e6 for k, v in per_rank[slowest][2].items()},
@@ -323,7 +345,8 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
 def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path: Any) -> list:
     n_wrong = sum(r["wrong"] for r in records)
     lines = [f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
-             f"time: per all-reduce, each rank's own loop of {cfg.iters} after a barrier; "
+             f"time: per all-reduce, each rank's own loop of {cfg.iters} after a barrier"
+             f"{' (and one before each call, untimed)' if cfg.sync_each else ''}; "
              "min/avg/max over ranks; algbw = size / avg; busbw = algbw * 2(n-1)/n"]
     widened = sorted({(r["algo"], r["dtype"], r["wire_dtype"]) for r in records
                       if r["wire_dtype"] != r["dtype"]})
@@ -354,7 +377,7 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column]) -> list[dict
             for name, allreduce in algos.items():
                 wd.begin_step(f"{size} B {dtype} {name}")
                 seconds, phases = time_per_call(comm, allreduce, buf, cfg.iters,
-                                                cfg.warmup_iters)
+                                                cfg.warmup_iters, cfg.sync_each)
                 wrong = validate(comm, allreduce, buf)
                 per_rank = comm.gather_object((seconds, wrong, phases))
                 wd.end_step()

@@ -16,6 +16,7 @@ from commbench.microbench import (
     message_sizes,
     parse_config,
     parse_size,
+    time_per_call,
     validation_pattern,
 )
 from commbench.strategies.algos import ALGOS
@@ -124,9 +125,12 @@ def check_records(path, world_size: int, backend: str, sizes: list[int]) -> list
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])
 def test_every_algo_and_dtype_validates(tmp_path, np_):
     out = tmp_path / "r.jsonl"
-    res = launch("mpirun", np_, [*MB, *SWEEP, "--output", str(out)])
+    sync = np_ == 3  # one layout times its calls each after a barrier
+    res = launch("mpirun", np_, [*MB, *SWEEP, *(["--sync-each"] * sync), "--output", str(out)])
     assert res.returncode == 0, res.stdout + res.stderr
     recs = check_records(out, np_, "mpi", SWEEP_SIZES)
+    assert {r["sync_each"] for r in recs} == {sync}
+    assert ("one before each call" in res.stdout) == sync
     if np_ > 1:
         assert any(r["count"] % np_ for r in recs)  # uneven ring chunks were exercised
     assert {r["wire_dtype"] for r in recs} == set(DTYPES)  # 2-byte types stay 2 bytes
@@ -176,3 +180,29 @@ def test_a_corrupted_allreduce_is_caught(tmp_path):
 ])
 def test_backend_allreduce_on_every_dtype(launcher, np_, backend):
     run_check(launcher, np_, "half_dtypes.py", backend, f"OK all dtypes on {np_} ranks")
+
+
+class _CountingComm:
+    """Just what ``time_per_call`` uses: a barrier, counted."""
+
+    def __init__(self) -> None:
+        self.barriers = 0
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+@pytest.mark.parametrize("sync_each,barriers", [(False, 1), (True, 1 + 4)])
+def test_sync_each_puts_an_untimed_barrier_before_every_timed_call(sync_each, barriers):
+    comm, calls = _CountingComm(), []
+
+    def allreduce(c, buf, on_phase=None):
+        calls.append(c.barriers)  # barriers seen before this call
+        if on_phase:
+            on_phase("all", 0.0, 0.001)
+
+    seconds, phases = time_per_call(comm, allreduce, torch.zeros(4), iters=4, warmup=2,
+                                    sync_each=sync_each)
+    assert comm.barriers == barriers and len(calls) == 6
+    assert calls[2:] == ([2, 3, 4, 5] if sync_each else [1, 1, 1, 1])
+    assert seconds >= 0 and phases == {"all": pytest.approx(0.001)}
