@@ -25,6 +25,9 @@ Across nodes (ranks placed node by node) a flat algorithm's step that crosses
 nodes costs the inter-node link's alpha and beta; for recursive doubling and
 Rabenseifner all ``L`` ranks of a node cross at once, so the node's link
 carries ``L`` times the message; a ring has one crossing per node per step.
+Rabenseifner's halving doubles its distance (step ``i`` sends ``n/2^i`` to the
+rank ``2^(i-1)`` away), so only its last steps cross nodes, with the smallest
+pieces.
 
 Fitting: alpha, beta (and gamma where two algorithms with different
 beta:gamma weights are measured; otherwise gamma is folded into beta) by
@@ -147,10 +150,13 @@ def flat_coef(algo: str, n: float, p: int, nodes: int = 1, local: int | None = N
             c[BE if cross else BI] += n * (local if cross else 1)
             c[G] += n
     elif algo == "rabenseifner":
-        q = 1 << lg
+        # vector halving with distance *doubling* (Open MPI's redscat_allgather and MPICH
+        # alike): step i sends n/2^i to the rank 2^(i-1) away, so with ranks placed node by
+        # node the steps that cross nodes are the last, with the smallest pieces (on 2 x 4
+        # the link carries n in all, against a ring's 2(p-1)/p n)
         for i in range(1, lg + 1):
             m = n / (1 << i)
-            cross = multi and q >> i >= local
+            cross = multi and 1 << (i - 1) >= local
             c[AE if cross else AI] += 2  # halving step and its doubling mirror
             c[BE if cross else BI] += 2 * m * (local if cross else 1)
             c[G] += m

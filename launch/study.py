@@ -248,8 +248,10 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
     # ring, native and hierarchical all-reduces of 64 KiB..64 MiB on one node (fixes the
     # intra-node alpha-beta) and on every node at the first rate (fixes the link's)
     local = cluster.node_slots[0]
+    # --sync-each: each timed call starts together, as a training step's all-reduce does
+    # (back to back, Open MPI's native runs at about half its speed across 2 nodes)
     sizes = ["-b", "64K", "-e", "64M", "-f", "4", "-n", str(scale.micro_iters), "-w", "2",
-             "--quiet"]
+             "--sync-each", "--quiet"]
     if local >= 2:
         add(f"microbench-np{local}", "C1", local, ["--algo", "native,ring", *sizes],
             program="commbench.microbench")

@@ -170,3 +170,21 @@ def test_scenario_and_device_share_one_node():
     sc = overlap.model_scenario(dev)
     assert isinstance(dev, costmodel.Node) and isinstance(sc, costmodel.Node)
     assert sc.node() == dev.node() and sc.params(100) == dev.params(100)
+
+
+def test_rabenseifner_crosses_nodes_only_in_its_last_steps():
+    """Halving with distance doubling (Open MPI's redscat_allgather, MPICH): with ranks placed
+    node by node only the steps 2^(i-1) >= local apart cross, with pieces of n/2^i; on 2 nodes
+    x 4 the node's link carries n in all (4 ranks x n/8, each way, in the reduce-scatter and
+    again in the all-gather), against a ring's 2(p-1)/p n."""
+    n, nodes, local = 1e8, 2, 4
+    p = nodes * local
+    rab = costmodel.flat_coef("rabenseifner", n, p, nodes, local)
+    ring = costmodel.flat_coef("ring", n, p, nodes, local)
+    assert rab[costmodel.BE] == pytest.approx(n)
+    assert rab[costmodel.AE] == 2  # one crossing step, and its all-gather mirror
+    assert rab[costmodel.BI] == pytest.approx(2 * (n / 2 + n / 4))  # the two steps inside
+    assert ring[costmodel.BE] == pytest.approx(2 * (p - 1) / p * n)
+    # one rank per node: every step crosses, as on one host every step stays inside
+    one = costmodel.flat_coef("rabenseifner", n, 4, 4, 1)
+    assert one[costmodel.BE] == pytest.approx(2 * (n / 2 + n / 4)) and one[costmodel.BI] == 0
