@@ -285,7 +285,8 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
     if "ranks" not in skip and not {"nodes", "local_sizes"} <= skip:
         sizes = "+".join(str(s) for s in _local_sizes(rec))
         parts.append(f"{rec.get('world_size')} ranks on {rec.get('nodes')} node(s) ({sizes})")
-    if "link_shaping" not in skip or "link_rate" not in skip:
+    one_node = num(rec.get("nodes")) == 1  # its ranks never use a link: don't name one
+    if ("link_shaping" not in skip or "link_rate" not in skip) and not one_node:
         rate = _link_rate(rec)
         link = _link_shaping(rec) or "unshaped"
         parts.append(f"link {link}" + (f" ({rate:.3g} Gbit/s measured)" if rate else ""))

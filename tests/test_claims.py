@@ -176,6 +176,12 @@ def test_link_rate_matches_within_measurement_noise_only():
     assert match.differences(run(gbps=0.95), run(gbps=None)) == ["link_rate"]
 
 
+def test_set_up_words_name_the_link_only_where_ranks_cross_it():
+    assert "link 1gbit (0.95 Gbit/s measured)" in match.describe(run())
+    one = match.describe(run(nodes=1))  # a node of the shaped cluster: its link is unused
+    assert one.startswith("4 ranks on 1 node(s) (4)") and "link" not in one
+
+
 def test_settings_a_run_does_not_act_on_do_not_separate_set_ups():
     # a multi-strategy job's --staleness and --bucket-mb leave its flat run flat
     assert match.same_setup(run("flat", config={"staleness": 1, "bucket_mb": 25.0}),
