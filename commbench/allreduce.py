@@ -127,7 +127,9 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
             name = "-".join(x for x in (strategy_name, algo, run.run_id) if x)
             folder = comm.bcast_object(str(trace_dir(out.path, name))
                                        if comm.rank == 0 else None)
-            trace = TorchTrace(folder, cfg.warmup, cfg.trace_steps, comm.name, comm.rank,
+            # the window in the middle of the measured steps: untraced steps on both sides
+            first = cfg.warmup + (cfg.steps - cfg.trace_steps) // 2
+            trace = TorchTrace(folder, first, cfg.trace_steps, comm.name, comm.rank,
                                comm.size, cuda=workload.device.type == "cuda")
         samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
                             accum_steps=cfg.accum_steps, on_step=record_step,

@@ -506,7 +506,7 @@ def check_trace(cfg: Config) -> None:
         cfg.trace_steps = min(DEFAULT_STEPS, cfg.steps)
     if cfg.trace_steps > cfg.steps:
         raise ConfigError(f"--trace-steps {cfg.trace_steps}: more than --steps {cfg.steps} "
-                          "(the window is the first measured steps)")
+                          "(the window is measured steps)")
 
 
 def check_slow_rank(spec: WorkloadSpec, ranks: int, computing: range | None = None) -> None:

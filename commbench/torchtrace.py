@@ -27,11 +27,13 @@ What the trace holds, per traced step:
    started it), and each is placed from its offset to the start of its step,
    both read on this rank's clock (a few microseconds off the profiler's).
 
-The window is the first ``--trace-steps`` measured steps: the profiler starts
-before the first one's pre-step barrier and stops after the last one's record,
-both outside every timed step, and each step record says whether its step was
-traced (``traced``), so one run compares traced with untraced steps. Steps
-outside the window pay a no-op context manager per phase.
+The window is ``--trace-steps`` measured steps in the middle of the run (so
+untraced steps lie on both sides of it): the profiler starts before the
+first one's pre-step barrier and stops after the last one's record, both
+outside every timed step, and each step record says whether its step was
+traced (``traced``), so one run compares traced steps with their untraced
+neighbours (``runner.summarize_steps``). Steps outside the window pay a no-op
+context manager per phase.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class TorchTrace(NoTrace):
 
     Args:
         directory: the run's trace folder (the same on every rank).
-        first: the first traced step (the first measured one).
+        first: the first traced step.
         count: how many steps to trace.
         backend, rank, world_size: for ``distributedInfo``.
         cuda: record CUDA kernels too.

@@ -72,6 +72,18 @@ def test_summary_keeps_traced_steps_out_of_the_medians_and_states_their_cost():
     assert s["stats"]["step_s"]["count"] == 7
 
 
+def test_trace_overhead_compares_the_window_with_its_neighbours_not_the_whole_run():
+    """Step times drift over a run: the window's cost is read against the untraced steps
+    next to it (as many on each side as it holds), not against the run's median."""
+    times = [0.5, 0.5, 0.1, 0.1, 0.11, 0.11, 0.1, 0.1, 0.5, 0.5]
+    steps = [step_record([sample(k, t, 0.05)], 1) for k, t in enumerate(times)]
+    for s in steps[4:6]:
+        s["traced"] = True
+    s = summarize_steps(steps, samples_per_step=32)
+    assert s["step_s"] == pytest.approx(0.3)  # the untraced steps' median: drift included
+    assert s["trace_overhead"] == pytest.approx(0.1)  # 0.11 against the 0.1 beside it
+
+
 def test_timer_phases_and_union_of_comm():
     t = StepTimer()
     t.begin_step(3, warmup=False, wait_s=0.001)

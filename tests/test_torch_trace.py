@@ -16,6 +16,8 @@ from tests.conftest import PY, launch, read_jsonl
 
 PHASES = {"forward", "backward", "sync", "optimizer"}
 WARMUP, STEPS, TRACED = 1, 4, 2
+FIRST = WARMUP + (STEPS - TRACED) // 2  # the window: the middle of the measured steps
+WINDOW = range(FIRST, FIRST + TRACED)
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +39,9 @@ def job(tmp_path_factory) -> tuple[list[dict], Path]:
 def test_step_records_say_which_steps_were_traced(job):
     recs, _ = job
     steps = [r for r in recs if r["kind"] == "step"]
-    # the window is the first measured steps; warm-up and later steps are not traced
-    assert [r["traced"] for r in steps] == ([False] * WARMUP + [True] * TRACED
-                                            + [False] * (STEPS - TRACED))
+    # the window is in the middle of the measured steps: untraced steps on both sides
+    assert [r["traced"] for r in steps] == [r["step"] in WINDOW for r in steps]
+    assert 0 < FIRST - WARMUP and FIRST + TRACED < WARMUP + STEPS
     assert not any(r["kind"] == "trace" for r in recs)  # the timeline's records: --trace only
     # the medians are of the untraced steps; the traced ones' cost is stated beside them
     summary = next(r for r in recs if r["kind"] == "summary")
@@ -47,8 +49,10 @@ def test_step_records_say_which_steps_were_traced(job):
     assert summary["stats"]["step_s"]["count"] == STEPS - TRACED
     traced = sorted(r["step_s"] for r in steps if r["traced"])
     assert summary["traced_step_s"] == pytest.approx(sum(traced) / 2)
+    # against its neighbours: the untraced step on each side of the window
+    near = [r["step_s"] for r in steps[WARMUP:] if not r["traced"]]
     assert summary["trace_overhead"] == pytest.approx(
-        summary["traced_step_s"] / summary["step_s"] - 1)
+        summary["traced_step_s"] / (sum(near) / 2) - 1)
 
 
 @pytest.mark.mpi
@@ -63,7 +67,7 @@ def test_one_trace_per_rank_beside_the_results_with_distributed_info(job):
         assert trace["distributedInfo"] == {"backend": "mpi", "rank": rank, "world_size": 2}
         names = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"]
         assert [n for n in names if n.startswith("ProfilerStep#")] == [
-            f"ProfilerStep#{k}" for k in range(WARMUP, WARMUP + TRACED)]
+            f"ProfilerStep#{k}" for k in WINDOW]
         assert PHASES <= set(names)
 
 
@@ -97,7 +101,7 @@ def test_holistic_trace_analysis_loads_both_ranks_with_the_phases(job):
         names = {sym[i] for i in analysis.t.get_trace(rank)["name"]}
         assert PHASES | {"commbench collective"} <= names, rank
     # HTA counts an iteration from one ProfilerStep to the next: all but the last traced
-    assert set(analysis.get_profiler_steps()) <= set(range(WARMUP, WARMUP + TRACED))
+    assert set(analysis.get_profiler_steps()) <= set(WINDOW)
     assert analysis.get_profiler_steps()
 
 
