@@ -216,10 +216,13 @@ class Run:
         """
         out = summarize_steps(self.steps, samples_per_step)
         if wall_clock:
-            # the traced window (--trace torch) is the first measured steps: the wall
-            # clock starts after it when untraced steps follow, as the medians do
-            skip = out["traced_steps"] if "traced_step_s" in out else 0
-            wall_s = self._marks[-1] - self._marks[out["warmup_steps"] + skip]
+            wall_s = self._marks[-1] - self._marks[out["warmup_steps"]]
+            skip = 0
+            if "traced_step_s" in out:  # the traced window (--trace torch) leaves the wall
+                # clock when untraced steps lie around it, as it leaves the medians
+                at = [i for i, st in enumerate(self.steps) if st.get("traced")]
+                skip = len(at)
+                wall_s -= self._marks[at[-1] + 1] - self._marks[at[0]]
             out["wall_s"] = wall_s
             out["wall_throughput"] = metrics.throughput(
                 (out["measured_steps"] - skip) * samples_per_step, wall_s)

@@ -49,6 +49,11 @@ def test_step_records_say_which_steps_were_traced(job):
     assert summary["stats"]["step_s"]["count"] == STEPS - TRACED
     traced = sorted(r["step_s"] for r in steps if r["traced"])
     assert summary["traced_step_s"] == pytest.approx(sum(traced) / 2)
+    # the wall clock leaves the window out as the medians do: it holds the untraced steps
+    untraced = [r["step_s"] for r in steps[WARMUP:] if not r["traced"]]
+    assert summary["wall_s"] >= sum(untraced)
+    assert summary["wall_throughput"] == pytest.approx(
+        len(untraced) * summary["batch_size"] * 2 / summary["wall_s"])
     # against its neighbours: the untraced step on each side of the window
     near = [r["step_s"] for r in steps[WARMUP:] if not r["traced"]]
     assert summary["trace_overhead"] == pytest.approx(
