@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from commbench.config import Config, message_sizes, parse_size
@@ -496,7 +496,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a real cluster's hosts and slots (no link shaping: one link rate)")
     g.add_argument("--hostfile", default=None, help="or an Open MPI host file (HOST slots=N)")
     g.add_argument("--launcher", choices=commands.LAUNCHERS, default="mpirun")
+    g = p.add_argument_group("scale (smaller for a smoke test; verdicts then rest on less)")
+    g.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="measured steps of each replayed-compute job (default 20; --quick 6)")
+    g.add_argument("--compute-scale", type=float, default=None, metavar="F",
+                   help="the replayed H200 compute's multiplier (default 20; --quick 50: "
+                        "backward about as long as flat's transfer at 1 Gbit/s, so C3 can "
+                        "overlap)")
     return p
+
+
+def scaled(scale: Scale, steps: int | None, compute_scale: float | None) -> Scale:
+    """``scale`` with the command line's ``--steps`` and ``--compute-scale``."""
+    if steps is not None and steps < 1:
+        raise StudyError(f"--steps {steps}: must be at least 1")
+    if compute_scale is not None and not compute_scale > 0:
+        raise StudyError(f"--compute-scale {compute_scale:g}: must be > 0")
+    return replace(scale, steps=scale.steps if steps is None else steps,
+                   compute_scale=scale.compute_scale if compute_scale is None
+                   else compute_scale)
 
 
 def launch_command(point: dict, sweep: sweeps.Sweep, out: Path) -> list[str]:
@@ -520,8 +538,8 @@ def _describe(job: Job, cluster: Cluster) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    scale = QUICK if a.quick else FULL
     try:
+        scale = scaled(QUICK if a.quick else FULL, a.steps, a.compute_scale)
         claims = parse_claims(a.claims)
         ranks = None
         if a.ranks:

@@ -134,6 +134,8 @@ BAD = [
     case("launch.study", [*STUDY, "--launcher", "horovodrun-gloo", "--claims", "C4"],
          "C4 needs point-to-point"),
     case("launch.study", ["--quick", "-o", "/dev/null"], "/dev/null is not a directory"),
+    case("launch.study", [*STUDY, "--steps", "0"], "--steps 0: must be at least 1"),
+    case("launch.study", [*STUDY, "--compute-scale", "0"], "--compute-scale 0: must be > 0"),
     case("launch.cluster", [*CLUSTER_RUN, "--nodes", "2", "--slots", "2", "--np", "5", "--",
                             "python", "-c", "pass"], "more ranks than"),
     case("launch.cluster", [*CLUSTER_RUN, "--nodes", "2", "--slots", "2", "--rate", "fast",

@@ -25,6 +25,7 @@ from launch.study import (
     estimate,
     plan,
     planned_records,
+    scaled,
 )
 from tests.conftest import PY, ROOT, read_jsonl
 
@@ -166,13 +167,30 @@ def _c7_row(report) -> str:
                 if ln.startswith("| C7 |"))
 
 
+#: the end-to-end studies at a smoke scale: what they check (jobs, report, resume, one matched
+#: set) does not need the quick scale's steps or compute
+SMOKE = ("--steps", "2", "--compute-scale", "5")
+
+
+def test_smoke_scale_shrinks_the_replayed_jobs_only():
+    jobs = {j.name: j for j in plan(scaled(QUICK, 2, 5.0), EMULATED)}
+    quick = {j.name: j for j in plan(QUICK, EMULATED)}
+    assert jobs.keys() == quick.keys()
+    synthetic = [n for n, j in jobs.items() if "--compute-scale" in j.args]
+    assert synthetic and all(jobs[n].estimate_s < quick[n].estimate_s for n in synthetic)
+    for n in synthetic:
+        args = jobs[n].args
+        assert args[args.index("--steps") + 1] == "2"
+        assert args[args.index("--compute-scale") + 1] == "5"
+
+
 @pytest.mark.mpi
 def test_tiny_study_on_one_host_runs_reports_and_resumes(tmp_path):
     """C7 on 2 ranks of this host (the real-cluster path: --hosts): two jobs, the report,
     then a second run that skips both and writes the report again."""
     out = tmp_path / "s"
-    args = ("--quick", "--claims", "C7", "--hosts", "localhost:2", "--ranks", "2", "-o",
-            str(out))
+    args = ("--quick", *SMOKE, "--claims", "C7", "--hosts", "localhost:2", "--ranks", "2",
+            "-o", str(out))
     res = study_cli(*args, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "expected time" in res.stdout and "point 2/2" in res.stderr and "eta" in res.stderr
@@ -195,8 +213,8 @@ def test_tiny_study_on_the_emulated_cluster(tmp_path):
     """C7 on 2 emulated nodes x 1 rank at 1 Gbit/s: the runs share one measured link and
     the report finds them one matched set."""
     out = tmp_path / "s"
-    res = study_cli("--quick", "--claims", "C7", "--nodes", "2", "--slots", "1", "--ranks", "2",
-                    "-o", str(out), timeout=900)
+    res = study_cli("--quick", *SMOKE, "--claims", "C7", "--nodes", "2", "--slots", "1",
+                    "--ranks", "2", "-o", str(out), timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     recs = _summaries(out)
     assert {r["nodes"] for r in recs} == {2} and {r["link_shaping"] for r in recs} == {"1gbit"}
