@@ -16,7 +16,8 @@ dtype and every ``--algo``:
    that ranks enter each call together, as compute between a step's calls
    makes them (Intel MPI Benchmarks' ``-sync 1``); on the emulated cluster
    Open MPI's own ring-family all-reduces of 2 ranks ran at half the link
-   back to back and at the link so;
+   back to back and at the link so (its put protocol over TCP when ranks
+   enter apart; docs/microbench.md);
    The buffer holds zeros while timed: repeated in-place sums of anything
    else overflow float16/bfloat16 within a few calls;
 2. gather the per-rank times on rank 0: min / avg / max over ranks (clocks of

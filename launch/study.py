@@ -249,7 +249,8 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
     # intra-node alpha-beta) and on every node at the first rate (fixes the link's)
     local = cluster.node_slots[0]
     # --sync-each: each timed call starts together, as a training step's all-reduce does
-    # (back to back, Open MPI's native runs at about half its speed across 2 nodes)
+    # (back to back, Open MPI's native ran at about half its speed across 2 nodes: its put
+    # protocol over TCP when ranks enter apart, docs/microbench.md)
     sizes = ["-b", "64K", "-e", "64M", "-f", "4", "-n", str(scale.micro_iters), "-w", "2",
              "--sync-each", "--quiet"]
     if local >= 2:
