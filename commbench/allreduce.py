@@ -29,7 +29,7 @@ from commbench.strategies import STRATEGIES, StrategySettings, make_strategy
 from commbench.strategies.asynchronous import merge_step_log, summarize_step_log
 from commbench.tables import Column
 from commbench.timing import StepTimer, TracingStepTimer
-from commbench.torchtrace import TorchTrace, trace_dir
+from commbench.torchtrace import TorchTrace, trace_dir, window_start
 from commbench.validate import count_wrong
 from commbench.workloads import make_workload
 
@@ -127,8 +127,7 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
             name = "-".join(x for x in (strategy_name, algo, run.run_id) if x)
             folder = comm.bcast_object(str(trace_dir(out.path, name))
                                        if comm.rank == 0 else None)
-            # the window in the middle of the measured steps: untraced steps on both sides
-            first = cfg.warmup + (cfg.steps - cfg.trace_steps) // 2
+            first = window_start(cfg.warmup, cfg.steps, cfg.trace_steps)
             trace = TorchTrace(folder, first, cfg.trace_steps, comm.name, comm.rank,
                                comm.size, cuda=workload.device.type == "cuda")
         samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,

@@ -52,6 +52,12 @@ TRACKS = {"collectives": 1, "collective phases": 2}  # tids no thread of ours ha
 _NULL = contextlib.nullcontext()
 
 
+def window_start(warmup: int, steps: int, count: int) -> int:
+    """The first traced step: ``count`` of the ``steps`` measured steps (after ``warmup``)
+    in the middle of them, so untraced steps lie on both sides of the window."""
+    return warmup + (steps - count) // 2
+
+
 def trace_dir(results: str | Path, run_id: str) -> Path:
     """Where one run's traces go: beside the results file, one folder per run."""
     results = Path(results)
