@@ -2,23 +2,26 @@
 
 One table of every case: the tool, its arguments, the text(s) its error line
 must contain, and how it is started. Most run as one plain process (a tool
-started without a launcher is a job of one rank), 3 at a time; the cases
+started without a launcher is a job of one rank), forked from one that has
+imported the tools (``tests/forkrun.py``: the same ``python -m``); the cases
 marked with ranks run under mpirun, where every rank must stop with status 2
 and the line be said once (by rank 0), with nothing on stdout. Then the
 refusals of the tools' parsers in-process (``ConfigError`` naming the flag).
 
 In the arguments ``{tmp}`` is the case's own directory (holding an empty
-``empty.jsonl``); a ``commbench`` tool given no ``--output`` gets one there.
+``empty.jsonl``) and ``{root}`` the project's; a ``commbench`` tool given no
+``--output`` gets one there.
 After the run that directory must hold nothing new: no partial output.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,8 +59,14 @@ BAD = [
     case(A, ["--step-timeout", "-1"], "--step-timeout"),
     case(A, ["--step-timeout", "0.05"], "--step-timeout"),
     case(A, ["--workload", "resnet", "--image-size", "8"], "--image-size"),
-    case(A, ["--dataset", "digits"], "--dataset"),
     case(A, ["--compute-profile", "/nonexistent/p.json"], "/nonexistent/p.json"),
+    case(A, ["--model", "resnet18", "--compute-profile", "{root}/profiles/h200-resnet50-b256.json"],
+         "--compute-profile", "resnet50"),
+    case(A, ["--workload", "resnet", "--image-size", "16"], "--image-size"),
+    case(A, ["--workload", "resnet", "--batch-size", "0"], "--batch-size"),
+    case(A, ["--workload", "resnet", "--model", "resnet9"], "--model"),
+    case(A, ["--buffers", "sum"], "--buffers", "'sum'"),
+    case(A, ["--dataset", "digits"], "--dataset digits: needs --workload resnet"),
     case(A, ["--no-such-flag"], "--no-such-flag"),
     case(A, ["--output", "/proc/commbench/r.jsonl"], "--output"),
     case(A, ["--bucket-mb", "-3"], "--bucket-mb"),
@@ -163,7 +172,7 @@ def _stderr_lines(module: str, stderr: str) -> list[str]:
 
 
 def _argv(module: str, args: list[str], d: Path) -> list[str]:
-    argv = [a.format(tmp=d) for a in args]
+    argv = [a.format(tmp=d, root=ROOT) for a in args]
     if module.startswith("commbench.") and "--output" not in argv:
         argv += ["--output", str(d / "out" / "r.jsonl")]
     return argv
@@ -177,22 +186,27 @@ def _case_dir(factory, i: int) -> Path:
 
 @pytest.fixture(scope="module")
 def plain_runs(request, tmp_path_factory) -> dict:
-    """Every selected plain-process case run as its own process, 3 at a time (start-up is
-    mostly importing torch), in its own directory; keyed by (module, args)."""
-    def one(i: int, module: str, args: list[str], d: Path):
-        res = subprocess.run([PY, "-m", module, *_argv(module, args, d)], capture_output=True,
-                             text=True, cwd=str(d), env={**os.environ, "PYTHONPATH": str(ROOT)},
-                             timeout=120)
-        return (module, tuple(args)), (res, d)
-
+    """Every selected plain-process case, each in its own directory, run by
+    ``tests/forkrun.py``: the tools imported once, each case a forked ``python -m``
+    (start-up is mostly importing torch); keyed by (module, args)."""
     selected = [item.callspec.params for item in request.session.items
                 if item.originalname == "test_bad_input_exits_2_with_one_line_naming_the_cause"]
     cases = [(c["module"], c["args"]) for c in selected if c["ranks"] is None]
-    # the directories first, on this thread: pytest's temporary base directory is not
-    # made safely by three threads at once (a session starting with this file failed so)
+    if not cases:
+        return {}
     dirs = [_case_dir(tmp_path_factory, i) for i in range(len(cases))]
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(lambda ic: one(ic[0], *ic[1], dirs[ic[0]]), enumerate(cases)))
+    lines = "".join(json.dumps({"module": m, "args": _argv(m, a, d), "cwd": str(d),
+                                "timeout": 120}) + "\n"
+                    for (m, a), d in zip(cases, dirs))
+    modules = sorted({m for m, _ in cases})
+    res = subprocess.run([PY, str(ROOT / "tests" / "forkrun.py"), *modules], input=lines,
+                         capture_output=True, text=True, cwd=str(ROOT), timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    answers = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(answers) == len(cases), res.stderr
+    return {(m, tuple(a)): (SimpleNamespace(**ans), d)
+            for (m, a), d, ans in zip(cases, dirs, answers)}
 
 
 def test_every_case_is_listed_once():
