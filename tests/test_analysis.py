@@ -20,7 +20,7 @@ from tests.conftest import PY, ROOT, run_tool
 
 pytestmark = pytest.mark.mpi
 
-COMMON = ["--steps", "3", "--warmup", "1", "--compute-ms", "20", "--model", "resnet18",
+COMMON = ["--steps", "3", "--warmup", "1", "--compute-ms", "20", "--model", "smallcnn",
           "--quiet"]
 A = "commbench.allreduce"
 

@@ -167,7 +167,7 @@ SMALL = ["--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms",
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("np_", [2, 3])  # one rank: test_job_validates_every_bucket_size
 def test_bucketed_equals_flat_mpi(np_):
     run_check("mpirun", np_, "bucketed_vs_flat.py", "mpi", f"OK bucketed == flat on {np_} ranks")
 
@@ -185,8 +185,7 @@ def _job(launcher, np_, tmp_path, extra):
 
 @pytest.mark.mpi
 # ResNet-18's gradients; the first bucket is capped at DDP's 1 MiB (fc.bias alone)
-@pytest.mark.parametrize("np_,mb,buckets", [(1, 0, 62), (2, 25, 3), (3, 1000, 2), (4, 0, 62),
-                                            (6, 5, 11)])
+@pytest.mark.parametrize("np_,mb,buckets", [(1, 0, 62), (2, 25, 3), (3, 1000, 2), (2, 5, 11)])
 def test_job_validates_every_bucket_size(tmp_path, np_, mb, buckets):
     summ, steps = _job("mpirun", np_, tmp_path, [*SMALL, "--strategy", "bucketed",
                                                  "--bucket-mb", str(mb)])

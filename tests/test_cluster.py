@@ -25,7 +25,7 @@ from tests.conftest import PY, ROOT, read_jsonl
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 NAME = "cbt"
-PROG = [PY, "-m", "commbench.allreduce", "--model", "resnet18", "--steps", "2", "--warmup",
+PROG = [PY, "-m", "commbench.allreduce", "--model", "smallcnn", "--steps", "2", "--warmup",
         "1", "--compute-ms", "10"]
 
 

@@ -199,7 +199,7 @@ def test_ring_transfer_is_refused_under_gloo(tmp_path):
 @pytest.mark.mpi
 def test_job_records_the_transfer_path(tmp_path):
     summ = summaries(run_tool("mpirun", 2, "commbench.allreduce", [
-        "--model", "resnet18", "--strategy", "async,bucketed", "--transfer", "ring",
+        "--model", "smallcnn", "--strategy", "async,bucketed", "--transfer", "ring",
         "--staleness", "1", "--compute-ms", "20", "--steps", "2", "--warmup", "1"],
         tmp_path / "r.jsonl"))
     for name in ("async", "bucketed"):

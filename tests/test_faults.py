@@ -31,7 +31,7 @@ from tests.fakes import command as fake_command
 
 NP = 3  # not a power of two; small for a 2-core machine
 K = 3  # the faulty step (0 = the warm-up step), so steps 0..K-1 are finished before it
-ARGS = ["--model", "resnet18", "--steps", "6", "--warmup", "1", "--compute-ms", "20",
+ARGS = ["--model", "smallcnn", "--steps", "6", "--warmup", "1", "--compute-ms", "20",
         "--algo", "native"]
 # the hang tests' deadline (the default is 300 s): far above a healthy step here (~0.1 s;
 # 3 ranks' steps were seen to take up to 5 s when other jobs loaded the 2 cores, and the

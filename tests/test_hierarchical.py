@@ -69,8 +69,8 @@ def test_pipeline_reraises_the_inter_node_error():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_,layout", [
-    (1, None), (2, "a,b"), (3, "a,a,b"), (4, "a,a,a,b"), (4, "a,b,a,b"), (5, "a,a,b,b,b"),
-    (6, "a,a,b,b,c,c"), (4, None),
+    (1, None), (2, "a,b"), (3, "a,a,b"), (4, "a,a,a,b"), (4, "a,b,a,b"), (6, "a,a,b,b,c,c"),
+    (4, None),
 ])
 def test_equals_native_mpi(np_, layout):
     run_check("mpirun", np_, SCRIPT, "mpi", f"OK hierarchical == native on {np_} ranks",
@@ -78,20 +78,21 @@ def test_equals_native_mpi(np_, layout):
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("launcher,np_,layout", [
-    ("horovodrun", 4, "a,a,a,b"), ("horovodrun", 3, "a,a,b"),
-    ("horovodrun-gloo", 4, "a,a,b,b"),
+# on Gloo float32 only: each of Horovod's collectives there costs 0.3-1 s on 4 ranks
+# sharing 2 cores (43 s for every dtype), and the dtypes' own paths are the mpi cases'
+@pytest.mark.parametrize("launcher,np_,layout,dtypes", [
+    ("horovodrun", 4, "a,a,a,b", ()), ("horovodrun-gloo", 4, "a,a,b,b", ("float32",)),
 ])
-def test_equals_native_horovod_process_sets(launcher, np_, layout):
+def test_equals_native_horovod_process_sets(launcher, np_, layout, dtypes):
     run_check(launcher, np_, SCRIPT, "horovod", f"OK hierarchical == native on {np_} ranks",
-              nodes=layout)
+              nodes=layout, args=dtypes)
 
 
 @pytest.mark.mpi
 def test_strategy_runs_both_variants_in_the_study(tmp_path):
     recs = run_tool("mpirun", 4, "commbench.allreduce", [
         "--strategy", "flat,hierarchical", "--algo", "native,hier,hier-leader",
-        "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "10"],
+        "--model", "smallcnn", "--steps", "2", "--warmup", "1", "--compute-ms", "10"],
         tmp_path / "r.jsonl", nodes="a,a,a,b")
     runs = {(s["strategy"], s["algo"]): s for s in of_kind(recs, "summary")}
     # flat takes every algo it was given; hierarchical only its own variants
@@ -103,14 +104,14 @@ def test_strategy_runs_both_variants_in_the_study(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.skipif(os.geteuid() != 0, reason="emulated cluster needs root")
-@pytest.mark.parametrize("slots,np_", [(2, 4), (3, 4)])  # 2 + 2 and uneven 3 + 1
+@pytest.mark.parametrize("slots,np_", [(3, 4)])  # uneven 3 + 1 (even nodes: the fake ones)
 def test_on_emulated_nodes(tmp_path, slots, np_):
     from launch.cluster import cluster, launch_argv
     from launch.execute import run
 
     out = tmp_path / "r.jsonl"
     prog = [PY, "-m", "commbench.allreduce", "--strategy", "hierarchical", "--algo",
-            "hier,hier-leader", "--model", "resnet18", "--steps", "2", "--warmup", "1",
+            "hier,hier-leader", "--model", "smallcnn", "--steps", "2", "--warmup", "1",
             "--compute-ms", "10", "--output", str(out)]
     with cluster(2, slots, rate="1gbit", name="cbh") as spec:
         res = run(launch_argv(spec, "mpirun", np_, prog), timeout=240, cwd=str(ROOT))

@@ -46,7 +46,7 @@ def check_records(recs: list[dict], world_size: int, backend: str) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [2, 3, 4])
+@pytest.mark.parametrize("np_", [3])  # other sizes: every other job test
 def test_mpirun(tmp_path, np_):
     out = tmp_path / "r.jsonl"
     res = launch("mpirun", np_, [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)])

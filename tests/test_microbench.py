@@ -122,7 +122,7 @@ def check_records(path, world_size: int, backend: str, sizes: list[int]) -> list
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("np_", [1, 3, 4])
 def test_every_algo_and_dtype_validates(tmp_path, np_):
     out = tmp_path / "r.jsonl"
     sync = np_ == 3  # one layout times its calls each after a barrier

@@ -13,7 +13,7 @@ import pytest
 from launch.sweep import SweepError, make_sweep, parse_set, point_id
 from tests.conftest import PY, ROOT, read_jsonl
 
-FIXED = ["--", "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "10"]
+FIXED = ["--", "--model", "smallcnn", "--steps", "2", "--warmup", "1", "--compute-ms", "10"]
 
 
 def sweep_cli(*args, timeout=600):
@@ -131,7 +131,7 @@ def test_interrupted_sweep_resumes_only_missing_points(tmp_path):
 def test_point_on_emulated_cluster(tmp_path):
     out = tmp_path / "sw"
     res = sweep_cli("--set", "nodes=2", "--set", "slots=1", "--set", "rate=1gbit", "-o",
-                    str(out), "--", "--model", "resnet18", "--steps", "2", "--warmup", "1",
+                    str(out), "--", "--model", "smallcnn", "--steps", "2", "--warmup", "1",
                     "--algo", "native")
     assert res.returncode == 0, res.stderr
     recs = [r for p in out.glob("*.jsonl") for r in read_jsonl(p)]

@@ -134,7 +134,7 @@ def test_bad_trace_flags_name_the_flag(argv, message):
 def test_horovod_backend_writes_its_rank_into_each_trace(tmp_path):
     """Under Horovod torch.distributed is not initialised either: distributedInfo is ours."""
     out = tmp_path / "hvd.jsonl"
-    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", "--model", "gpt2-small",
+    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", "--model", "gpt-tiny",
                                    "--compute-ms", "20", "--algo", "native", "--steps", "2",
                                    "--warmup", "0", "--trace", "torch", "--quiet",
                                    "--output", str(out)], timeout=300)

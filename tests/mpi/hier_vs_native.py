@@ -9,6 +9,8 @@ pass would repeat the unpipelined one, and is skipped). The union of the phase i
 each variant reports, pipelined or not, must cover at least 95 % of its
 call's time in the best of three calls.
 Exits 1 on a mismatch. Prints the topology it saw.
+
+    mpirun -np 4 python tests/mpi/hier_vs_native.py mpi [float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -44,12 +46,17 @@ def timed(comm, fn, t: torch.Tensor, **kw) -> tuple[float, list[tuple[float, flo
     return time.perf_counter() - start, spans
 
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
+    # a second argument: the dtypes to check (comma-separated), all by default
+    dtypes = [DTYPES[d] for d in sys.argv[2].split(",")] if len(sys.argv) > 2 else DTYPES.values()
     n, r = comm.size, comm.rank
     bad = []
     pipelined = 0
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    for dtype in dtypes:
         for numel in SIZES:
             base = (torch.arange(numel) % 3 + 1).to(dtype)
             expected = base * (n * (n + 1) // 2)
