@@ -86,7 +86,6 @@ def serve(modules: list[str]) -> None:
         importlib.import_module(m)
     for m in modules:  # ... while the tools themselves run afresh, as __main__
         sys.modules.pop(m, None)
-    server = os.getpid()
     tmp = tempfile.mkdtemp(prefix="forkrun")
     out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
     try:
@@ -94,15 +93,17 @@ def serve(modules: list[str]) -> None:
             case = json.loads(line)
             sys.stdout.flush()
             pid = os.fork()
-            if pid == 0:
-                _child(case, out_path, err_path)  # never returns
+            if pid == 0:  # the child never leaves this branch, even if setting up fails
+                try:
+                    _child(case, out_path, err_path)  # ends in os._exit
+                finally:
+                    os._exit(1)
             rc = _wait(pid, float(case.get("timeout", 120)))
             with open(out_path) as o, open(err_path) as e:
                 answer = {"returncode": rc, "stdout": o.read(), "stderr": e.read()}
             print(json.dumps(answer), flush=True)
     finally:
-        if os.getpid() == server:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ SCRIPT = "compressed_vs_native.py"
 TINY_REAL = ["--workload", "resnet", "--model", "resnet18", "--image-size", "32",
              "--batch-size", "4", "--num-classes", "10", "--steps", "2", "--warmup", "1"]
 #: the same on the small CNN, where DDP's bucket count is not checked (it fits one bucket)
-SMALL_REAL = [*TINY_REAL[:2], "--model", "smallcnn", *TINY_REAL[4:]]
+SMALL_REAL = ["smallcnn" if a == "resnet18" else a for a in TINY_REAL]
 
 
 def _ok(n: int) -> str:
