@@ -234,6 +234,7 @@ class Point:
     local: int
     seconds: float
     source: str = ""
+    link_gbps: float = math.nan  # the inter-node link's measured rate, where the job had one
 
 
 def points(records: Sequence[dict], native_is: dict[str, str] | None = None) -> list[Point]:
@@ -259,7 +260,7 @@ def points(records: Sequence[dict], native_is: dict[str, str] | None = None) -> 
         nodes, local = num(r.get("nodes")), num(r.get("local_size"))
         out.append(Point(label, algo, size, int(ranks), int(nodes) if nodes >= 1 else 1,
                          int(local) if local >= 1 else int(ranks), t,
-                         f"{r['_file']}:{r['_line']}"))
+                         f"{r['_file']}:{r['_line']}", num(r.get("link_gbps"))))
     return out
 
 
@@ -292,6 +293,37 @@ def split_fit(pts: Sequence[Point], fit_algos: Sequence[str]) -> tuple[list[Poin
         for pt in ser:
             (fit if pt.size in even else held).append(pt)
     return fit, held
+
+
+def link_bytes(algo: str, n: float, p: int, nodes: int, local: int) -> float:
+    """Bytes one node's link carries each way in an all-reduce of ``n`` bytes on ``p``
+    ranks over ``nodes`` nodes (ranks placed node by node): the model's inter-node beta
+    coefficient, so ``link_bytes / rate`` is the algorithm's link bound; ``native`` (the
+    library's choice, unknown) the least of the flat algorithms' (on 2 x 4 Rabenseifner's,
+    Open MPI 4.1's choice for 4-15 ranks from 8 KiB: ``coll_tuned_decision_fixed.c``)."""
+    if nodes <= 1:
+        return 0.0
+    if algo == "native":
+        return min(link_bytes(a, n, p, nodes, local) for a in FLAT_ALGOS)
+    if algo in FLAT_ALGOS:
+        return float(flat_coef(algo, n, p, nodes, local)[BE])
+    if algo == "hier":
+        return float(hier_coef(n, nodes, local)[BE])
+    if algo == "hier-leader":
+        return float(flat_coef("ring", n, nodes, nodes, 1)[BE])
+    raise ModelError(f"no model for algorithm {algo!r}")
+
+
+def bound_ratio(pt: Point) -> float:
+    """Measured seconds / the algorithm's link bound (its busiest link's bytes at the
+    link's measured rate); NaN on one host or where the rate was not measured. Near 1: the
+    implementation runs at its algorithm's bound, and the model's bytes describe it; far
+    above 1: the implementation costs more than its algorithm's bytes (the model, which
+    prices the bytes, cannot follow it)."""
+    if pt.nodes <= 1 or not pt.link_gbps > 0:
+        return math.nan
+    bound = link_bytes(pt.algo, pt.size, pt.ranks, pt.nodes, pt.local) * 8 / (pt.link_gbps * 1e9)
+    return pt.seconds / bound if bound > 0 else math.nan
 
 
 def _coef(pt: Point) -> np.ndarray:
@@ -414,6 +446,17 @@ def error_by_algorithm(held: Sequence[Point], params: Params, min_bytes: float =
         groups[(pt.label, level)].append(abs(pred / pt.seconds - 1))
     return [(algo, level, len(e), float(np.median(e)))
             for (algo, level), e in sorted(groups.items())]
+
+
+def bound_by_algorithm(held: Sequence[Point], min_bytes: float = MIB) -> dict[str, float]:
+    """Per measured algorithm (label), the median ``bound_ratio`` of its inter-node points
+    of at least ``min_bytes`` (those of ``error_by_algorithm``) with a measured link rate."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for pt in held:
+        r = bound_ratio(pt) if pt.size >= min_bytes else math.nan
+        if not math.isnan(r):
+            groups[pt.label].append(r)
+    return {algo: float(np.median(r)) for algo, r in sorted(groups.items())}
 
 
 # --- extrapolation ---------------------------------------------------------------
@@ -602,6 +645,11 @@ def report_lines(res: ModelResult, rates: Sequence[float] = EXTRAP_RATES,
         out.append(f"{e.algo:16s} {e.level:6s} {e.ranks:5d} {e.count:6d} "
                    f"{e.median_abs_err:8.1%} {e.p90_abs_err:8.1%} {int(e.worst_size):14d} "
                    f"{e.worst_err:+8.1%}")
+    bound = bound_by_algorithm(res.held_points)
+    if bound:
+        out += ["", "# measured / link bound (inter-node points >= 1 MiB not fitted on: the "
+                "busiest link's bytes at its measured rate): "
+                + ", ".join(f"{a} {r:.2f}x" for a, r in bound.items())]
     sc = res.scenario
     out += ["", f"# extrapolation on {sc.name}: {sc.grad_bytes / 1e6:.1f} MB gradient, compute "
                 f"{sc.compute_s * 1e3:.1f} ms/step, {sc.local_size} ranks/node, inter alpha "

@@ -238,13 +238,46 @@ def test_model_error_per_algorithm_counts_messages_of_1_mib_and_more():
     assert rows[1][3] == pytest.approx((1 - 1 / 1.1 + 0.25) / 2)
     res = SimpleNamespace(held_points=pts, params=FIT4)
     text = "\n".join(report.model_error_lines(res))
-    assert "| ring | intra | 2 | 17.0% | no |" in text
-    assert "| hier | inter | 1 | 20.0% | no |" in text
+    assert "| ring | intra | 2 | 17.0% | no | — |" in text
+    assert "| hier | inter | 1 | 20.0% | no | — |" in text  # no measured link rate
     near = costmodel.error_by_algorithm([_pt("rd", 2 * MIB, 1.05)], FIT4)  # 1/1.05 - 1: 4.8 %
     text = "\n".join(report.model_error_lines(SimpleNamespace(held_points=[
         _pt("rd", 2 * MIB, 1.05)], params=FIT4)))
-    assert near[0][3] == pytest.approx(1 - 1 / 1.05) and "| rd | intra | 1 | 4.8% | yes |" in text
+    assert near[0][3] == pytest.approx(1 - 1 / 1.05)
+    assert "| rd | intra | 1 | 4.8% | yes | — |" in text
     assert "no fitted model" in "\n".join(report.model_error_lines(None)).lower()
+
+
+def test_measured_over_link_bound_names_implementations_far_from_their_bytes():
+    gbps = 0.95
+    byte_s = 8 / (gbps * 1e9)
+
+    def at(label: str, algo: str, size: float, bytes_over_link: float, factor: float):
+        return costmodel.Point(label, algo, size, 8, 2, 4, bytes_over_link * byte_s * factor,
+                               link_gbps=gbps)
+
+    n = 16 * MIB
+    # one node's link each way: a ring 2(p-1)/p n, Rabenseifner n on 2 x 4 (its last step
+    # crosses, 4 ranks x n/8, reduce-scatter and all-gather), hier 2(N-1)/N n = n
+    assert costmodel.link_bytes("ring", n, 8, 2, 4) == pytest.approx(1.75 * n)
+    assert costmodel.link_bytes("rabenseifner", n, 8, 2, 4) == pytest.approx(n)
+    assert costmodel.link_bytes("native", n, 8, 2, 4) == pytest.approx(n)
+    assert costmodel.link_bytes("hier", n, 8, 2, 4) == pytest.approx(n)
+    assert costmodel.link_bytes("hier-leader", n, 8, 2, 4) == pytest.approx(n)
+    assert costmodel.link_bytes("ring", n, 4, 1, 4) == 0.0
+    pts = [at("ring", "ring", n, 1.75 * n, 1.02), at("ring", "ring", 4 * n, 7 * n, 1.0),
+           at("mpi-native", "native", n, n, 2.0), at("mpi-native", "native", MIB / 2, n / 32, 9.0)]
+    assert costmodel.bound_ratio(pts[0]) == pytest.approx(1.02)
+    one_host = costmodel.Point("ring", "ring", n, 4, 1, 4, 0.01, link_gbps=gbps)
+    unmeasured = costmodel.Point("ring", "ring", n, 8, 2, 4, 0.01)
+    assert math.isnan(costmodel.bound_ratio(one_host))
+    assert math.isnan(costmodel.bound_ratio(unmeasured))
+    # medians over points of 1 MiB or more: the 512 KiB point (9x) is left out
+    assert costmodel.bound_by_algorithm(pts) == pytest.approx({"ring": 1.01, "mpi-native": 2.0})
+    text = "\n".join(report.model_error_lines(SimpleNamespace(held_points=pts, params=FIT4)))
+    assert "| ring | inter | 2 |" in text and "| 1.01x |" in text and "| 2.00x |" in text
+    assert "mpi-native ran above 1.3x its algorithm's bound" in text
+    assert "ring ran above" not in text and ", ring" not in text
 
 
 def test_claims_predict_at_their_own_scale_on_the_one_device():
