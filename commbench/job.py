@@ -134,13 +134,17 @@ def report_bad_input(prog: str, message: str) -> None:
 
 def run_job(prog: str, argv: list[str] | None, parse: Callable[[list[str] | None], Any],
             check: Callable[[Communicator, Any], None],
-            body: Callable[[Communicator, Any], int]) -> int:
-    """Steps 1-4 above; return the exit status."""
+            body: Callable[[Communicator, Any], int],
+            before_init: Callable[[Any], None] | None = None) -> int:
+    """Steps 1-4 above; return the exit status. ``before_init(cfg)`` runs between parsing
+    and making the communicator: the place for settings the MPI library reads as it starts."""
     try:
         cfg = parse(argv)
     except ConfigError as e:
         report_bad_input(prog, str(e))
         return 2
+    if before_init is not None:
+        before_init(cfg)
     step_timeout = getattr(cfg, "step_timeout", None)
     watchdog.horovod_stall_env(step_timeout)  # read by hvd.init, so before the backend
     comm = make_communicator(detect_backend() if cfg.backend == "auto" else cfg.backend)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class MicroConfig(JobOutput):
     sync_each: bool = False  # a barrier before each timed call (else back to back)
     step_timeout: float | None = None  # seconds per row; None = auto, 0 = off (watchdog)
     algos: list[str] = field(default_factory=lambda: list(ALGOS))
+    mpi_algorithm: str | None = None  # Open MPI's all-reduce forced to this one (native)
 
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
@@ -136,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                    type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
                    help=f"all-reduce algorithms: {', '.join(ALGOS)} (native = the backend's "
                         "own, ring = the project's reduce-scatter + all-gather)")
+    g.add_argument("--mpi-algorithm", choices=tuple(OMPI_ALLREDUCE), default=None,
+                   help="native = Open MPI's all-reduce forced to this algorithm (its tuned "
+                        "component's rule, set before MPI starts), recorded as the row's "
+                        "native_algorithm for the cost model; mpi backend, Open MPI only; "
+                        "default: the library's own choice")
     add_backend_flag(g)
 
     g = p.add_argument_group("performance")
@@ -168,9 +175,29 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
             if size % item:
                 raise ConfigError(f"{flag} {size} is not a multiple of the {name} element "
                                   f"size ({item} bytes)")
+    if cfg.mpi_algorithm and "native" not in cfg.algos:
+        raise ConfigError("--mpi-algorithm forces the MPI library's own all-reduce: give "
+                          "--algo native too")
+    if cfg.mpi_algorithm and cfg.backend == "horovod":
+        raise ConfigError("--mpi-algorithm forces Open MPI's all-reduce: not Horovod's "
+                          "(use the mpi backend)")
     out = Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl"
     check_writable(out, "--output")
     return cfg
+
+
+#: Open MPI's tuned all-reduce algorithms by the cost model's names (``ompi_info --param coll
+#: tuned --level 9``: 3 recursive_doubling, 4 ring, 6 rabenseifner)
+OMPI_ALLREDUCE = {"ring": 4, "rd": 3, "rabenseifner": 6}
+
+
+def force_mpi_algorithm(cfg: MicroConfig, environ: dict[str, str]) -> None:
+    """``--mpi-algorithm``: Open MPI reads its tuned component's forced all-reduce from the
+    environment when MPI starts, so this runs before the communicator is made."""
+    if cfg.mpi_algorithm:
+        environ["OMPI_MCA_coll_tuned_use_dynamic_rules"] = "1"
+        environ["OMPI_MCA_coll_tuned_allreduce_algorithm"] = str(
+            OMPI_ALLREDUCE[cfg.mpi_algorithm])
 
 
 # -- validation values -----------------------------------------------------------
@@ -321,6 +348,9 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         "dtype": dtype,
         "wire_dtype": str(wire_dtype(comm, algo, DTYPES[dtype])).removeprefix("torch."),
         "algo": algo,
+        # --mpi-algorithm: what Open MPI's own all-reduce was forced to (the cost model's name)
+        **({"native_algorithm": cfg.mpi_algorithm} if algo == "native" and cfg.mpi_algorithm
+           else {}),
         # which path the two-level algorithms took: the ring or the group's all-reduce
         # across nodes; 1 segment = unpipelined
         **({"inter_node_algo": plan_inter_node_algo(comm),
@@ -395,6 +425,11 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column]) -> list[dict
 def check(comm: Communicator, cfg: MicroConfig) -> None:
     for name in cfg.algos:
         check_algo(comm, name)
+    if cfg.mpi_algorithm:
+        library = comm.versions().get("mpi_library", "")
+        if comm.name != "mpi" or "Open MPI" not in library:
+            raise ConfigError(f"--mpi-algorithm needs the mpi backend on Open MPI, not "
+                              f"{comm.name} on {library or 'no MPI library'}")
 
 
 def bench(comm: Communicator, cfg: MicroConfig) -> int:
@@ -415,7 +450,8 @@ def bench(comm: Communicator, cfg: MicroConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(PROG, argv, parse_config, check, bench)
+    return run_job(PROG, argv, parse_config, check, bench,
+                   before_init=lambda cfg: force_mpi_algorithm(cfg, os.environ))
 
 
 if __name__ == "__main__":

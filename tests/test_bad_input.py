@@ -113,6 +113,10 @@ BAD = [
     case(MB, ["-n", "0"], "--iters", ranks=2),
     case(MB, ["-w", "-1"], "--warmup_iters", ranks=2),
     case(MB, ["--output", "/proc/commbench/r.jsonl"], "--output", ranks=2),
+    case(MB, ["--mpi-algorithm", "ring", "--algo", "ring"], "--mpi-algorithm", "--algo native"),
+    case(MB, ["--mpi-algorithm", "ring", "--backend", "horovod"], "--mpi-algorithm",
+         "Horovod"),
+    case(MB, ["--mpi-algorithm", "tree"], "--mpi-algorithm"),
     # -- commbench.ps and commbench.staleness -----------------------------------------
     case(PS, [], "at least 2 ranks"),  # one process: a singleton MPI job
     case(PS, ["--strategy", "ps"], "--strategy"),

@@ -10,9 +10,11 @@ import torch
 from commbench.metrics import busbw
 from commbench.microbench import (
     DTYPES,
+    MicroConfig,
     count_mismatches,
     exact_limit,
     fill_pattern,
+    force_mpi_algorithm,
     message_sizes,
     parse_config,
     parse_size,
@@ -141,6 +143,25 @@ def test_every_algo_and_dtype_validates(tmp_path, np_):
     assert lines[-1].startswith("# Avg bus bandwidth : ")
     rows = [line for line in lines if not line.startswith("#")]
     assert len(rows) == len(recs)
+
+
+@pytest.mark.mpi
+def test_mpi_algorithm_forces_open_mpis_own_and_says_so(tmp_path):
+    out = tmp_path / "r.jsonl"
+    # Open MPI lists the settings it read from the environment as it starts
+    res = launch("mpirun", 3, [*MB, "--algo", "native,ring", "--mpi-algorithm", "rd",
+                               "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
+                               "--output", str(out)],
+                 env={"OMPI_MCA_mpi_show_mca_params": "enviro"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    said = res.stdout + res.stderr
+    assert "coll_tuned_use_dynamic_rules=true (environment)" in said
+    assert "coll_tuned_allreduce_algorithm=recursive_doubling (environment)" in said
+    recs = read_jsonl(out)
+    assert all(r["wrong"] == 0 and r["world_size"] == 3 for r in recs)
+    forced = {r["algo"]: r.get("native_algorithm") for r in recs}
+    assert forced == {"native": "rd", "ring": None}  # the project's ring is its own
+    assert force_mpi_algorithm(MicroConfig(), env := {}) is None and env == {}
 
 
 @pytest.mark.horovod
