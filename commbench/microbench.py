@@ -40,6 +40,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -191,7 +192,7 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
 OMPI_ALLREDUCE = {"ring": 4, "rd": 3, "rabenseifner": 6}
 
 
-def force_mpi_algorithm(cfg: MicroConfig, environ: dict[str, str]) -> None:
+def force_mpi_algorithm(cfg: MicroConfig, environ: MutableMapping[str, str]) -> None:
     """``--mpi-algorithm``: Open MPI reads its tuned component's forced all-reduce from the
     environment when MPI starts, so this runs before the communicator is made."""
     if cfg.mpi_algorithm:

@@ -28,6 +28,7 @@ from commbench.comm.hierarchical import (
     pipeline_segments,
 )
 from commbench.metrics import union_length
+from commbench.microbench import DTYPES  # the element types by name, as -d takes them
 
 SIZES = [1, 2, 3, 7, 97, 65537, 1_000_003]
 #: pipeline segments for the pipelined pass: odd byte counts, many segments
@@ -44,9 +45,6 @@ def timed(comm, fn, t: torch.Tensor, **kw) -> tuple[float, list[tuple[float, flo
     start = time.perf_counter()
     fn(comm, t, on_phase=lambda _n, a, b: spans.append((a, b)), **kw)
     return time.perf_counter() - start, spans
-
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def main() -> int:
