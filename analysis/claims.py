@@ -536,7 +536,7 @@ def _c6_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
 
 def c6(records, model) -> Claim:
     text = "activation memory grows linearly with batch (12 GB -> 38 GB, ResNet-50)"
-    real = [r for r in _summaries(records) if r.get("workload") == "resnet"
+    real = [r for r in _summaries(records) if match.is_real(r)
             and not math.isnan(_batch(r))]
     vary = ("batch",)
     groups = [g for g in match.matched_sets(real, vary) if _c6_batches(g) >= 3]

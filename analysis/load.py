@@ -12,7 +12,8 @@ happens to files in practice, and say which file and line is at fault:
   plot of records read with the wrong meaning would be silently wrong.
   Versions in ``READABLE_SCHEMAS`` may be mixed: version 2 only added fields
   to version 1 (wait vs transfer), which a version-1 record lacks and the
-  figures then leave out.
+  figures then leave out; version 3 renamed the real workload (``resnet`` ->
+  ``real``), which the matching reads under either name.
 
 Each job's ``job_end`` record gives its runs' records ``loadavg_end``, and
 every record gets ``started_busy`` (``mark_machine_load``): the analysis and
@@ -36,8 +37,9 @@ from commbench.cores import started_busy
 #: ``SCHEMA_VERSION`` (a writer that moves to 3 must not make this reader drop 2, nor claim
 #: to read 3 unseen): fields of 1 mean the same in 2, which only adds ``sync_wait_s``,
 #: ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
-#: ``straggler_rank``
-READABLE_SCHEMAS = frozenset({1, 2})
+#: ``straggler_rank``; 3 names the real workload ``real`` where 1 and 2 said ``resnet``
+#: (``analysis.match.REAL_WORKLOADS`` reads both)
+READABLE_SCHEMAS = frozenset({1, 2, 3})
 
 
 class LoadError(Exception):

@@ -100,16 +100,25 @@ def _link_rate(r: dict) -> float | None:
     return None if math.isnan(rate) else rate
 
 
+#: the real workload's name in records: ``real`` since schema 3, ``resnet`` before
+REAL_WORKLOADS = ("real", "resnet")
+
+
+def is_real(r: dict) -> bool:
+    """Whether ``r`` ran the real workload (forward and backward passes), any schema."""
+    return r.get("workload") in REAL_WORKLOADS
+
+
 def _workload(r: dict) -> tuple:
-    real = r.get("workload") == "resnet"  # image size and classes shape its compute
-    return (r.get("workload"), get(r, "dataset", "synthetic"),
+    real = is_real(r)  # image size and classes shape its compute
+    return ("real" if real else r.get("workload"), get(r, "dataset", "synthetic"),
             get(r, "image_size") if real else None, get(r, "num_classes") if real else None)
 
 
 def _compute(r: dict) -> tuple | None:
     """The replayed compute (the real workload computes for itself): a recorded profile
     and its scale, or a flat time (``compute_ms`` does nothing under a profile)."""
-    if r.get("workload") == "resnet":
+    if is_real(r):
         return None
     profile = get(r, "compute_profile")
     if profile:  # by its file name: a path says where the job ran, not what it replayed

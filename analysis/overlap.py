@@ -45,11 +45,9 @@ import numpy as np
 from analysis.costmodel import H200_NODE, ModelError, Node, Params, Scenario, a100_scenario, predict
 from analysis.load import get, knob, num, stat
 from analysis.match import PROFILES, profile_file
+from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, MB
 from commbench.buckets import assign_buckets as _assign_buckets
 
-MB = 2**20  # the bucketed strategy's MB (DDP's bucket_cap_mb unit)
-DEFAULT_BUCKET_MB = 25.0  # commbench.strategies.settings.DEFAULT_BUCKET_MB (DDP's)
-FIRST_BUCKET_MB = 1.0  # commbench.strategies.settings.FIRST_BUCKET_MB (DDP's first bucket)
 FLOAT32_BYTES = 4  # profiles are recorded in float32
 
 #: the one device scenario of the extrapolation: ResNet-50, batch 256, one H200

@@ -14,7 +14,7 @@ prints one line per check (``OK`` or ``FAIL`` with the cause), exit 1 if any fai
    ``peak_cuda_mb`` is there, and forward and backward are set beside the shipped
    H200 profile of the same model and batch (a ratio, printed, not a pass mark:
    another GPU is allowed to be slower);
-3. **job** — ``mpirun -np 2 python -m commbench.allreduce --workload resnet --device
+3. **job** — ``mpirun -np 2 python -m commbench.allreduce --workload real --device
    cuda``: two ranks on the one device train ResNet-18 with flat and bucketed sync
    (gradients fused on the device, staged through pinned host buffers, all-reduced
    by MPI on the host); every summary has ``#wrong`` 0, ``device`` cuda,
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from commbench import profile
+from commbench.workloads import compute_profile
 from launch import commands
 from launch.execute import run
 
@@ -70,8 +70,8 @@ def check_profile(out: Path) -> bool:
         return _line(False, "profile", f"commbench.profile exited {res.returncode}"
                      f"{' (timed out)' if res.timed_out else ''}: {res.stderr.strip()[-600:]}")
     try:
-        prof = profile.load(path, MODEL, 1000)
-    except profile.ProfileError as e:
+        prof = compute_profile.load(path, MODEL, 1000)
+    except compute_profile.ProfileError as e:
         return _line(False, "profile", str(e))
     ready = [g["ready_s"] for g in prof["grads"]]
     problems = []
@@ -94,7 +94,7 @@ def check_profile(out: Path) -> bool:
 def check_job(out: Path) -> bool:
     records = out / "gpu-job.jsonl"
     program = commands.python_module("commbench.allreduce", [
-        "--workload", "resnet", "--device", "cuda", "--model", MODEL, "--batch-size",
+        "--workload", "real", "--device", "cuda", "--model", MODEL, "--batch-size",
         str(BATCH), "--image-size", str(IMAGE), "--strategy", "flat,bucketed", "--steps", "5",
         "--warmup", "2", "--quiet", "--output", str(records)])
     res = run(commands.launcher_argv("mpirun", 2, program), timeout=JOB_TIMEOUT_S,

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from commbench.config import parse_size
+
 from benchmarks.cluster_jobs import (
     add_output_flags,
     cluster_argv,
@@ -38,7 +40,6 @@ from benchmarks.cluster_jobs import (
     outdir_of,
     print_load,
 )
-from commbench.config import parse_size
 from commbench.linkstats import GBPS_ENV
 from commbench.tables import Column, format_table
 
@@ -58,8 +59,8 @@ def rank_job(mode: str, cycle_ms: int, size: int, algos: list[str], iters: int, 
         hvd.init()
     from mpi4py import MPI  # initialises MPI (unless Horovod did)
 
+    from commbench.comm.algos import get_algo
     from commbench.comm.mpi import MpiCommunicator
-    from commbench.strategies.algos import get_algo
 
     # MPI_COMM_WORLD itself: freeing a duplicate at the end, with Horovod's thread still
     # running and owning MPI, crashed in MPI_Comm_free (1 in ~20 runs here)

@@ -18,7 +18,7 @@ import statistics
 import sys
 
 from commbench.comm import detect_backend, make_communicator
-from commbench.runner import run_steps
+from commbench.steploop import run_steps
 from commbench.strategies import make_strategy
 from commbench.timing import NullTimer, StepTimer, now
 from commbench.workloads import SyntheticWorkload

@@ -6,7 +6,7 @@ one after another:
 1. ``python -m commbench.profile`` records the model's forward and backward
    (the compute profile a GPU machine would ship), with the torch threads the
    next two jobs get (one rank alone: every core);
-2. ``python -m commbench.allreduce --workload resnet`` trains the model for
+2. ``python -m commbench.allreduce --workload real`` trains the model for
    real (flat native, one rank: nothing to wait for);
 3. ``python -m commbench.allreduce --compute-profile <1> --compute-scale 1``
    replays the profile on the synthetic workload, same steps.
@@ -53,7 +53,7 @@ def jobs_of(model: str, batch: int, steps: int, warmup: int, threads: int,
          [*py, "commbench.profile", "--model", model, "--batch-size", str(batch), "--iters",
           str(steps), "--warmup", str(warmup), "--threads", str(threads), "-o", str(prof)]),
         (f"{model} #{rep}: real",
-         [*py, "commbench.allreduce", "--workload", "resnet", *common, "--output", str(real)]),
+         [*py, "commbench.allreduce", "--workload", "real", *common, "--output", str(real)]),
         (f"{model} #{rep}: replay",
          [*py, "commbench.allreduce", "--compute-profile", str(prof), "--compute-scale", "1",
           *common, "--output", str(replay)]),

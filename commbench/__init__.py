@@ -8,4 +8,7 @@ __version__ = "0.1.0"
 #   2: wait vs transfer inside the step: sync_transfer_s, sync_wait_s, sync_wait_max_s,
 #      collectives, imbalance_s, straggler_rank (ranks.sync_wait_s, ranks.collectives);
 #      only added.
-SCHEMA_VERSION = 2
+#   3: the real workload is called "real" (it runs any model), no longer "resnet";
+#      async's per-step fields are listed per rank under ranks; config.step_timeout in
+#      every tool's records.
+SCHEMA_VERSION = 3

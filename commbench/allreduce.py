@@ -16,24 +16,187 @@ any was wrong or a rank failed, 2 on bad input.
 
 from __future__ import annotations
 
+import argparse
 import sys
+from dataclasses import asdict, dataclass, field
 
-from commbench.buffers import BufferSync
+from commbench.buffers import BUFFER_RULES, BufferSync
+from commbench.comm import BACKENDS
+from commbench.comm.algos import ALGOS
 from commbench.comm.engine import check_transfer_path
-from commbench.config import Config, check_slow_rank, parse_config
-from commbench.job import run_job
+from commbench.flags import (
+    MOVED_STRATEGIES,
+    ConfigError,
+    Parser,
+    StepCount,
+    ToolConfig,
+    add_backend_flag,
+    add_fields,
+    add_output_group,
+    add_step_timeout_flag,
+    check_output,
+    check_step_timeout,
+    csv_list,
+    flag,
+    help_formatter,
+    positive_int,
+    values_for,
+)
+from commbench.lifecycle import run_job
+from commbench.output import Output, merge_rank_fields, rank_extras, summarize_extras
 from commbench.results import run_fields
-from commbench.run import Output, rank_extras, summarize_extras
-from commbench.runner import run_steps
-from commbench.strategies import STRATEGIES, StrategySettings, make_strategy
-from commbench.strategies.asynchronous import merge_step_log, summarize_step_log
+from commbench.steploop import run_steps
+from commbench.strategies import STRATEGIES, make_strategy
+from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column
 from commbench.timing import StepTimer, TracingStepTimer
-from commbench.torchtrace import TorchTrace, trace_dir, window_start
+from commbench.torchtrace import DEFAULT_STEPS, TorchTrace, trace_dir, window_start
 from commbench.validate import count_wrong
 from commbench.workloads import make_workload
+from commbench.workloads.spec import (
+    WorkloadSpec,
+    add_workload_flags,
+    check_slow_rank,
+    resolve_workload,
+)
 
 PROG = "commbench.allreduce"
+TRACE_KINDS = ("commbench", "torch")
+
+
+def strategy_list(text: str) -> list[str]:
+    """``--strategy``: registered strategies; a former one that is a tool now says where."""
+    for name in (x.strip() for x in text.split(",")):
+        if name in MOVED_STRATEGIES:
+            raise argparse.ArgumentTypeError(
+                f"{name} is a tool of its own now: run python -m {MOVED_STRATEGIES[name]} "
+                "(it takes the same workload flags)")
+    return csv_list(STRATEGIES, "--strategy")(text)
+
+
+@dataclass
+class Config(WorkloadSpec, StepCount, ToolConfig):
+    """Everything one ``commbench.allreduce`` job runs: the workload (``WorkloadSpec``),
+    the steps, the backend and output, the runs (``--strategy`` x ``--algo`` x
+    ``--buffers``) and the strategies' settings (``sync``: ``StrategySettings``, whose
+    fields declare their own flags, ``--bucket-mb`` among them)."""
+
+    strategies: list[str] = flag(
+        "--strategy", default_factory=lambda: ["flat"], metavar="NAME[,NAME]",
+        type=strategy_list, help=f"strategies to run, one run each: {', '.join(STRATEGIES)}")
+    algos: list[str] = flag(
+        "--algo", default_factory=lambda: ["native", "ring"], metavar="NAME[,NAME]",
+        type=csv_list(ALGOS, "--algo"),
+        help="all-reduce algorithms for strategies that take one: native = the backend's own, "
+             "ring = the project's reduce-scatter + all-gather")
+    buffers: list[str] = flag(
+        "--buffers", default_factory=lambda: ["broadcast"], metavar="RULE[,RULE]",
+        type=csv_list(BUFFER_RULES, "--buffers"),
+        help="model buffers (BatchNorm statistics), one run each: broadcast = rank 0's "
+             "before every forward, timed as sync (DDP's broadcast_buffers); local = each "
+             "rank keeps its own (Horovod after its first broadcast); the horovod peer "
+             "always follows Horovod's rule")
+    sync: StrategySettings = field(default_factory=StrategySettings)
+    validate: bool = flag("--no-validate", default=True, action="store_false",
+                          help="skip the correctness pass (known values, closed-form sum)")
+    #: None; "commbench" = every phase interval per rank in kind "trace" records (the
+    #: timeline); "torch" = a window of steps under torch.profiler, a trace file per rank
+    trace: str | None = flag(
+        "--trace", "--timeline", default=None, nargs="?", const="commbench",
+        choices=TRACE_KINDS, metavar="KIND",
+        help="commbench (or no value): also record every rank's phase and collective "
+             "intervals per step (kind \"trace\" records; python -m analysis.timeline makes "
+             "a Chrome trace of them); torch: run --trace-steps measured steps under "
+             "torch.profiler and write one trace per rank beside the results file (Perfetto, "
+             "TensorBoard, Holistic Trace Analysis open it). Under horovodrun write --trace: "
+             "horovodrun reads --timeline after the program as an ambiguous abbreviation of "
+             "its own --timeline-filename and exits")
+    trace_steps: int | None = flag(
+        "--trace-steps", default=None, metavar="N", type=positive_int,
+        help=f"--trace torch: how many measured steps (in the middle) to trace; default "
+             f"{DEFAULT_STEPS}")
+
+    def as_dict(self) -> dict:
+        """One flat record of every setting (the strategies' under their own names, as
+        ``--bucket-mb`` gives ``bucket_mb``), as result records carry it."""
+        d = asdict(self)
+        sync = d.pop("sync")
+        return {**d, **{k: v for k, v in sync.items() if k not in RUN_FIELDS}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        """The configuration ``as_dict`` gave (a record's ``config``, a parsed command line):
+        the strategies' settings by their field names."""
+        return cls(**values_for(cls, d), sync=StrategySettings(**values_for(StrategySettings, d)))
+
+
+#: ``StrategySettings`` fields set per run, not by a flag of the job
+RUN_FIELDS = ("algo", "broadcast_buffers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m commbench.allreduce",
+        description="Time every training step under a gradient-sync strategy and report "
+                    "how much of it is spent waiting for gradients. Run it under "
+                    "horovodrun or mpirun.",
+        formatter_class=help_formatter,
+        epilog="examples:\n"
+               "  horovodrun -np 8 -H localhost:8 python -m commbench.allreduce\n"
+               "  mpirun -np 4 python -m commbench.allreduce --algo ring --model resnet18\n"
+               "  mpirun -np 64 --hostfile hosts python -m commbench.allreduce --steps 100")
+    g = p.add_argument_group("synchronisation")
+    add_fields(g, Config, ["strategies", "algos"])
+    add_fields(g, StrategySettings)
+    add_backend_flag(g, BACKENDS)
+    g = p.add_argument_group("workload")
+    add_workload_flags(g, Config)
+    add_fields(g, Config, ["buffers"])
+    g = p.add_argument_group("run")
+    add_fields(g, Config, ["steps", "warmup", "seed", "validate"])
+    add_step_timeout_flag(g)
+    g = add_output_group(p, "allreduce")
+    add_fields(g, Config, ["trace", "trace_steps"])
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # the strategies' flags set StrategySettings' fields of the same names (--bucket-mb:
+    # bucket_mb), which every run's strategy is built from (StrategySettings.for_run)
+    cfg = Config.from_dict(vars(ns))
+    resolve_defaults(cfg)
+    if cfg.workload == "synthetic" and not cfg.compute_profile:
+        check_step_timeout(cfg.step_timeout, cfg.compute_ms * cfg.sync.accum_steps / 1e3)
+    check_output(cfg)
+    return cfg
+
+
+def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
+    """Check the runs against the workload, then fill and check the workload's defaults
+    (``resolve_workload``)."""
+    if "horovod" in cfg.strategies and cfg.sync.compression == "bf16":
+        raise ConfigError("--compression bf16: Horovod has no bfloat16 compressor (its "
+                          "Compression offers none and fp16); use fp16 with --strategy horovod")
+    if "async" in cfg.strategies and cfg.sync.staleness > cfg.steps:
+        raise ConfigError(f"--staleness {cfg.sync.staleness}: larger than --steps {cfg.steps}; "
+                          "a run of N steps applies N - S updates, so S must be <= N")
+    check_trace(cfg)
+    resolve_workload(cfg, cuda)
+
+
+def check_trace(cfg: Config) -> None:
+    """``--trace-steps`` belongs to ``--trace torch`` and fits in ``--steps``."""
+    if cfg.trace != "torch":
+        if cfg.trace_steps is not None:
+            raise ConfigError("--trace-steps: needs --trace torch")
+        return
+    if cfg.trace_steps is None:
+        cfg.trace_steps = min(DEFAULT_STEPS, cfg.steps)
+    if cfg.trace_steps > cfg.steps:
+        raise ConfigError(f"--trace-steps {cfg.trace_steps}: more than --steps {cfg.steps} "
+                          "(the window is measured steps)")
 
 
 def runs_of(cfg: Config) -> list[tuple[str, str | None, str]]:
@@ -86,23 +249,13 @@ def table_row(s: dict) -> list:
             s["busbw_gbps"], s.get("wall_throughput"), s["wrong"]]
 
 
-def strategy_settings(cfg: Config, algo: str | None, buffers: str) -> StrategySettings:
-    """The settings of one run: the flags, its ``--algo`` and its buffer rule."""
-    return StrategySettings(
-        algo=algo or "native", compression=cfg.compression, bucket_mb=cfg.bucket_mb,
-        first_bucket_mb=cfg.first_bucket_mb, progress=cfg.progress, transfer=cfg.transfer,
-        staleness=cfg.staleness, staleness_lr=cfg.staleness_lr,
-        staleness_warmup=cfg.staleness_warmup, accum_steps=cfg.accum_steps,
-        broadcast_buffers=buffers == "broadcast")
-
-
 def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
             buffers: str) -> dict | None:
     """One run: its step records as steps end, then its summary (returned on rank 0)."""
     comm = out.comm
     workload = make_workload(cfg, comm.rank, comm.size)
     strategy = make_strategy(strategy_name, comm, workload.grads,
-                             strategy_settings(cfg, algo, buffers),
+                             cfg.sync.for_run(algo, buffers),
                              backward_order=workload.backward_order, workload=workload)
     with strategy:  # whoever builds a strategy closes it
         buffer_sync = BufferSync(comm, workload.buffers, strategy.buffer_rule(buffers))
@@ -113,14 +266,10 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
         # its wall clock starts now, before the first step
         run = out.run(fields, live=lambda: {"knobs": strategy.knobs()})
 
-        def merge_logs(rec: dict, logs: list) -> None:
-            merge_step_log(rec, [[log] for log in logs], 0)
-
         def record_step(sample) -> None:
             """Rank 0 writes the step's record now, so a job killed later keeps every finished
             step (the run's validation is in the summary)."""
-            log = strategy.step_entry()
-            run.step(sample, log, merge_logs if log is not None else None)
+            run.step(sample, strategy.record_fields("step"), merge_rank_fields)
 
         trace = None
         if cfg.trace == "torch":  # rank 0 names the folder: ranks' default file names may differ
@@ -131,25 +280,22 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
             trace = TorchTrace(folder, first, cfg.trace_steps, comm.name, comm.rank,
                                comm.size, cuda=workload.device.type == "cuda")
         samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
-                            accum_steps=cfg.accum_steps, on_step=record_step,
+                            accum_steps=cfg.sync.accum_steps, on_step=record_step,
                             buffers=buffer_sync, trace=trace)
-        # async: per-step schedule (staleness applied, wait); completes what is in flight
-        step_log = strategy.end_run()
+        strategy.finish_run()  # completes what is still in flight (async)
         wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
     buffer_sync.before_evaluation()
     extra = rank_extras(workload)
-    gathered = comm.gather_object((samples, wrong, checked, extra,
-                                   timer.trace(), step_log))
+    gathered = comm.gather_object((samples, wrong, checked, extra, timer.trace()))
     if comm.rank != 0:
         return None
-    summary = {**run.step_summary(cfg.batch_size * cfg.accum_steps * comm.size),
+    summary = {**run.step_summary(cfg.batch_size * cfg.sync.accum_steps * comm.size),
+               **strategy.record_fields("summary", run.steps),
                "wrong": sum(g[1] for g in gathered),
                "elements_checked": sum(g[2] for g in gathered),
                **summarize_extras([g[3] for g in gathered]),
                "validated": cfg.validate,
                **({"torch_trace_dir": str(trace.directory)} if trace else {})}
-    if step_log is not None:
-        summary.update(summarize_step_log(run.steps))
     summary = run.write("summary", summary)
     if cfg.trace == "commbench":  # every rank's intervals, seconds from its first step start
         run.write("trace", {"ranks": [g[4] for g in gathered]})
@@ -158,9 +304,9 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
 
 def pipeline_lines(cfg: Config) -> list[str]:
     """Warn where async's wall clock starts with its pipeline part-empty (``Run.step_summary``)."""
-    if "async" in cfg.strategies and cfg.warmup < cfg.staleness:
+    if "async" in cfg.strategies and cfg.warmup < cfg.sync.staleness:
         return [f"note: async's wall throughput is flattered: --warmup {cfg.warmup} < "
-                f"--staleness {cfg.staleness} leaves its first measured steps nothing to wait "
+                f"--staleness {cfg.sync.staleness} leaves its first measured steps nothing to wait "
                 "for; use --warmup >= --staleness"]
     return []
 
@@ -185,8 +331,8 @@ def accuracy_lines(summaries: list[dict]) -> list[str]:
 
 def compute_label(cfg: Config) -> str:
     """What computes in each step, for the table's title."""
-    extra = [f"accum {cfg.accum_steps}"] * (cfg.accum_steps > 1) + \
-        [f"{cfg.compression} compression"] * (cfg.compression != "none")
+    extra = [f"accum {cfg.sync.accum_steps}"] * (cfg.sync.accum_steps > 1) + \
+        [f"{cfg.sync.compression} compression"] * (cfg.sync.compression != "none")
     return "  ".join([cfg.label(), *extra])
 
 
@@ -194,8 +340,9 @@ def check(comm, cfg: Config) -> None:
     check_slow_rank(cfg, comm.size)
     for strategy_name, algo, _ in runs_of(cfg):
         STRATEGIES[strategy_name].check(comm, algo or "native")
-    if "async" in cfg.strategies or ("bucketed" in cfg.strategies and cfg.progress == "thread"):
-        check_transfer_path(comm, cfg.transfer)  # the transfer engine's (--transfer ring: p2p)
+    if "async" in cfg.strategies or ("bucketed" in cfg.strategies
+                                     and cfg.sync.progress == "thread"):
+        check_transfer_path(comm, cfg.sync.transfer)  # the transfer engine's (--transfer ring: p2p)
 
 
 def trace_lines(summaries: list[dict]) -> list[str]:

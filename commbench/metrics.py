@@ -31,6 +31,14 @@ def busbw_factor(op: str, n: int) -> float:
     raise ValueError(f"no busbw factor for {op!r}")
 
 
+def ring_bytes(nbytes: float, n: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes`` on ``n``
+    ranks: reduce-scatter then all-gather, ``n - 1`` chunks of ``nbytes / n`` each, so
+    ``2(n-1)/n * nbytes`` (Patarasuk & Yuan 2009; the all-reduce's busbw factor). With the
+    ranks of one node in a row of the ring, it is also what each node link carries."""
+    return busbw_factor("allreduce", n) * nbytes
+
+
 def algbw(nbytes: float, seconds: float) -> float:
     """Algorithm bandwidth in GB/s: bytes of the buffer over the time of the operation."""
     if seconds <= 0:

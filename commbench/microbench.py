@@ -41,35 +41,37 @@ import os
 import sys
 import time
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from commbench import watchdog
+from commbench.comm import BACKENDS
+from commbench.comm.algos import ALGOS, TWO_LEVEL_ALGOS, check_algo, get_algo, wire_dtype
 from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
-from commbench.config import (
+from commbench.flags import (
     ConfigError,
-    JobOutput,
     Parser,
+    ToolConfig,
     add_backend_flag,
+    add_fields,
     add_output_group,
     add_step_timeout_flag,
-    check_writable,
+    check_output,
     csv_list,
+    flag,
     help_formatter,
-    message_sizes,
     nonneg_int,
     parse_size,
     positive_int,
+    values_for,
 )
-from commbench.job import run_job
+from commbench.lifecycle import run_job
 from commbench.metrics import algbw, busbw
+from commbench.output import Output
 from commbench.results import link_info
-from commbench.run import Output
-from commbench.strategies.algos import ALGOS, TWO_LEVEL_ALGOS, check_algo, get_algo, wire_dtype
 from commbench.tables import Column, format_footer, format_header, format_row
 
 PROG = "commbench.microbench"
@@ -95,25 +97,61 @@ def _dtypes(text: str) -> list[str]:
     return csv_list(tuple(DTYPES), "-d/--datatype")(text)
 
 
+def message_sizes(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
+    """``minbytes``, times ``stepfactor`` each step, while not above ``maxbytes``."""
+    sizes, size = [], minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size *= stepfactor
+    return sizes
+
+
+#: Open MPI's tuned all-reduce algorithms by the cost model's names (``ompi_info --param coll
+#: tuned --level 9``: 3 recursive_doubling, 4 ring, 6 rabenseifner)
+OMPI_ALLREDUCE = {"ring": 4, "rd": 3, "rabenseifner": 6}
+
+
 @dataclass
-class MicroConfig(JobOutput):
-    minbytes: int = 8
-    maxbytes: int = 32 << 20  # nccl-tests' default top size
-    stepfactor: int = 2
-    dtypes: list[str] = field(default_factory=lambda: ["float32"])
-    iters: int = 20  # nccl-tests' defaults
-    warmup_iters: int = 5
-    sync_each: bool = False  # a barrier before each timed call (else back to back)
-    step_timeout: float | None = None  # seconds per row; None = auto, 0 = off (watchdog)
-    algos: list[str] = field(default_factory=lambda: list(ALGOS))
-    mpi_algorithm: str | None = None  # Open MPI's all-reduce forced to this one (native)
+class MicroConfig(ToolConfig):
+    """The microbenchmark's flags: nccl-tests' names and defaults."""
+
+    minbytes: int = flag("-b", "--minbytes", default=8, type=parse_size,
+                         help="smallest message in bytes")
+    maxbytes: int = flag("-e", "--maxbytes", default=32 << 20, type=parse_size,  # nccl-tests'
+                         help="largest message in bytes")
+    stepfactor: int = flag("-f", "--stepfactor", default=2, type=_stepfactor,
+                           help="multiplication factor between sizes (integer > 1)")
+    dtypes: list[str] = flag(
+        "-d", "--datatype", "--dtype", default_factory=lambda: ["float32"],
+        metavar="TYPE[,TYPE]", type=_dtypes,
+        help=f"element types, one sweep each: {', '.join(DTYPES)} or all")
+    algos: list[str] = flag(
+        "--algo", default_factory=lambda: list(ALGOS), metavar="NAME[,NAME]",
+        type=csv_list(ALGOS, "--algo"),
+        help=f"all-reduce algorithms: {', '.join(ALGOS)} (native = the backend's own, ring = "
+             "the project's reduce-scatter + all-gather)")
+    #: Open MPI's all-reduce forced to this one (native)
+    mpi_algorithm: str | None = flag(
+        "--mpi-algorithm", default=None, choices=tuple(OMPI_ALLREDUCE),
+        help="native = Open MPI's all-reduce forced to this algorithm (its tuned component's "
+             "rule, set before MPI starts), recorded as the row's native_algorithm for the "
+             "cost model; mpi backend, Open MPI only; default: the library's own choice")
+    iters: int = flag("-n", "--iters", default=20, type=positive_int,  # nccl-tests' defaults
+                      help="timed all-reduces per size and algorithm")
+    warmup_iters: int = flag("-w", "--warmup_iters", default=5, type=nonneg_int,
+                             help="untimed all-reduces before them")
+    #: a barrier before each timed call (else back to back)
+    sync_each: bool = flag(
+        "--sync-each", default=False, action="store_true",
+        help="a barrier (not timed) before each timed all-reduce, so ranks enter every call "
+             "together as after a step's compute (Intel MPI Benchmarks' -sync 1); default: "
+             "each rank's calls back to back, as nccl-tests and OSU time them")
 
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = MicroConfig()
     p = Parser(
         prog=f"python -m {PROG}",
         description="Time the all-reduce per message size and report algbw, busbw and "
@@ -122,42 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="sizes take K, M, G suffixes (binary: 1K = 1024 bytes).\nexamples:\n"
                "  mpirun -np 4 python -m commbench.microbench -b 8 -e 128M -f 2\n"
                "  horovodrun -np 4 -H localhost:4 python -m commbench.microbench -d all")
-
-    g = p.add_argument_group("sizes to scan")
-    g.add_argument("-b", "--minbytes", type=parse_size, default=d.minbytes,
-                   help="smallest message in bytes")
-    g.add_argument("-e", "--maxbytes", type=parse_size, default=d.maxbytes,
-                   help="largest message in bytes")
-    g.add_argument("-f", "--stepfactor", type=_stepfactor, default=d.stepfactor,
-                   help="multiplication factor between sizes (integer > 1)")
-
+    add_fields(p.add_argument_group("sizes to scan"), MicroConfig,
+               ["minbytes", "maxbytes", "stepfactor"])
     g = p.add_argument_group("operation")
-    g.add_argument("-d", "--datatype", "--dtype", dest="dtypes", metavar="TYPE[,TYPE]",
-                   type=_dtypes, default=d.dtypes,
-                   help=f"element types, one sweep each: {', '.join(DTYPES)} or all")
-    g.add_argument("--algo", dest="algos", metavar="NAME[,NAME]",
-                   type=csv_list(tuple(ALGOS), "--algo"), default=d.algos,
-                   help=f"all-reduce algorithms: {', '.join(ALGOS)} (native = the backend's "
-                        "own, ring = the project's reduce-scatter + all-gather)")
-    g.add_argument("--mpi-algorithm", choices=tuple(OMPI_ALLREDUCE), default=None,
-                   help="native = Open MPI's all-reduce forced to this algorithm (its tuned "
-                        "component's rule, set before MPI starts), recorded as the row's "
-                        "native_algorithm for the cost model; mpi backend, Open MPI only; "
-                        "default: the library's own choice")
-    add_backend_flag(g)
-
+    add_fields(g, MicroConfig, ["dtypes", "algos", "mpi_algorithm"])
+    add_backend_flag(g, BACKENDS)
     g = p.add_argument_group("performance")
-    g.add_argument("-n", "--iters", type=positive_int, default=d.iters,
-                   help="timed all-reduces per size and algorithm")
-    g.add_argument("-w", "--warmup_iters", type=nonneg_int, default=d.warmup_iters,
-                   help="untimed all-reduces before them")
-    g.add_argument("--sync-each", action="store_true",
-                   help="a barrier (not timed) before each timed all-reduce, so ranks enter "
-                        "every call together as after a step's compute (Intel MPI "
-                        "Benchmarks' -sync 1); default: each rank's calls back to back, as "
-                        "nccl-tests and OSU time them")
+    add_fields(g, MicroConfig, ["iters", "warmup_iters", "sync_each"])
     add_step_timeout_flag(g, what="row (size, type, algorithm)")
-
     add_output_group(p, "microbench")
     return p
 
@@ -165,16 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: list[str] | None = None) -> MicroConfig:
     """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = MicroConfig(**{k: v for k, v in vars(ns).items()
-                         if k in MicroConfig.__dataclass_fields__})
+    cfg = MicroConfig(**values_for(MicroConfig, ns))
     if cfg.minbytes > cfg.maxbytes:
         raise ConfigError(f"-b/--minbytes {cfg.minbytes} is above -e/--maxbytes "
                           f"{cfg.maxbytes}")
     for name in cfg.dtypes:
         item = DTYPES[name].itemsize
-        for flag, size in (("-b/--minbytes", cfg.minbytes), ("-e/--maxbytes", cfg.maxbytes)):
+        for name_of, size in (("-b/--minbytes", cfg.minbytes), ("-e/--maxbytes", cfg.maxbytes)):
             if size % item:
-                raise ConfigError(f"{flag} {size} is not a multiple of the {name} element "
+                raise ConfigError(f"{name_of} {size} is not a multiple of the {name} element "
                                   f"size ({item} bytes)")
     if cfg.mpi_algorithm and "native" not in cfg.algos:
         raise ConfigError("--mpi-algorithm forces the MPI library's own all-reduce: give "
@@ -182,14 +191,8 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
     if cfg.mpi_algorithm and cfg.backend == "horovod":
         raise ConfigError("--mpi-algorithm forces Open MPI's all-reduce: not Horovod's "
                           "(use the mpi backend)")
-    out = Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl"
-    check_writable(out, "--output")
+    check_output(cfg)
     return cfg
-
-
-#: Open MPI's tuned all-reduce algorithms by the cost model's names (``ompi_info --param coll
-#: tuned --level 9``: 3 recursive_doubling, 4 ring, 6 rabenseifner)
-OMPI_ALLREDUCE = {"ring": 4, "rd": 3, "rabenseifner": 6}
 
 
 def force_mpi_algorithm(cfg: MicroConfig, environ: MutableMapping[str, str]) -> None:

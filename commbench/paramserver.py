@@ -60,8 +60,9 @@ import torch
 
 from commbench import metrics
 from commbench.comm.base import Communicator
+from commbench.flags import flag
 from commbench.flatbuf import FlatBuffer
-from commbench.strategies.base import COMPRESSIONS
+from commbench.strategies.settings import COMPRESSIONS
 from commbench.timing import StepSample, StepTimer, now
 from commbench.workloads import Workload
 
@@ -79,8 +80,11 @@ class PSSettings:
     lr: float  #: the synchronous rate; each update applies lr / workers (module docstring)
     steps: int  #: each worker's measured steps
     warmup: int = 0  #: each worker's warm-up steps before them (flagged in updates)
-    compression: str = "none"  #: the dtype gradients are pushed in (``COMPRESSIONS``)
-    staleness_lr: bool = False  #: scale each update's rate by 1/its staleness
+    compression: str = flag("--compression", default="none", choices=tuple(COMPRESSIONS),
+                            help="push gradients in this dtype (the server casts them back)")
+    staleness_lr: bool = flag("--staleness-lr", default=False, action="store_true",
+                              help="scale each update's learning rate by 1/its staleness "
+                                   "(Zhang et al. 2016)")
     eval_every: int = 0  #: the server evaluates every this many updates (0: never)
 
 

@@ -1,4 +1,4 @@
-"""Compute profiles: when each gradient of a real backward pass becomes ready.
+"""Tool: record a compute profile, when each gradient of a real backward pass becomes ready.
 
 Record once from the real model, then let the synthetic workload replay it
 at a target device's speed::
@@ -32,30 +32,17 @@ import json
 import platform
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
 from commbench import __version__
-from commbench.config import (
-    ConfigError,
-    Parser,
-    WorkloadSpec,
-    check_model,
-    input_shape,
-    model_name,
-)
-from commbench.config import model_kwargs as kwargs_flag
-from commbench.models import parameter_shapes
+from commbench.flags import ConfigError, Parser
 from commbench.results import write_atomic
 from commbench.timing import NullTimer, now
-from commbench.workloads.real import ResNetWorkload
-
-PROFILE_SCHEMA = 1
-
-
-class ProfileError(ValueError):
-    """An unreadable profile, or one that does not match the model it is used with."""
+from commbench.workloads.compute_profile import PROFILE_SCHEMA
+from commbench.workloads.real import RealWorkload
+from commbench.workloads.spec import WorkloadSpec, check_model, input_shape, model_name
+from commbench.workloads.spec import model_kwargs as kwargs_flag
 
 
 def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000,
@@ -63,7 +50,7 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
            model_kwargs: dict | None = None, input_shape: tuple[int, ...] | None = None,
            vocab: int | None = None) -> dict:
     """Profile forward, backward (per-gradient ready times) and optimizer of ``model``."""
-    wl = ResNetWorkload(model, rank=0, seed=seed, batch_size=batch_size,
+    wl = RealWorkload(model, rank=0, seed=seed, batch_size=batch_size,
                         num_classes=num_classes, image_size=image_size, device=device,
                         model_kwargs=model_kwargs, input_shape=input_shape, vocab=vocab)
     cuda = wl.device.type == "cuda"
@@ -132,39 +119,6 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
     }
 
 
-def load(path: str | Path, model: str, num_classes: int, model_kwargs: dict | None = None
-         ) -> dict:
-    """Read a profile and check it describes ``model`` built with ``model_kwargs`` (same
-    parameters, same shapes, less those its backward never reached)."""
-    try:
-        prof = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ProfileError(f"--compute-profile: cannot read {path}: {e}") from None
-    if not isinstance(prof, dict) or prof.get("kind") != "compute_profile":
-        raise ProfileError(f"--compute-profile: {path} is not a compute profile")
-    if prof.get("schema") != PROFILE_SCHEMA:
-        raise ProfileError(f"--compute-profile: {path} has schema {prof.get('schema')}, "
-                           f"this commbench reads {PROFILE_SCHEMA}")
-    shapes = parameter_shapes(model, num_classes, model_kwargs)
-    unused = prof.get("unused", [])
-    names = {n for n, _ in shapes}
-    want = [(n, list(s)) for n, s in shapes if n not in set(unused)]
-    have = [(g.get("name"), g.get("shape")) for g in prof.get("grads", [])]
-    if have != want or not set(unused) <= names:
-        def what(name: object, kw: dict | None) -> str:
-            return f"{name} {json.dumps(kw)}" if kw else str(name)
-
-        raise ProfileError(f"--compute-profile: {path} was recorded for "
-                           f"{what(prof.get('model'), prof.get('model_kwargs'))} with "
-                           f"{prof.get('num_classes')} classes, not {what(model, model_kwargs)} "
-                           f"with {num_classes}: its parameters differ (give --model and "
-                           "--model-kwargs as recorded)")
-    names = [n for n, _ in want]
-    if sorted(prof.get("backward_order", [])) != sorted(names):
-        raise ProfileError(f"--compute-profile: {path} has a broken backward_order")
-    return prof
-
-
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m commbench.profile", description=__doc__.splitlines()[0])
     p.add_argument("--model", type=model_name, default="resnet18",
@@ -185,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", required=True, help="profile file (JSON)")
     try:
         a = p.parse_args(argv)
-        check_model(WorkloadSpec(workload="resnet", model=a.model, model_kwargs=a.model_kwargs,
+        check_model(WorkloadSpec(workload="real", model=a.model, model_kwargs=a.model_kwargs,
                                  input_shape=a.input_shape, vocab=a.vocab,
                                  batch_size=a.batch_size, num_classes=a.num_classes,
                                  image_size=a.image_size))

@@ -27,69 +27,71 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 
 from commbench import paramserver
-from commbench.config import (
-    JobOutput,
+from commbench.comm import BACKENDS
+from commbench.flags import (
     Parser,
-    WorkloadSpec,
+    StepCount,
+    ToolConfig,
     add_backend_flag,
+    add_fields,
     add_output_group,
-    add_run_flags,
-    add_workload_flags,
-    check_slow_rank,
-    check_writable,
+    check_output,
     help_formatter,
-    resolve_workload,
+    values_for,
 )
-from commbench.job import run_job
+from commbench.lifecycle import run_job
+from commbench.output import Output, Run, rank_extras, summarize_extras
 from commbench.paramserver import SERVER, PSSettings, run_ps, summarize_updates
 from commbench.results import run_fields
-from commbench.run import Output, Run, rank_extras, summarize_extras
-from commbench.strategies.base import COMPRESSIONS
 from commbench.tables import Column
 from commbench.workloads import make_workload
+from commbench.workloads.spec import (
+    WorkloadSpec,
+    add_workload_flags,
+    check_slow_rank,
+    resolve_workload,
+)
 
 PROG = "commbench.ps"
 
 
+def _ps_field(name: str):
+    """A ``PSSettings`` field with its flag and default, as a ``PSConfig`` field."""
+    f = {f.name: f for f in fields(PSSettings)}[name]
+    return field(default=f.default, metadata=f.metadata)
+
+
 @dataclass
-class PSConfig(WorkloadSpec, JobOutput):
+class PSConfig(WorkloadSpec, StepCount, ToolConfig):
     #: the server's messages are host memory (the mpi backend is not CUDA-aware)
     device: str = "cpu"
-    compression: str = "none"
-    staleness_lr: bool = False
-    steps: int = 20  # per worker
-    warmup: int = 3
+    compression: str = _ps_field("compression")
+    staleness_lr: bool = _ps_field("staleness_lr")
 
     def settings(self) -> PSSettings:
-        return PSSettings(lr=self.lr, steps=self.steps, warmup=self.warmup,
-                          compression=self.compression, staleness_lr=self.staleness_lr)
+        """The server's and workers' settings, by field name."""
+        return PSSettings(**values_for(PSSettings, self.as_dict()))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = PSConfig()
     p = Parser(prog=f"python -m {PROG}", formatter_class=help_formatter,
                description="Train with a parameter server on rank 0 and workers on the other "
                            "ranks that push gradients and pull parameters without waiting for "
                            "each other; report staleness, throughput and the server's load. "
                            "Run it under mpirun with at least 2 ranks.",
                epilog="examples:\n  mpirun -np 4 python -m commbench.ps\n"
-                      "  mpirun -np 4 python -m commbench.ps --workload resnet --model smallcnn "
+                      "  mpirun -np 4 python -m commbench.ps --workload real --model smallcnn "
                       "--dataset digits --image-size 32 --lr 0.01")
     g = p.add_argument_group("parameter server")
-    g.add_argument("--compression", choices=tuple(COMPRESSIONS), default=d.compression,
-                   help="push gradients in this dtype (the server casts them back)")
-    g.add_argument("--staleness-lr", action="store_true",
-                   help="scale each update's learning rate by 1/its staleness (Zhang et al. "
-                        "2016)")
-    add_backend_flag(g)
+    add_fields(g, PSConfig, ["compression", "staleness_lr"])
+    add_backend_flag(g, BACKENDS)
     g = p.add_argument_group("workload")
-    add_workload_flags(g, d)
+    add_workload_flags(g, PSConfig, leave_out=("device",))
     g = p.add_argument_group("run")
-    add_run_flags(g, steps=d.steps, warmup=d.warmup, seed=d.seed)
+    add_fields(g, PSConfig, ["steps", "warmup", "seed"])
     add_output_group(p, "ps")
     return p
 
@@ -97,10 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: list[str] | None = None) -> PSConfig:
     """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = PSConfig(**{k: v for k, v in vars(ns).items() if k in PSConfig.__dataclass_fields__})
+    cfg = PSConfig(**values_for(PSConfig, ns))
     resolve_workload(cfg)
-    check_writable(Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl",
-                   "--output")
+    check_output(cfg)
     return cfg
 
 

@@ -50,15 +50,13 @@ def _dist_version(name: str) -> str | None:
 
 
 def versions(backend_versions: dict[str, str]) -> dict[str, str | None]:
-    # numpy and torch: launch.sweep imports this module and must start without them
-    import numpy
-    import torch
-
+    """The versions a record carries: the installed packages' (read from their metadata, so
+    this module imports neither torch nor numpy) and the backend's own."""
     out: dict[str, str | None] = {
         "commbench": __version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
+        "torch": _dist_version("torch"),
+        "numpy": _dist_version("numpy"),
         "horovod": _dist_version("horovod"),
         "mpi4py": _dist_version("mpi4py"),
     }

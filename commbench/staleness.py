@@ -38,67 +38,42 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from commbench import metrics
-from commbench.config import (
+from commbench.comm import BACKENDS
+from commbench.flags import (
     ConfigError,
     Parser,
-    WorkloadSpec,
+    ToolConfig,
     add_backend_flag,
+    add_fields,
     add_output_group,
-    check_writable,
+    check_output,
     csv_list,
+    flag,
     fraction,
     help_formatter,
     nonneg_int,
     positive_float,
     positive_int,
+    values_for,
 )
-from commbench.job import run_job
-from commbench.models import MODELS
+from commbench.lifecycle import run_job
+from commbench.models.registry import MODELS
+from commbench.output import Output
 from commbench.paramserver import PSSettings, run_ps, summarize_updates
 from commbench.paramserver import check as check_ps
 from commbench.results import run_fields
-from commbench.run import Output
-from commbench.runner import run_steps
+from commbench.steploop import run_steps
 from commbench.strategies import StrategySettings, make_strategy
 from commbench.tables import Column
 from commbench.timing import StepTimer
 from commbench.workloads import make_workload
 from commbench.workloads.real import MIN_IMAGE_SIZE
+from commbench.workloads.spec import WorkloadSpec
 
 PROG = "commbench.staleness"
 MITIGATIONS = ("none", "lr", "warmup")
-
-
-@dataclass
-class StudyConfig:
-    staleness: list[int]
-    mitigations: list[str]
-    ps: bool
-    staleness_warmup: int
-    steps: int
-    eval_every: int
-    target_accuracy: float
-    lr: float
-    batch_size: int
-    model: str
-    image_size: int
-    seed: int
-    backend: str
-    output: str | None
-    output_dir: str
-    quiet: bool
-
-    def workload_spec(self) -> WorkloadSpec:
-        """The workload every run trains: the model on digits, on the CPU."""
-        return WorkloadSpec(workload="resnet", model=self.model, batch_size=self.batch_size,
-                            num_classes=10, image_size=self.image_size, device="cpu",
-                            dataset="digits", lr=self.lr, seed=self.seed)
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def _int_list(text: str) -> list[int]:
@@ -114,6 +89,47 @@ def _int_list(text: str) -> list[int]:
     return out
 
 
+@dataclass
+class StudyConfig(ToolConfig):
+    """The convergence study's flags (its own training defaults: a small CNN on digits)."""
+
+    staleness: list[int] = flag("--staleness", default_factory=lambda: [0, 1, 2, 4, 8],
+                                type=_int_list, metavar="S[,S]",
+                                help="staleness values of the async runs")
+    mitigations: list[str] = flag(
+        "--mitigations", default_factory=lambda: list(MITIGATIONS),
+        type=csv_list(MITIGATIONS, "--mitigations"), metavar="NAME[,NAME]",
+        help="none; lr = learning rate x 1/s; warmup = the first --staleness-warmup steps "
+             "synchronous")
+    ps: bool = flag("--no-ps", default=True, action="store_false",
+                    help="skip the parameter-server runs (they need >= 2 ranks)")
+    staleness_warmup: int = flag("--staleness-warmup", default=20, type=nonneg_int,
+                                 metavar="N",
+                                 help="synchronous steps before staleness starts (mitigation "
+                                      "warmup)")
+    steps: int = flag("--steps", default=200, type=positive_int, help="steps per run")
+    eval_every: int = flag("--eval-every", default=10, type=positive_int,
+                           help="evaluate held-out accuracy every this many steps (ps: "
+                                "updates x ranks / workers)")
+    target_accuracy: float = flag("--target-accuracy", default=0.9, type=fraction,
+                                  help="held-out accuracy that time-to-accuracy is measured to")
+    model: str = flag("--model", default="smallcnn", choices=tuple(MODELS),
+                      help="model trained (smallcnn: 25.6k parameters, fast on CPU)")
+    lr: float = flag("--lr", default=0.02, type=positive_float,
+                     help="SGD rate (momentum 0.9); 0.05 diverges even synchronously on 4 ranks")
+    batch_size: int = flag("--batch-size", default=32, type=positive_int,
+                           help="images per rank per step")
+    image_size: int = flag("--image-size", default=32, type=positive_int,
+                           help="digits are resized to this (at least 32)")
+    seed: int = flag("--seed", default=0, type=nonneg_int, help="weights and data split")
+
+    def workload_spec(self) -> WorkloadSpec:
+        """The workload every run trains: the model on digits, on the CPU."""
+        return WorkloadSpec(workload="real", model=self.model, batch_size=self.batch_size,
+                            num_classes=10, image_size=self.image_size, device="cpu",
+                            dataset="digits", lr=self.lr, seed=self.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=f"python -m {PROG}", formatter_class=help_formatter,
                description="Train on scikit-learn's digits under bounded staleness s and a "
@@ -122,42 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
                epilog="examples:\n  mpirun -np 4 python -m commbench.staleness\n"
                       "  mpirun -np 4 python -m commbench.staleness --staleness 0,4 "
                       "--mitigations none,lr --no-ps")
-    g = p.add_argument_group("study")
-    g.add_argument("--staleness", type=_int_list, default=[0, 1, 2, 4, 8], metavar="S[,S]",
-                   help="staleness values of the async runs")
-    g.add_argument("--mitigations", type=csv_list(MITIGATIONS, "--mitigations"),
-                   default=list(MITIGATIONS), metavar="NAME[,NAME]",
-                   help="none; lr = learning rate x 1/s; warmup = the first "
-                        "--staleness-warmup steps synchronous")
-    g.add_argument("--no-ps", dest="ps", action="store_false",
-                   help="skip the parameter-server runs (they need >= 2 ranks)")
-    g.add_argument("--staleness-warmup", type=nonneg_int, default=20, metavar="N",
-                   help="synchronous steps before staleness starts (mitigation warmup)")
-    g.add_argument("--steps", type=positive_int, default=200, help="steps per run")
-    g.add_argument("--eval-every", type=positive_int, default=10,
-                   help="evaluate held-out accuracy every this many steps (ps: updates x "
-                        "ranks / workers)")
-    g.add_argument("--target-accuracy", type=fraction, default=0.9,
-                   help="held-out accuracy that time-to-accuracy is measured to")
+    add_fields(p.add_argument_group("study"), StudyConfig,
+               ["staleness", "mitigations", "ps", "staleness_warmup", "steps", "eval_every",
+                "target_accuracy"])
     g = p.add_argument_group("training")
-    g.add_argument("--model", choices=tuple(MODELS), default="smallcnn",
-                   help="model trained (smallcnn: 25.6k parameters, fast on CPU)")
-    g.add_argument("--lr", type=positive_float, default=0.02,
-                   help="SGD rate (momentum 0.9); 0.05 diverges even synchronously on 4 ranks")
-    g.add_argument("--batch-size", type=positive_int, default=32, help="images per rank per step")
-    g.add_argument("--image-size", type=positive_int, default=32,
-                   help="digits are resized to this (at least 32)")
-    g.add_argument("--seed", type=nonneg_int, default=0, help="weights and data split")
-    add_backend_flag(g)
+    add_fields(g, StudyConfig, ["model", "lr", "batch_size", "image_size", "seed"])
+    add_backend_flag(g, BACKENDS)
     add_output_group(p, "staleness")
     return p
 
 
 def parse_study(argv: list[str] | None = None) -> StudyConfig:
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    d = vars(ns)
-    cfg = StudyConfig(**{k: d[k] for k in StudyConfig.__dataclass_fields__ if k in d},
-                      output_dir="results")
+    cfg = StudyConfig(**values_for(StudyConfig, ns))
     if max(cfg.staleness) > cfg.steps:
         raise ConfigError(f"--staleness {max(cfg.staleness)}: larger than --steps {cfg.steps}")
     if cfg.staleness_warmup >= cfg.steps and "warmup" in cfg.mitigations:
@@ -166,8 +159,7 @@ def parse_study(argv: list[str] | None = None) -> StudyConfig:
     if cfg.image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"--image-size: {cfg.image_size} px is too small (at least "
                           f"{MIN_IMAGE_SIZE})")
-    check_writable(Path(cfg.output) if cfg.output else Path(cfg.output_dir) / "x.jsonl",
-                   "--output")
+    check_output(cfg)
     return cfg
 
 
@@ -207,7 +199,8 @@ def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
             if (k + 1) % cfg.eval_every == 0 or k == cfg.steps - 1:
                 acc = workload.evaluate()
             rows.append((sample.step_s + sample.wait_s, float(workload.loss.detach()), acc))
-        log = strategy.end_run()
+        strategy.finish_run()
+        log = strategy.step_log
     gathered = comm.gather_object(rows)
     if comm.rank != 0:
         return None

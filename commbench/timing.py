@@ -7,7 +7,7 @@ mark the intervals during which a gradient collective was in flight; comm
 time is the union of those intervals. Only this rank's clock is ever used.
 
 Each whole collective's duration on this rank is also kept, in issue order
-(``collective_s``): ``commbench.runner.step_record`` splits it, over ranks,
+(``collective_s``): ``commbench.output.step_record`` splits it, over ranks,
 into transfer (the shortest duration) and each rank's wait (its own minus
 that). A strategy times a collective from when it really started on this
 rank (the transfer engine's ``start`` stamp, not when it was queued).

@@ -44,6 +44,9 @@ import os
 import time
 from pathlib import Path
 
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
 from commbench.results import write_atomic
 
 DEFAULT_STEPS = 5  # enough for HTA's per-iteration medians, small enough to open quickly
@@ -114,10 +117,6 @@ class TorchTrace(NoTrace):
         """Start the profiler before the window's first step (outside its timed region)."""
         if step != self.first:
             return
-        # torch: commbench.config imports this module, and launch.sweep imports config
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-
         acts = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * self.cuda
         self._prof = profile(activities=acts, on_trace_ready=self._export)
         self._prof.start()
@@ -129,14 +128,12 @@ class TorchTrace(NoTrace):
     def step(self, step: int) -> contextlib.AbstractContextManager:
         if not self._active:
             return _NULL
-        from torch.profiler import record_function  # torch: not at import time (see above)
 
         return record_function(f"ProfilerStep#{step}")
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         if not self._active:
             return _NULL
-        from torch.profiler import record_function  # torch: not at import time (see above)
 
         return record_function(name)
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from commbench.config import Config, message_sizes, parse_size
 from commbench.config import build_parser as allreduce_parser
+
 from commbench.cores import BUSY_LOAD_FRACTION
 from launch import commands, links
 from launch import sweep as sweeps
@@ -232,7 +233,7 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
     for b in scale.real_batches:
         for claim in ("C5", "C6", "C8"):
             add(f"real-digits-b{b}", claim, n,
-                ["--strategy", "flat", "--algo", "native", "--workload", "resnet", "--model",
+                ["--strategy", "flat", "--algo", "native", "--workload", "real", "--model",
                  "smallcnn", "--dataset", "digits", "--image-size", "32", "--num-classes", "10",
                  "--lr", "0.02",  # commbench.staleness's: 0.05 diverges on 4 ranks
                  "--batch-size", str(b), "--steps", str(scale.real_steps), "--warmup",

@@ -50,8 +50,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commbench.config import MOVED_STRATEGIES
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
+from commbench.flags import MOVED_STRATEGIES
 from commbench.results import write_atomic
 from launch import commands
 from launch.cluster import (

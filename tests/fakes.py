@@ -16,10 +16,10 @@ the module as ``python -m`` would (or the script as ``python`` would), with
   uneven layouts on one machine. Only the project's topology sees it; the MPI
   library still sees the real host.
 - ``--corrupt-rank R``: on rank R every all-reduce of the algorithm registry
-  (``commbench.strategies.algos.ALGOS``) comes out with its first element off
+  (``commbench.comm.algos.ALGOS``) comes out with its first element off
   by one, so the tests can show that validation (``#wrong``) catches it.
 - ``--fault KIND:RANK:STEP``: rank RANK misbehaves at step STEP (0 = the first
-  warm-up step), in a step hook of ``commbench.runner.STEP_HOOKS``, after the
+  warm-up step), in a step hook of ``commbench.steploop.STEP_HOOKS``, after the
   pre-step barrier, where compute would run: ``kill`` (SIGKILL: a crashed
   node, the OOM killer), ``hang`` (sleeps forever in Python: a stuck data
   loader; its own watchdog sees it in compute), ``stop`` (SIGSTOP: a frozen
@@ -104,7 +104,7 @@ def fake_nodes(spec: str) -> None:
 
 
 def corrupt_rank(bad_rank: int) -> None:
-    from commbench.strategies.algos import ALGOS
+    from commbench.comm.algos import ALGOS
 
     def corrupted(algo: Any) -> Any:
         @functools.wraps(algo)
@@ -119,7 +119,7 @@ def corrupt_rank(bad_rank: int) -> None:
 
 
 def inject_fault(fault: Fault, stamp: str | None) -> None:
-    from commbench import runner
+    from commbench import steploop
 
     def at_step(comm: Any, step: int) -> None:
         if comm.rank != fault.rank or step != fault.step:
@@ -136,7 +136,7 @@ def inject_fault(fault: Fault, stamp: str | None) -> None:
                 time.sleep(3600)
         raise InjectedFault(f"injected fault on rank {comm.rank} at step {step} (--fault)")
 
-    runner.STEP_HOOKS.append(at_step)
+    steploop.STEP_HOOKS.append(at_step)
 
 
 def extra_args(spec: str) -> list[str]:

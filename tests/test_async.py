@@ -11,7 +11,7 @@ from commbench.models import build_model, parameter_shapes
 from commbench.staleness import StudyConfig, runs_of, time_to_accuracy
 from tests.conftest import PY, launch, of_kind, read_jsonl, run_check, run_tool, summaries
 
-DIGITS = ["--workload", "resnet", "--model", "smallcnn", "--dataset", "digits",
+DIGITS = ["--workload", "real", "--model", "smallcnn", "--dataset", "digits",
           "--image-size", "32", "--batch-size", "32"]
 
 

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from commbench import config, microbench
-from commbench.config import ConfigError
+from commbench import allreduce, microbench
+from commbench.flags import ConfigError
 from tests.conftest import PY, ROOT, launch
 
 
@@ -58,15 +58,15 @@ BAD = [
     case(A, ["--compute-ms", "nan"], "--compute-ms"),
     case(A, ["--step-timeout", "-1"], "--step-timeout"),
     case(A, ["--step-timeout", "0.05"], "--step-timeout"),
-    case(A, ["--workload", "resnet", "--image-size", "8"], "--image-size"),
+    case(A, ["--workload", "real", "--image-size", "8"], "--image-size"),
     case(A, ["--compute-profile", "/nonexistent/p.json"], "/nonexistent/p.json"),
     case(A, ["--model", "resnet18", "--compute-profile", "{root}/profiles/h200-resnet50-b256.json"],
          "--compute-profile", "resnet50"),
-    case(A, ["--workload", "resnet", "--image-size", "16"], "--image-size"),
-    case(A, ["--workload", "resnet", "--batch-size", "0"], "--batch-size"),
-    case(A, ["--workload", "resnet", "--model", "resnet9"], "--model"),
+    case(A, ["--workload", "real", "--image-size", "16"], "--image-size"),
+    case(A, ["--workload", "real", "--batch-size", "0"], "--batch-size"),
+    case(A, ["--workload", "real", "--model", "resnet9"], "--model"),
     case(A, ["--buffers", "sum"], "--buffers", "'sum'"),
-    case(A, ["--dataset", "digits"], "--dataset digits: needs --workload resnet"),
+    case(A, ["--dataset", "digits"], "--dataset digits: needs --workload real"),
     case(A, ["--no-such-flag"], "--no-such-flag"),
     case(A, ["--output", "/proc/commbench/r.jsonl"], "--output"),
     case(A, ["--bucket-mb", "-3"], "--bucket-mb"),
@@ -82,7 +82,7 @@ BAD = [
     case(A, ["--accum-steps", "0"], "--accum-steps"),
     case(A, ["--accum-steps", "-2"], "--accum-steps"),
     case(A, ["--compression", "int8"], "--compression"),
-    case(A, ["--strategy", "horovod", "--workload", "resnet", "--compression", "bf16"],
+    case(A, ["--strategy", "horovod", "--workload", "real", "--compression", "bf16"],
          "bfloat16"),
     # -- every rank of a launched job -------------------------------------------------
     case(A, ["--strategy", "nope"], "--strategy", ranks=3),
@@ -92,7 +92,7 @@ BAD = [
     case(A, ["--batch-size", "-4"], "--batch-size", ranks=3),
     case(A, ["--output", "/proc/commbench/r.jsonl"], "--output", ranks=3),
     # found once the backend is up, on every rank alike
-    case(A, ["--workload", "resnet", "--model", "resnet18", "--image-size", "32",
+    case(A, ["--workload", "real", "--model", "resnet18", "--image-size", "32",
              "--batch-size", "4", "--num-classes", "10", "--steps", "2", "--warmup", "1",
              "--strategy", "horovod"], "needs the horovod backend", ranks=2),
     case(A, ["--model", "resnet18", "--slow-rank", "2:3", "--steps", "1", "--warmup", "0"],
@@ -238,7 +238,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_cause(plain_runs, tmp_path_f
 # -- the parsers, in-process: a ConfigError that names the flag --------------------------
 
 REFUSED = {  # parser: {the flag its error names: command lines (shell words) it refuses}
-    config.parse_config: {
+    allreduce.parse_config: {
         "--strategy": ["--strategy nope", "--strategy ''"],
         "--algo": ["--algo native,tree"],
         "--backend": ["--backend nccl"],

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from commbench.buckets import MB
 from commbench.strategies import StrategySettings, make_strategy
-from commbench.strategies.bucketed import MB, BucketedStrategy, assign_buckets
+from commbench.strategies.bucketed import BucketedStrategy, assign_buckets
 from commbench.timing import StepTimer
 from tests.conftest import of_kind, run_check, run_tool, summaries
 
@@ -107,7 +108,7 @@ def test_a_bucket_starts_when_its_last_gradient_is_ready_and_never_before_earlie
         assert torch.equal(g, torch.full_like(g, float(i)))  # the mean over one rank
 
 
-def test_progress_records_the_real_in_flight_interval():
+def test_poll_records_the_real_in_flight_interval():
     comm = _Comm(tests_needed=3)
     s, _ = _strategy(comm, [10, 10, 10], 0)
     timer = StepTimer()
@@ -116,12 +117,12 @@ def test_progress_records_the_real_in_flight_interval():
     for i in [2, 1, 0]:
         s.on_ready(i)
     for _ in range(5):
-        s.progress()
+        s.poll()
     handles = [b.handle for b in s.buckets]
     s.finish()
     sample = timer.end_step()
     assert sample.comm_calls == 3 and sample.comm_bytes == 120
-    assert not any(h.waited for h in handles)  # seen complete by progress, no wait needed
+    assert not any(h.waited for h in handles)  # seen complete by poll, no wait needed
     assert s.knobs() == {"bucket_mb": 0.0, "first_bucket_mb": 1.0, "buckets": 3,
                          "bucket_bytes": [40, 40, 40],
                          "collective": "iallreduce", "progress": "poll",
@@ -212,7 +213,7 @@ def test_job_under_horovodrun(tmp_path):
 @pytest.mark.mpi
 def test_real_workload_trains_like_flat(tmp_path):
     summ, _ = _job("mpirun", 2, tmp_path, [
-        "--workload", "resnet", "--model", "resnet18", "--image-size", "32", "--batch-size",
+        "--workload", "real", "--model", "resnet18", "--image-size", "32", "--batch-size",
         "4", "--num-classes", "10", "--steps", "2", "--warmup", "1", "--strategy",
         "flat,bucketed", "--algo", "native", "--bucket-mb", "1"])
     flat, bucketed = summ["flat"], summ["bucketed"]

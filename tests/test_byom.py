@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from commbench import profile
-from commbench.config import ConfigError, parse_config
+from commbench.allreduce import parse_config
+from commbench.flags import ConfigError
 from commbench.timing import StepTimer
-from commbench.workloads import ResNetWorkload, make_workload
+from commbench.workloads import RealWorkload, make_workload
 from commbench.workloads.objective import first_tensor, loss_rule
 from tests import models_for_tests as m
 from tests.conftest import PY, launch, read_jsonl
@@ -56,9 +57,9 @@ def test_loss_rule_fits_the_output(factory, shape, rule):
 
 
 def test_real_workload_syncs_each_trained_parameter_once():
-    cfg = parse_config(["--workload", "resnet", *QUIRKY, "--batch-size", "4"])
+    cfg = parse_config(["--workload", "real", *QUIRKY, "--batch-size", "4"])
     wl = make_workload(cfg, 0, 1)
-    assert isinstance(wl, ResNetWorkload) and wl.loss_rule == "token cross-entropy"
+    assert isinstance(wl, RealWorkload) and wl.loss_rule == "token cross-entropy"
     assert wl.param_names == QUIRKY_SYNCED  # tied weight once, frozen and unused left out
     assert wl.unused == QUIRKY_UNUSED and wl.frozen == QUIRKY_FROZEN
     assert sorted(wl.backward_order) == [0, 1, 2]
@@ -71,7 +72,7 @@ def test_real_workload_syncs_each_trained_parameter_once():
 
 
 def test_replay_learns_the_same_parameters_on_the_meta_device():
-    real = make_workload(parse_config(["--workload", "resnet", *QUIRKY]), 0, 1)
+    real = make_workload(parse_config(["--workload", "real", *QUIRKY]), 0, 1)
     replay = make_workload(parse_config([*QUIRKY, "--compute-ms", "6"]), 0, 1)
     assert replay.param_names == real.param_names and replay.unused == real.unused
     assert replay.backward_order == real.backward_order  # learnt from the meta pass
@@ -79,10 +80,10 @@ def test_replay_learns_the_same_parameters_on_the_meta_device():
 
 
 def test_warning_names_the_unused_parameters(capsys):
-    make_workload(parse_config(["--workload", "resnet", *QUIRKY]), 0, 1)
+    make_workload(parse_config(["--workload", "real", *QUIRKY]), 0, 1)
     err = capsys.readouterr().err
     assert "backward never reaches" in err and "unused.weight, unused.bias" in err
-    make_workload(parse_config(["--workload", "resnet", *QUIRKY]), 0, 1, job_rank=1)
+    make_workload(parse_config(["--workload", "real", *QUIRKY]), 0, 1, job_rank=1)
     assert capsys.readouterr().err == ""  # rank 0 says it
 
 
@@ -104,7 +105,7 @@ def test_warning_names_the_unused_parameters(capsys):
     (["--model", "resnet18", "--model-kwargs", "depth=3"], "--model-kwargs", "depth"),
     (["--model", "nets.py"], "--model", "unknown model"),
 ])
-@pytest.mark.parametrize("workload", ["resnet", "synthetic"])
+@pytest.mark.parametrize("workload", ["real", "synthetic"])
 def test_bad_model_input_names_the_flag(args, flag, cause, workload):
     with pytest.raises(ConfigError) as e:
         parse_config(["--workload", workload, *args])
@@ -146,7 +147,7 @@ def _check_runs(res, out: Path, strategies: list[str], synced: list[str],
     return sums
 
 
-@pytest.mark.parametrize("workload", ["resnet", "synthetic"])
+@pytest.mark.parametrize("workload", ["real", "synthetic"])
 def test_tied_frozen_unused_under_mpirun(tmp_path: Path, workload: str):
     """No hang (``launch`` times out), a warning, nothing wrong: flat, bucketed (one
     bucket per tensor, so every gradient has a bucket to hold back) and DDP."""
@@ -161,7 +162,7 @@ def test_tied_frozen_unused_under_mpirun(tmp_path: Path, workload: str):
     assert "unused.weight, unused.bias" in res.stderr
     assert sums[1]["knobs"]["buckets"] == len(QUIRKY_SYNCED)
     assert sums[2]["knobs"]["find_unused_parameters"] is True
-    if workload == "resnet":
+    if workload == "real":
         assert all(s["frozen_params"] == QUIRKY_FROZEN for s in sums)
         assert sums[0]["loss_rule"] == "token cross-entropy"
         # every rank holds the same model after training
@@ -174,7 +175,7 @@ def test_tied_frozen_unused_under_mpirun(tmp_path: Path, workload: str):
 ])
 def test_user_factory_under_launchers(tmp_path: Path, launcher: str, strategies: list[str]):
     out = tmp_path / "r.jsonl"
-    res = launch(launcher, 2, [PY, "-m", "commbench.allreduce", "--workload", "resnet",
+    res = launch(launcher, 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
                                "--model", "tests.models_for_tests:mlp", "--model-kwargs",
                                "depth=3,width=16", "--input-shape", "3,8,8",
                                "--strategy", ",".join(strategies), "--algo", "native",
@@ -190,7 +191,7 @@ def test_quirky_model_under_horovod(tmp_path: Path):
     """Horovod's optimizer hooks every parameter that takes a gradient, the unused ones
     too: its synchronize() reduces zeros for them, nothing waits."""
     out = tmp_path / "r.jsonl"
-    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", "--workload", "resnet",
+    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
                                    *QUIRKY, "--strategy", "horovod", *SHORT,
                                    "--output", str(out)])
     _check_runs(res, out, ["horovod"], QUIRKY_SYNCED, QUIRKY_UNUSED)

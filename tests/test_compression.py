@@ -11,7 +11,7 @@ from commbench.validate import tolerance
 from tests.conftest import PY, ROOT, launch, read_jsonl, run_check, run_tool, summaries
 
 SCRIPT = "compressed_vs_native.py"
-TINY_REAL = ["--workload", "resnet", "--model", "resnet18", "--image-size", "32",
+TINY_REAL = ["--workload", "real", "--model", "resnet18", "--image-size", "32",
              "--batch-size", "4", "--num-classes", "10", "--steps", "2", "--warmup", "1"]
 #: the same on the small CNN, where DDP's bucket count is not checked (it fits one bucket)
 SMALL_REAL = ["smallcnn" if a == "resnet18" else a for a in TINY_REAL]

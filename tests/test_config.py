@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from commbench.config import Config, ConfigError, parse_config
+from commbench.allreduce import Config, parse_config
+from commbench.flags import ConfigError
 from tests.conftest import PY, ROOT
 
 
@@ -12,7 +13,7 @@ def test_defaults():
     cfg = parse_config([])
     assert cfg.strategies == ["flat"] and cfg.algos == ["native", "ring"]
     assert cfg.backend == "auto" and cfg.model == "resnet50" and cfg.steps > 0
-    assert cfg.as_dict() == Config(**cfg.as_dict()).as_dict()
+    assert cfg.as_dict() == Config.from_dict(cfg.as_dict()).as_dict()
 
 
 def test_lists_and_values():
@@ -43,7 +44,7 @@ def test_help_shows_groups_and_defaults():
         assert text in res.stdout, text
 
 
-@pytest.mark.parametrize("tool", ["commbench.config", "commbench.microbench", "commbench.ps",
+@pytest.mark.parametrize("tool", ["commbench.allreduce", "commbench.microbench", "commbench.ps",
                                   "commbench.staleness"])
 def test_horovodrun_passes_every_flag_to_the_program(tool, monkeypatch):
     """horovodrun's own parser reads abbreviations of its options even after the
@@ -53,7 +54,7 @@ def test_horovodrun_passes_every_flag_to_the_program(tool, monkeypatch):
     parser = importlib.import_module(tool).build_parser()
     flags = [o for a in parser._actions for o in a.option_strings
              if o.startswith("--") and o != "--help" and o != "--timeline"]
-    assert "--trace" in flags or tool != "commbench.config"
+    assert "--trace" in flags or tool != "commbench.allreduce"
     for flag in flags:
         argv = ["horovodrun", "-np", "2", "python", "-m", tool, flag, "1"]
         monkeypatch.setattr(sys, "argv", argv)
@@ -64,7 +65,7 @@ def test_horovodrun_passes_every_flag_to_the_program(tool, monkeypatch):
 def test_transformer_models_for_both_workloads():
     cfg = parse_config(["--model", "gpt2-small"])
     assert (cfg.workload, cfg.model) == ("synthetic", "gpt2-small")
-    cfg = parse_config(["--workload", "resnet", "--model", "gpt-tiny"])
+    cfg = parse_config(["--workload", "real", "--model", "gpt-tiny"])
     assert cfg.image_size is None and "token sequences" in cfg.label()
     with pytest.raises(ConfigError, match="--dataset digits.*token ids"):
-        parse_config(["--workload", "resnet", "--model", "gpt-tiny", "--dataset", "digits"])
+        parse_config(["--workload", "real", "--model", "gpt-tiny", "--dataset", "digits"])

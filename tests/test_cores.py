@@ -25,9 +25,9 @@ from commbench.cores import (
     started_busy,
     thread_plan,
 )
-from commbench.job import set_torch_threads
+from commbench.lifecycle import set_torch_threads
+from commbench.output import Output
 from commbench.results import job_header
-from commbench.run import Output
 from launch.cluster import ClusterSpec, launch_argv
 from tests.conftest import ROOT
 

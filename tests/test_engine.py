@@ -10,8 +10,9 @@ import time
 import pytest
 import torch
 
+from commbench.allreduce import parse_config
 from commbench.comm.engine import TransferEngine, check_transfer_path
-from commbench.config import ConfigError, parse_config
+from commbench.flags import ConfigError
 from tests.conftest import PY, launch, run_check, run_tool, summaries
 
 # --- without processes: a one-rank stand-in communicator ------------------------------
@@ -147,8 +148,8 @@ def test_ring_needs_point_to_point_and_unknown_paths_are_refused():
 
 
 def test_transfer_flag_is_parsed_and_checked():
-    assert parse_config(["--output", "/tmp/x.jsonl"]).transfer == "thread"
-    assert parse_config(["--transfer", "ring", "--output", "/tmp/x.jsonl"]).transfer == "ring"
+    assert parse_config(["--output", "/tmp/x.jsonl"]).sync.transfer == "thread"
+    assert parse_config(["--transfer", "ring", "--output", "/tmp/x.jsonl"]).sync.transfer == "ring"
     with pytest.raises(ConfigError, match="--transfer"):
         parse_config(["--transfer", "nbc", "--output", "/tmp/x.jsonl"])
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench import job, watchdog
+from commbench import lifecycle, watchdog
 from commbench.results import ResultWriter, read_records, write_atomic
 from tests.conftest import PY, ROOT, launcher_argv
 from tests.fakes import Fault, parse_fault
@@ -132,7 +132,7 @@ def test_hung_rank_is_named_by_the_watchdog(tmp_path, launcher):
     assert f"rank 1 stalled at step {K}" in r["stderr"], r["text"]
     # the innermost frame of the project: the step hook's caller (or the fake itself, in a
     # clone whose folder is named commbench)
-    assert re.search(r"in compute at (commbench/runner\.py:\d+ in run_steps|\S*tests/fakes\.py)",
+    assert re.search(r"in compute at (commbench/steploop\.py:\d+ in run_steps|\S*tests/fakes\.py)",
                      r["stderr"]), r["stderr"]
 
 
@@ -289,10 +289,10 @@ def test_disagreement_names_ranks_and_flags():
         def as_dict(self):
             return dict(self.kw)
 
-    fps = [job.config_fingerprint(Cfg(output=f"r{i}.jsonl")) for i in range(4)]
-    assert len({job.fingerprint_hash(fp) for fp in fps}) == 1  # output is rank 0's business
-    fps[3] = job.config_fingerprint(Cfg(steps=4))
-    assert job.describe_disagreement(fps) == \
+    fps = [lifecycle.config_fingerprint(Cfg(output=f"r{i}.jsonl")) for i in range(4)]
+    assert len({lifecycle.fingerprint_hash(fp) for fp in fps}) == 1  # output is rank 0's business
+    fps[3] = lifecycle.config_fingerprint(Cfg(steps=4))
+    assert lifecycle.describe_disagreement(fps) == \
         "rank 3 differs from ranks 0, 1, 2 in steps=4 (rank 0: 6)"
 
 

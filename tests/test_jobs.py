@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from commbench import SCHEMA_VERSION
 from tests.conftest import PY, ROOT, launch, read_jsonl, run_tool
 
 ARGS = ["--model", "resnet18", "--steps", "3", "--warmup", "1", "--compute-ms", "20",
@@ -122,7 +123,7 @@ def test_wait_and_transfer_in_records_and_table(tmp_path):
         assert r["sync_transfer_s"] <= r["comm_s"] + 1e-9
         assert r["imbalance_s"] >= 0 and r["straggler_rank"] in (None, 0, 1)
     for s in summaries.values():
-        assert s["schema"] == 2
+        assert s["schema"] == SCHEMA_VERSION
         for f in ("sync_wait_s", "sync_wait_max_s", "sync_transfer_s", "imbalance_s"):
             assert s[f] >= 0 and s["stats"][f]["count"] == 3
         assert "straggler_rank" in s

@@ -7,6 +7,7 @@ import argparse
 import pytest
 import torch
 
+from commbench.comm.algos import ALGOS
 from commbench.metrics import busbw
 from commbench.microbench import (
     DTYPES,
@@ -21,7 +22,6 @@ from commbench.microbench import (
     time_per_call,
     validation_pattern,
 )
-from commbench.strategies.algos import ALGOS
 from tests.conftest import PY, launch, read_jsonl, run_check
 
 MB = [PY, "-m", "commbench.microbench"]

@@ -73,9 +73,9 @@ def test_language_models_ignore_num_classes_and_images_stay_the_default():
 
 def test_gpt_tiny_trains_for_real_and_announces_the_tied_gradient_once():
     from commbench.timing import NullTimer
-    from commbench.workloads.real import ResNetWorkload
+    from commbench.workloads.real import RealWorkload
 
-    wl = ResNetWorkload("gpt-tiny", rank=0, batch_size=8, lr=0.5)
+    wl = RealWorkload("gpt-tiny", rank=0, batch_size=8, lr=0.5)
     assert wl.inputs.shape == (8, 64) and wl.image_size is None
     # the target is the next token of each counting sequence
     assert torch.equal(wl.labels[:, :-1], wl.inputs[:, 1:])
@@ -91,10 +91,10 @@ def test_gpt_tiny_trains_for_real_and_announces_the_tied_gradient_once():
 
 
 def test_gpt_tiny_refuses_an_image_data_set():
-    from commbench.workloads.real import ResNetWorkload
+    from commbench.workloads.real import RealWorkload
 
     with pytest.raises(ValueError, match="digits.*token ids"):
-        ResNetWorkload("gpt-tiny", rank=0, dataset="digits")
+        RealWorkload("gpt-tiny", rank=0, dataset="digits")
 
 
 def test_replay_of_a_tied_model_synchronises_one_gradient_per_parameter():

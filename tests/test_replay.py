@@ -7,7 +7,8 @@ import statistics
 import pytest
 import torch
 
-from commbench.config import ConfigError, parse_config
+from commbench.allreduce import parse_config
+from commbench.flags import ConfigError
 from commbench.models import parameter_shapes
 from commbench.timing import StepTimer, now
 from commbench.workloads import SyntheticWorkload, Workload
@@ -74,8 +75,8 @@ def test_slow_rank_and_jitter_scale_the_replay():
     (["--slow-rank", "1:0"], "--slow-rank"),
     (["--slow-rank", "a:2"], "--slow-rank"),
     (["--compute-jitter", "-0.1"], "--compute-jitter"),
-    (["--workload", "resnet", "--slow-rank", "1:2"], "--slow-rank"),
-    (["--workload", "resnet", "--compute-jitter", "0.1"], "--compute-jitter"),
+    (["--workload", "real", "--slow-rank", "1:2"], "--slow-rank"),
+    (["--workload", "real", "--compute-jitter", "0.1"], "--compute-jitter"),
 ])
 def test_straggler_flags_bad_input(args, flag):
     with pytest.raises(ConfigError, match=flag):

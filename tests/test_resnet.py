@@ -6,12 +6,13 @@ import json
 
 import pytest
 
-from commbench.profile import ProfileError, load, record
+from commbench.profile import record
 from commbench.timing import StepTimer, now
 from commbench.workloads import SyntheticWorkload
+from commbench.workloads.compute_profile import ProfileError, load
 from tests.conftest import PY, ROOT, launch, read_jsonl
 
-SMALL = ["--workload", "resnet", "--model", "resnet18", "--image-size", "32", "--batch-size",
+SMALL = ["--workload", "real", "--model", "resnet18", "--image-size", "32", "--batch-size",
          "4", "--num-classes", "10", "--steps", "2", "--warmup", "1"]
 
 
@@ -31,7 +32,7 @@ def test_real_workload_trains_in_lock_step(tmp_path, launcher):
     summaries = [r for r in read_jsonl(out) if r["kind"] == "summary"]
     assert len(summaries) == 2
     for s in summaries:
-        assert s["workload"] == "resnet" and s["image_size"] == 32 and s["wrong"] == 0
+        assert s["workload"] == "real" and s["image_size"] == 32 and s["wrong"] == 0
         # synced gradients + the same SGD step: every rank holds the same parameters
         a, b = s["param_checksum_ranks"]
         assert a == b
@@ -104,7 +105,7 @@ def test_digits_buffers_broadcast_or_local(tmp_path):
     Checksums, not accuracies, decide: two different models can score the same.
     """
     out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", "resnet",
+    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
                                "--dataset", "digits", "--image-size", "32", "--batch-size", "32",
                                "--lr", "0.05", "--steps", "30", "--warmup", "1", "--algo",
                                "native", "--buffers", "broadcast,local", "--output", str(out)])

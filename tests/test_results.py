@@ -4,8 +4,8 @@ import time
 
 import pytest
 
+from commbench.output import step_record, summarize_steps
 from commbench.results import ResultWriter, read_records
-from commbench.runner import step_record, summarize_steps
 from commbench.timing import NullTimer, StepSample, StepTimer
 
 

@@ -91,11 +91,11 @@ def test_each_claim_gets_a_matched_set_on_its_own_variable(scale):
     assert len(conv) == 1 and "--staleness" in conv[0].args
 
     # C5, C6: the real workload on digits at three batch sizes, one set on the batch
-    g = the_set(runs_of(scale, "C6"), ("batch",), lambda g: g[0]["workload"] == "resnet")
+    g = the_set(runs_of(scale, "C6"), ("batch",), lambda g: g[0]["workload"] == "real")
     assert sorted(r["batch_size"] for r in g) == sorted(scale.real_batches)
     assert len(scale.real_batches) >= 3  # claims.c6 fits a line through three or more
     assert {get(r, "dataset") for r in g} == {"digits"}
-    assert the_set(runs_of(scale, "C5"), ("batch",), lambda g: g[0]["workload"] == "resnet")
+    assert the_set(runs_of(scale, "C5"), ("batch",), lambda g: g[0]["workload"] == "real")
 
     # C7: k at every value, one set on the accumulation
     g = the_set(runs_of(scale, "C7"), ("accumulation",),

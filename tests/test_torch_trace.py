@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from commbench.config import ConfigError, parse_config
+from commbench.allreduce import parse_config
+from commbench.flags import ConfigError
 from tests.conftest import PY, launch, read_jsonl
 
 PHASES = {"forward", "backward", "sync", "optimizer"}
@@ -23,7 +24,7 @@ WINDOW = range(FIRST, FIRST + TRACED)
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> tuple[list[dict], Path]:
     out = tmp_path_factory.mktemp("trace") / "gpt.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", "resnet",
+    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
                                "--model", "gpt-tiny", "--batch-size", "4", "--strategy",
                                "bucketed", "--bucket-mb", "0.1", "--first-bucket-mb", "0.1",
                                "--steps", str(STEPS), "--warmup", str(WARMUP), "--trace",

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from commbench.comm.base import Communicator
-from commbench.strategies.algos import ALGOS, get_algo
 from commbench.strategies.asynchronous import AsyncStrategy
 from commbench.strategies.base import Strategy
 from commbench.strategies.bucketed import BucketedStrategy
@@ -50,4 +49,4 @@ def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
                             workload=workload)
 
 
-__all__ = ["ALGOS", "STRATEGIES", "Strategy", "StrategySettings", "get_algo", "make_strategy"]
+__all__ = ["STRATEGIES", "Strategy", "StrategySettings", "make_strategy"]

@@ -45,7 +45,7 @@ engine began it, not when it was queued behind another, to its end) that
 falls inside the step up to the end of ``finish``; bytes and calls count at
 the step that issued the transfer. ``apply_wait_s`` is the time ``finish``
 blocked on the all-reduce from s steps ago. For wait vs transfer
-(``commbench.runner.wait_vs_transfer``) a transfer's whole flight (engine
+(``commbench.output.wait_vs_transfer``) a transfer's whole flight (engine
 start to end) counts at the step that waits for it, step t+s on every rank;
 the first s steps wait for none and have no split.
 
@@ -75,10 +75,10 @@ from typing import Any
 import torch
 
 from commbench import metrics
+from commbench.comm.algos import wire_dtype
 from commbench.comm.base import Communicator
-from commbench.comm.engine import TRANSFER_PATHS, Transfer, TransferEngine
+from commbench.comm.engine import Transfer, TransferEngine
 from commbench.flatbuf import FlatBuffer
-from commbench.strategies.algos import wire_dtype
 from commbench.strategies.base import dtype_name, unpack_mean
 from commbench.strategies.flat import FlatStrategy
 from commbench.strategies.settings import StrategySettings
@@ -111,14 +111,6 @@ class AsyncStrategy(FlatStrategy):
         if algo != "native":
             raise ValueError(f"--strategy async runs its transfers on the transfer engine "
                              f"(--algo native, --transfer thread|ring), not --algo {algo}")
-        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-            raise ValueError(f"--staleness must be an integer >= 0, got {staleness!r}")
-        if not isinstance(staleness_warmup, int) or staleness_warmup < 0:
-            raise ValueError(f"--staleness-warmup must be an integer >= 0, got "
-                             f"{staleness_warmup!r}")
-        if transfer not in TRANSFER_PATHS:
-            raise ValueError(f"--transfer must be one of {', '.join(TRANSFER_PATHS)}, got "
-                             f"{transfer!r}")
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
         self.staleness = staleness
@@ -238,13 +230,24 @@ class AsyncStrategy(FlatStrategy):
             self._free.append(tr.slot)
         return n
 
-    def end_run(self) -> list[dict]:
-        """Complete what is in flight (never applied) and return the per-step log."""
+    def finish_run(self) -> None:
+        """Complete what is in flight (never applied)."""
         self.drain()
-        return list(self.step_log)
 
-    def step_entry(self) -> dict | None:
-        return self.step_log[-1] if self.step_log else None
+    def record_fields(self, kind: str, steps: Sequence[dict] = ()) -> dict:
+        """Per step: its entry of the schedule (``step_log``: the staleness applied, the
+        wait for it); the summary: how often each staleness was applied and the median
+        wait (``summarize_schedule``)."""
+        if kind == "summary":
+            return summarize_schedule(steps)
+        if not self.step_log:
+            return {}
+        entry = self.step_log[-1]
+        # A transfer's bytes count at the step that issued it, its flight spreads over later
+        # steps: bytes / in-step comm time is no bandwidth.
+        return {"staleness": entry["staleness"], "applied_step": entry["applied_step"],
+                "lr_scale": entry["lr_scale"], "in_flight": entry["in_flight"],
+                "apply_wait_s": entry["apply_wait_s"], "busbw_gbps": None}
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         """The delay pipeline's own pack, engine transfer and unpack, at s = 0
@@ -273,23 +276,7 @@ class AsyncStrategy(FlatStrategy):
                 if self.transfer == "thread" else "ring on the engine thread, polled"}
 
 
-def merge_step_log(rec: dict, logs: Sequence[list[dict]], k: int) -> None:
-    """Add step ``k`` of every rank's ``step_log`` to the step record ``rec``.
-
-    The schedule fields are the same on every rank; ``apply_wait_s`` is the
-    critical-path rank's (as compute and comm are), every rank's under ``ranks``.
-    """
-    mine = logs[rec["critical_rank"]][k]
-    rec.update(staleness=mine["staleness"], applied_step=mine["applied_step"],
-               lr_scale=mine["lr_scale"], in_flight=mine["in_flight"],
-               apply_wait_s=mine["apply_wait_s"])
-    rec["ranks"]["apply_wait_s"] = [log[k]["apply_wait_s"] for log in logs]
-    # A transfer's bytes count at the step that issued it, its flight spreads over later
-    # steps: bytes / in-step comm time is no bandwidth.
-    rec["busbw_gbps"] = None
-
-
-def summarize_step_log(steps: Sequence[dict]) -> dict:
+def summarize_schedule(steps: Sequence[dict]) -> dict:
     """Over the measured steps: how often each staleness was applied (``None``: no update)
     and the time blocked on the all-reduce from s steps ago."""
     measured = [s for s in steps if not s["warmup"]]

@@ -6,7 +6,7 @@ the same for every strategy, each reading its own fields), plus the order
 backward produces the gradients and, for the peers that wrap a model, the
 workload. Each step the runner calls
 ``begin_step(timer)``; the workload calls ``on_ready(i)`` as gradient ``i``
-is produced (backward order) and ``progress()`` while it computes; then the
+is produced (backward order) and ``poll()`` while it computes; then the
 runner calls ``finish()``, after which every gradient holds the mean over
 ranks. Strategies time their collectives on the timer they were given.
 After the run (and its validation pass) whoever built the strategy closes it
@@ -24,15 +24,10 @@ from typing import Any
 import torch
 
 from commbench.buffers import check_rule
+from commbench.comm.algos import check_algo
 from commbench.comm.base import Communicator
-from commbench.strategies.algos import check_algo
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies.settings import COMPRESSIONS, StrategySettings
 from commbench.timing import NullTimer, StepTimer
-
-#: ``--compression``: the dtype gradients travel in (None: their own), cast before the
-#: all-reduce and back after, as ``hvd.Compression.fp16`` does.
-COMPRESSIONS: dict[str, torch.dtype | None] = {
-    "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def unpack_mean(summed: torch.Tensor, grad: torch.Tensor, ranks: float) -> None:
@@ -81,9 +76,6 @@ class Strategy(abc.ABC):
         """
         settings = settings if settings is not None else StrategySettings()
         compression = settings.compression
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"unknown compression {compression!r}; choose from "
-                             f"{', '.join(COMPRESSIONS)}")
         if self.needs_model and workload is None:
             raise ValueError(f"--strategy {self.name} wraps the workload's model and "
                              "optimizer: build it with workload=")
@@ -114,8 +106,10 @@ class Strategy(abc.ABC):
     def on_ready(self, i: int) -> None:  # noqa: B027 - most strategies wait for finish()
         """Gradient ``i`` has been produced."""
 
-    #: called while compute runs; None when the strategy has nothing to drive
-    progress = None
+    #: called while compute runs, to drive collectives that advance only when tested (a
+    #: non-blocking MPI all-reduce); None when the strategy has nothing to drive. Not the
+    #: ``progress`` setting, which says how bucketed's all-reduces advance.
+    poll = None
 
     #: the strategy needs the real model (``workload=`` in its constructor)
     needs_model: bool = False
@@ -153,19 +147,24 @@ class Strategy(abc.ABC):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         # Closed on the way out of a run that ended normally. After an error the job
-        # aborts (``commbench.job.run_job``): closing could wait forever for transfers
+        # aborts (``commbench.lifecycle.run_job``): closing could wait forever for transfers
         # in flight that the other ranks will never complete.
         if exc_type is None:
             self.close()
 
-    def end_run(self) -> list[dict] | None:
-        """Complete what is still in flight at the end of a run; return the per-step
-        schedule of a strategy that keeps one (``async``), else None."""
-        return None
+    def finish_run(self) -> None:  # noqa: B027 - most strategies end with their last step
+        """Complete what is still in flight at the end of a run (before validation)."""
 
-    def step_entry(self) -> dict | None:
-        """The last finished step's entry in that schedule (None where there is none)."""
-        return None
+    def record_fields(self, kind: str, steps: Sequence[dict] = ()) -> dict:
+        """The strategy's own fields for a result record, beside the run layer's.
+
+        ``kind="step"``: this rank's fields for the step that just finished; the
+        step's record takes the critical-path rank's, and every rank's under ``ranks``
+        (``commbench.output.merge_rank_fields``).
+        ``kind="summary"``: the run's fields, from its step ``records`` (rank 0).
+        None of its own by default.
+        """
+        return {}
 
     def knobs(self) -> dict:
         """The strategy's settings, for result records."""

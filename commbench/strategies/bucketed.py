@@ -13,7 +13,7 @@
    then issue their collectives in the same order whatever order their
    gradients arrive in (MPI matches collectives by issue order; DDP has the
    same rule).
-4. While compute runs, ``progress`` tests the handles in flight: Open MPI
+4. While compute runs, ``poll`` tests the handles in flight: Open MPI
    advances a non-blocking collective only inside MPI calls (DESIGN.md §8).
    Horovod progresses on its own thread; the test only observes.
    ``progress="thread"`` (``--progress thread``) instead hands each full bucket
@@ -27,13 +27,13 @@
    all-reduce rather than Open MPI's non-blocking one (libnbc), which is
    much slower across nodes; ``--transfer ring`` as the project's ring on
    point-to-point messages tested between sleeps (lighter on the CPU).
-5. A bucket that ``progress`` sees complete is divided by the rank count
+5. A bucket that ``poll`` sees complete is divided by the rank count
    into its gradients at once, while backward still runs (DDP divides in its
    hook too; with ``gradient_as_bucket_view`` it needs no copy at all).
    ``finish`` waits for the rest, then unpacks them.
 
 Comm time is what was really in flight. Polling: each bucket from its issue
-to the moment its handle was first seen complete (a test in ``progress`` or
+to the moment its handle was first seen complete (a test in ``poll`` or
 the wait in ``finish``), so with polling every 0.5 ms an end is late by at
 most that. Engine: from when the engine began the bucket (not when it was
 queued behind earlier ones) to when it finished, the engine's own stamps.
@@ -75,12 +75,12 @@ from typing import Any
 
 import torch
 
-from commbench.buckets import assign_buckets
+from commbench.buckets import MB, assign_buckets
 from commbench.comm.base import Communicator, Handle
-from commbench.comm.engine import TRANSFER_PATHS, TransferEngine
+from commbench.comm.engine import TransferEngine
 from commbench.flatbuf import FlatBuffer
-from commbench.strategies.base import COMPRESSIONS, Strategy, unpack_mean
-from commbench.strategies.settings import MB, StrategySettings
+from commbench.strategies.base import Strategy, unpack_mean
+from commbench.strategies.settings import COMPRESSIONS, StrategySettings
 from commbench.timing import NullTimer, StepTimer
 
 
@@ -129,9 +129,6 @@ class _Bucket:
         return self.staged.query()
 
 
-PROGRESS = ("poll", "thread")
-
-
 class BucketedStrategy(Strategy):
     name = "bucketed"
 
@@ -142,15 +139,7 @@ class BucketedStrategy(Strategy):
                          workload=workload)
         bucket_mb, first_bucket_mb = self.settings.bucket_mb, self.settings.first_bucket_mb
         progress, transfer = self.settings.progress, self.settings.transfer
-        for flag, mb in (("--bucket-mb", bucket_mb), ("--first-bucket-mb", first_bucket_mb)):
-            if not mb >= 0 or mb == float("inf"):
-                raise ValueError(f"{flag} must be a finite number >= 0, got {mb}")
-        if progress not in PROGRESS:
-            raise ValueError(f"--progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
-        if transfer not in TRANSFER_PATHS:
-            raise ValueError(f"--transfer must be one of {', '.join(TRANSFER_PATHS)}, got "
-                             f"{transfer!r}")
-        self.progress_mode = progress
+        self.progress = progress
         self.transfer = transfer
         # progress="thread": opened at the first bucket (a collective: every rank starts
         # its buckets in the same order), closed by close()
@@ -172,7 +161,7 @@ class BucketedStrategy(Strategy):
         # from the compute loop, unless MPI's non-blocking collectives advance only
         # when tested (poll) or buckets wait for their copy off a GPU (stage).
         gpu = any(b.dev is not None for b in self.buckets)
-        self.progress = self._progress if progress == "poll" or gpu else None
+        self.poll = self._drive if progress == "poll" or gpu else None
         self.begin_step(self.timer)
 
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
@@ -199,10 +188,10 @@ class BucketedStrategy(Strategy):
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
             b = self.buckets[self._next]
             if not b.on_host(block):
-                return  # its copy from the GPU is still running; progress() comes back
+                return  # its copy from the GPU is still running; poll() comes back
             b.staged = None
             b.start = self.timer.clock()
-            if self.progress_mode == "thread":
+            if self.progress == "thread":
                 if self._engine is None:
                     self._engine = TransferEngine(self.comm, self.transfer)
                 b.handle = self._engine.submit(
@@ -212,7 +201,7 @@ class BucketedStrategy(Strategy):
             self._in_flight.append(b)
             self._next += 1
 
-    def _poll(self) -> list[_Bucket]:
+    def _test_in_flight(self) -> list[_Bucket]:
         """Test every bucket in flight; record the end of those seen complete; return them."""
         done, still = [], []
         for b in self._in_flight:
@@ -227,15 +216,15 @@ class BucketedStrategy(Strategy):
     def _flight(self, b: _Bucket) -> tuple[float, float]:
         """Completed bucket ``b``'s (start, end): the engine's stamps (begun, finished),
         else (issued, now = first seen complete)."""
-        if self.progress_mode == "thread":
+        if self.progress == "thread":
             return b.handle.start, b.handle.end
         return b.start, self.timer.clock()
 
-    def _progress(self) -> None:
+    def _drive(self) -> None:
         """Drive the buckets in flight; unpack those that completed."""
         self._start_ready_buckets()
         if self._in_flight:
-            for b in self._poll():
+            for b in self._test_in_flight():
                 self._unpack_here(b)
 
     def _unpack_here(self, b: _Bucket) -> None:
@@ -246,7 +235,7 @@ class BucketedStrategy(Strategy):
     def _engine_unpacks(self, b: _Bucket) -> bool:
         """Whether the engine's thread unpacks ``b`` as its sum arrives (a host bucket;
         a GPU bucket's copy back is stream-ordered on this thread)."""
-        return self.progress_mode == "thread" and b.dev is None
+        return self.progress == "thread" and b.dev is None
 
     def _unpack(self, b: _Bucket) -> None:
         """Write the bucket's mean into its gradients (final: backward is done with them).
@@ -269,7 +258,7 @@ class BucketedStrategy(Strategy):
         # transfers still in flight, which advance only inside MPI calls.
         done: list[_Bucket] = []
         while self._in_flight:
-            done += self._poll()  # those already complete end now, not after a wait
+            done += self._test_in_flight()  # those already complete end now, not after a wait
             if self._in_flight:
                 b = self._in_flight.pop(0)
                 b.handle.wait()
@@ -282,11 +271,11 @@ class BucketedStrategy(Strategy):
         return {**super().knobs(), "bucket_mb": self.bucket_mb,
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
-                "collective": self._collective(), "progress": self.progress_mode,
-                "transfer_path": self.transfer if self.progress_mode == "thread" else None}
+                "collective": self._collective(), "progress": self.progress,
+                "transfer_path": self.transfer if self.progress == "thread" else None}
 
     def _collective(self) -> str:
-        if self.progress_mode == "poll":
+        if self.progress == "poll":
             return "iallreduce"
         return "blocking allreduce on the engine thread" if self.transfer == "thread" else \
             "ring on the engine thread, polled"

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from commbench.comm.algos import TWO_LEVEL_ALGOS, get_algo, wire_dtype
 from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.flatbuf import FlatBuffer
-from commbench.strategies.algos import TWO_LEVEL_ALGOS, get_algo, wire_dtype
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
 from commbench.strategies.settings import StrategySettings
 

@@ -59,8 +59,8 @@ from torch.nn.parallel import DistributedDataParallel
 from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
 from commbench.flatbuf import FlatBuffer
-from commbench.strategies.base import COMPRESSIONS, Strategy
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies.base import Strategy
+from commbench.strategies.settings import COMPRESSIONS, StrategySettings
 from commbench.timing import now
 
 HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": str(64 * 2**20), "HOROVOD_CYCLE_TIME": "1"}

@@ -1,30 +1,39 @@
-"""The settings every strategy is built from: one typed, frozen record.
+"""The settings every strategy is built from: one typed, frozen record, and its flags.
 
 Every strategy's constructor takes the same ``StrategySettings`` and reads
 the fields that concern it (``flat`` its ``algo``, ``bucketed`` its bucket
 caps, ``async`` its staleness, ...); the others leave the rest alone, as a
-DDP comm hook's state ignores what another hook needs. The flags of
-``commbench.allreduce`` map one to one onto its fields (``--bucket-mb`` ->
-``bucket_mb``), so a run's record says which settings it had.
+DDP comm hook's state ignores what another hook needs.
 
-Each strategy checks the fields it reads when it is built and raises a
-ValueError that names the flag; a field no strategy of the run reads is not
-checked.
+Each flag of ``commbench.allreduce`` that sets a strategy is declared here,
+on the field it sets (``commbench.flags.flag``): ``--bucket-mb`` is
+``bucket_mb``, with its one default. The tool adds these flags to its parser
+from the fields and builds the record from the parsed values by field name,
+so a new strategy setting is one field here and the code that reads it.
+
+Each value is checked once, here, when the record is made: a ValueError
+names the flag. What depends on the communicator (a ring needs
+point-to-point messages) is checked by the strategy's ``check``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
-from commbench.comm.engine import DEFAULT_TRANSFER_PATH
+import torch
 
-#: the unit of ``bucket_mb``: DDP's ``bucket_cap_mb`` counts 2**20 bytes
-MB = 2**20
-DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
-#: DDP's first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``): a 25 MB first bucket kept the
-#: link idle until it filled (benchmarks/peer_fairness.py, 2 x 4 at 1 Gbit/s: bucketed / DDP
-#: step 1.060 before, 0.945 after, one run each)
-FIRST_BUCKET_MB = 1.0
+from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB
+from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS
+from commbench.flags import flag, nonneg_float, nonneg_int, positive_int
+
+#: ``--compression``: the dtype gradients travel in (None: their own), cast before the
+#: all-reduce and back after, as ``hvd.Compression.fp16`` does.
+COMPRESSIONS: dict[str, torch.dtype | None] = {
+    "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+#: ``--progress``: how bucketed's all-reduces advance while backward computes
+PROGRESS = ("poll", "thread")
 
 
 @dataclass(frozen=True)
@@ -32,20 +41,19 @@ class StrategySettings:
     """What a strategy is built with, besides the communicator and the gradients.
 
     Args:
-        algo: ``--algo``, the all-reduce a fusing strategy runs (``ALGOS``);
-            ``async`` takes only ``native``.
-        compression: ``--compression``: ``none``, ``fp16`` or ``bf16``, the dtype
-            gradients travel in (every strategy).
-        bucket_mb: ``--bucket-mb``: bucketed's and DDP's cap in MB; 0 = per tensor.
-        first_bucket_mb: ``--first-bucket-mb``: bucketed's first bucket's cap.
-        progress: ``--progress``: bucketed's ``thread`` (transfer engine) or ``poll``.
-        transfer: ``--transfer``: the transfer engine's path, ``thread`` or ``ring``
+        algo: the all-reduce a fusing strategy runs (``commbench.comm.algos.ALGOS``),
+            one of ``--algo`` per run; ``async`` takes only ``native``.
+        compression: the dtype gradients travel in (every strategy).
+        bucket_mb: bucketed's and DDP's cap in MB; 0 = per tensor.
+        first_bucket_mb: bucketed's first bucket's cap.
+        progress: bucketed's ``thread`` (transfer engine) or ``poll``.
+        transfer: the transfer engine's path, ``thread`` or ``ring``
             (async; bucketed with ``progress="thread"``).
-        staleness: ``--staleness``: async's s >= 0.
-        staleness_lr: ``--staleness-lr``: async scales applied gradients by 1/s.
-        staleness_warmup: ``--staleness-warmup``: async's synchronous first steps.
-        accum_steps: ``--accum-steps``: Horovod's ``backward_passes_per_step``.
-        broadcast_buffers: DDP's ``broadcast_buffers`` (``--buffers broadcast``).
+        staleness: async's s >= 0.
+        staleness_lr: async scales applied gradients by 1/s.
+        staleness_warmup: async's synchronous first steps.
+        accum_steps: Horovod's ``backward_passes_per_step``.
+        broadcast_buffers: DDP's ``broadcast_buffers`` (``--buffers broadcast``), per run.
 
     Example::
 
@@ -53,13 +61,63 @@ class StrategySettings:
     """
 
     algo: str = "native"
-    compression: str = "none"
-    bucket_mb: float = DEFAULT_BUCKET_MB
-    first_bucket_mb: float = FIRST_BUCKET_MB
-    progress: str = "thread"
-    transfer: str = DEFAULT_TRANSFER_PATH
-    staleness: int = 0
-    staleness_lr: bool = False
-    staleness_warmup: int = 0
-    accum_steps: int = 1
+    compression: str = flag(
+        "--compression", default="none", choices=tuple(COMPRESSIONS),
+        help="cast gradients to this dtype for the all-reduce and back after "
+             "(hvd.Compression.fp16)")
+    bucket_mb: float = flag(
+        "--bucket-mb", default=DEFAULT_BUCKET_MB, metavar="MB", type=nonneg_float,
+        help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
+             "bucket_cap_mb); 0 = one all-reduce per tensor")
+    first_bucket_mb: float = flag(
+        "--first-bucket-mb", default=FIRST_BUCKET_MB, metavar="MB", type=nonneg_float,
+        help="--strategy bucketed: the first bucket's cap, DDP's 1 MiB by default, so the "
+             "first all-reduce starts early in backward")
+    progress: str = flag(
+        "--progress", default="thread", choices=PROGRESS,
+        help="--strategy bucketed: how buckets' all-reduces advance during backward: poll = "
+             "MPI non-blocking all-reduce tested from the compute loop, thread = blocking "
+             "all-reduces on a comm thread (Horovod's design)")
+    transfer: str = flag(
+        "--transfer", default=DEFAULT_TRANSFER_PATH, choices=TRANSFER_PATHS,
+        help="--strategy async and bucketed (--progress thread): how the background transfer "
+             "engine runs each all-reduce: thread = the backend's blocking all-reduce on its "
+             "own thread (at link speed; Open MPI spins a core while it waits), ring = the "
+             "project's ring on point-to-point messages, tested between sleeps (light on the "
+             "CPU; needs MPI)")
+    staleness: int = flag(
+        "--staleness", default=0, metavar="S", type=nonneg_int,
+        help="--strategy async: step t's all-reduce runs while later steps compute and is "
+             "applied at step t+S; 0 = synchronous")
+    staleness_lr: bool = flag(
+        "--staleness-lr", default=False, action="store_true",
+        help="--strategy async: scale the learning rate by 1/staleness (Zhang et al. 2016)")
+    staleness_warmup: int = flag(
+        "--staleness-warmup", default=0, metavar="N", type=nonneg_int,
+        help="--strategy async: run the first N steps synchronously, then staleness S")
+    accum_steps: int = flag(
+        "--accum-steps", default=1, metavar="K", type=positive_int,
+        help="gradient accumulation: K micro-batches per step, synchronised once (Horovod's "
+             "backward_passes_per_step)")
     broadcast_buffers: bool = True
+
+    def __post_init__(self) -> None:
+        for name, choices in (("compression", COMPRESSIONS), ("progress", PROGRESS),
+                              ("transfer", TRANSFER_PATHS)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
+        for name in ("bucket_mb", "first_bucket_mb"):
+            mb = getattr(self, name)
+            if not 0 <= mb < math.inf:
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, "
+                                 f"got {mb}")
+        for name, least in (("staleness", 0), ("staleness_warmup", 0), ("accum_steps", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, "
+                                 f"got {value!r}")
+
+    def for_run(self, algo: str | None, buffers: str) -> StrategySettings:
+        """These settings for one run: its ``--algo`` and its ``--buffers`` rule."""
+        return replace(self, algo=algo or "native", broadcast_buffers=buffers == "broadcast")

@@ -1,19 +1,24 @@
-"""Workloads: what produces the gradients each step (the interface: ``workloads.base``)."""
+"""Workloads: what produces the gradients each step (the interface: ``workloads.base``).
+
+``WORKLOADS`` by ``--workload`` name; what a workload is built from, its flags
+and their checks: ``workloads.spec``.
+"""
 
 from __future__ import annotations
 
 import sys
 from typing import Callable
 
-from commbench.config import WorkloadSpec
 from commbench.tables import rank0_print
 from commbench.workloads.base import Workload
-from commbench.workloads.real import ResNetWorkload
+from commbench.workloads.compute_profile import load
+from commbench.workloads.real import RealWorkload
+from commbench.workloads.spec import WorkloadSpec
 from commbench.workloads.synthetic import SyntheticWorkload
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "synthetic": SyntheticWorkload,  # real gradient shapes, compute replayed
-    "resnet": ResNetWorkload,        # real forward/backward passes
+    "real": RealWorkload,            # real forward/backward passes of any model
 }
 
 
@@ -22,8 +27,8 @@ def make_workload(cfg: WorkloadSpec, rank: int, world_size: int = 1,
     """Build ``cfg.workload`` for ``rank`` (of ``world_size`` sharing the data set);
     ``job_rank`` (default ``rank``) is the rank ``--slow-rank`` names."""
     job_rank = rank if job_rank is None else job_rank
-    if cfg.workload == "resnet":
-        wl: Workload = ResNetWorkload(
+    if cfg.workload == "real":
+        wl: Workload = RealWorkload(
             cfg.model, rank, seed=cfg.seed, batch_size=cfg.batch_size,
             num_classes=cfg.num_classes, image_size=cfg.image_size, lr=cfg.lr,
             device=cfg.device, dataset=cfg.dataset, world_size=world_size,
@@ -31,8 +36,6 @@ def make_workload(cfg: WorkloadSpec, rank: int, world_size: int = 1,
     else:
         profile = None
         if cfg.compute_profile:
-            from commbench.profile import load  # cycle: profile imports workloads.real
-
             profile = load(cfg.compute_profile, cfg.model, cfg.num_classes, cfg.model_kwargs)
         wl = SyntheticWorkload(cfg.model, cfg.compute_ms, rank, seed=cfg.seed,
                                batch_size=cfg.batch_size, num_classes=cfg.num_classes,
@@ -55,4 +58,5 @@ def slow_factor(cfg: WorkloadSpec, job_rank: int) -> float:
     return 1.0
 
 
-__all__ = ["WORKLOADS", "ResNetWorkload", "SyntheticWorkload", "Workload", "make_workload"]
+__all__ = ["WORKLOADS", "RealWorkload", "SyntheticWorkload", "Workload", "WorkloadSpec",
+           "make_workload"]

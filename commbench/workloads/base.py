@@ -8,7 +8,7 @@ allocated once and reused so strategies can keep views of them across steps
 same memory, ``workloads.synthetic``). The runner drives a step in three calls:
 ``forward``, ``backward`` (which announces gradient ``i`` through
 ``on_ready(i)`` the moment autograd has accumulated it, in the order backward
-really produces them, and calls ``progress()`` so non-blocking collectives
+really produces them, and calls ``poll()`` so non-blocking collectives
 can advance) and ``optimizer_step``.
 
 Gradients are announced by ``register_post_accumulate_grad_hook`` on every
@@ -30,7 +30,7 @@ from commbench.timing import now
 
 
 class Workload(abc.ABC):
-    """A model trained one step at a time (``commbench.runner.run_steps``)."""
+    """A model trained one step at a time (``commbench.steploop.run_steps``)."""
 
     #: the ``--workload`` name
     name: ClassVar[str]
@@ -73,7 +73,7 @@ class Workload(abc.ABC):
         self._order: list[int] = []
         self._seen_order: list[int] | None = None
         self._on_ready: Callable[[int], None] | None = None
-        self._progress: Callable[[], None] | None = None
+        self._poll: Callable[[], None] | None = None
         self._hook_s = 0.0
         #: when the latest gradient's announcing hook ended (this rank's clock)
         self.last_ready = 0.0
@@ -86,8 +86,8 @@ class Workload(abc.ABC):
             self._order.append(i)
             if self._on_ready is not None:
                 self._on_ready(i)
-            if self._progress is not None:
-                self._progress()
+            if self._poll is not None:
+                self._poll()
             self.last_ready = now()
             self._hook_s += self.last_ready - t
         return hook
@@ -99,20 +99,20 @@ class Workload(abc.ABC):
         return list(self._seen_order or reversed(range(len(self.params))))
 
     def _run_backward(self, on_ready: Callable[[int], None],
-                      progress: Callable[[], None] | None) -> tuple[float, float]:
+                      poll: Callable[[], None] | None) -> tuple[float, float]:
         """``loss.backward()`` with the gradients announced; return (start, end).
 
         The end is the last gradient's hook where a peer waits for its all-reduces
         inside backward (``sync_in_backward``), else when backward returned.
         """
-        self._on_ready, self._progress = on_ready, progress
+        self._on_ready, self._poll = on_ready, poll
         self._order, self._hook_s = [], 0.0
         t = now()
         try:
             self.loss.backward()
             self._sync_device()
         finally:
-            self._on_ready = self._progress = None
+            self._on_ready = self._poll = None
         end = self.last_ready if self.sync_in_backward else now()
         if self._seen_order is None and len(self._order) == len(self.params):
             self._seen_order = list(self._order)
@@ -123,13 +123,13 @@ class Workload(abc.ABC):
             torch.cuda.synchronize(self.device)
 
     @abc.abstractmethod
-    def forward(self, timer, progress: Callable[[], None] | None = None,
+    def forward(self, timer, poll: Callable[[], None] | None = None,
                 accumulate: bool = False) -> None:
         """Forward pass and loss; ``accumulate`` keeps earlier micro-batches' gradients."""
 
     @abc.abstractmethod
     def backward(self, timer, on_ready: Callable[[int], None],
-                 progress: Callable[[], None] | None = None, accumulate: bool = False) -> None:
+                 poll: Callable[[], None] | None = None, accumulate: bool = False) -> None:
         """Backward pass, announcing each gradient through ``on_ready``."""
 
     @abc.abstractmethod

@@ -41,8 +41,8 @@ from commbench.workloads.objective import (
 MIN_IMAGE_SIZE = 32  # five stride-2 stages: 32 px leaves a 1x1 map for the last stage
 
 
-class ResNetWorkload(Workload):
-    name = "resnet"
+class RealWorkload(Workload):
+    name = "real"
     real = True
 
     def __init__(self, model: str, rank: int, seed: int = 0, batch_size: int = 32,
@@ -133,7 +133,7 @@ class ResNetWorkload(Workload):
         self.net.train()
         return correct / len(y)
 
-    def forward(self, timer, progress: Callable[[], None] | None = None,
+    def forward(self, timer, poll: Callable[[], None] | None = None,
                 accumulate: bool = False) -> None:
         """Forward pass; ``accumulate`` keeps the gradients of earlier micro-batches."""
         if self.test is not None and self.loss is not None:
@@ -146,8 +146,8 @@ class ResNetWorkload(Workload):
             self._sync_device()
 
     def backward(self, timer, on_ready: Callable[[int], None],
-                 progress: Callable[[], None] | None = None, accumulate: bool = False) -> None:
-        t, end = self._run_backward(on_ready, progress)
+                 poll: Callable[[], None] | None = None, accumulate: bool = False) -> None:
+        t, end = self._run_backward(on_ready, poll)
         timer.add_compute(end - t - self._hook_s, "backward")
 
     def optimizer_step(self, timer) -> None:

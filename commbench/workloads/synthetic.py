@@ -53,18 +53,18 @@ from commbench.workloads.base import Workload
 from commbench.workloads.objective import probe_spec
 
 FORWARD_FRACTION = 1.0 / 3.0
-POLL_S = 0.0005  # how often progress() runs during replayed compute
+POLL_S = 0.0005  # how often poll() runs during replayed compute
 
 
-def _wait_until(deadline: float, progress: Callable[[], None] | None) -> None:
-    """Sleep (driving ``progress`` every POLL_S) until ``deadline``."""
+def _wait_until(deadline: float, poll: Callable[[], None] | None) -> None:
+    """Sleep (driving ``poll`` every POLL_S) until ``deadline``."""
     while True:
-        if progress is not None:
-            progress()
+        if poll is not None:
+            poll()
         left = deadline - now()
         if left <= 0:
             return
-        time.sleep(left if progress is None else min(left, POLL_S))
+        time.sleep(left if poll is None else min(left, POLL_S))
 
 
 class ReplayClock:
@@ -79,7 +79,7 @@ class ReplayClock:
         self.fresh = True
         self.factor = 1.0
         self.t0 = 0.0
-        self.progress: Callable[[], None] | None = None
+        self.poll: Callable[[], None] | None = None
         #: host seconds spent producing the gradients (the replay's own work: from each
         #: gradient's deadline to its announcing hook)
         self.host = 0.0
@@ -102,7 +102,7 @@ class ReplayClock:
         (one pass, no zeroing). Later micro-batches hand a stride-0 view of the
         constant, which autograd adds (one pass).
         """
-        _wait_until(self.deadline(i), self.progress)
+        _wait_until(self.deadline(i), self.poll)
         self._returned = now()
         if not self.fresh:
             return self._expanded[i]
@@ -240,7 +240,7 @@ class SyntheticWorkload(Workload):
         self._rng = random.Random(seed * 1_000_003 + rank)
         self.factor = 1.0
 
-    def forward(self, timer, progress: Callable[[], None] | None = None,
+    def forward(self, timer, poll: Callable[[], None] | None = None,
                 accumulate: bool = False) -> None:
         t0 = now()
         if not accumulate:  # a new step: draw its compute factor
@@ -249,18 +249,18 @@ class SyntheticWorkload(Workload):
                 p.grad = None
         self.clock.fresh = not accumulate
         self.loss = self.net(self._input).sum()
-        _wait_until(t0 + self.forward_s * self.factor, progress)
+        _wait_until(t0 + self.forward_s * self.factor, poll)
         timer.add_compute(now() - t0, "forward")
 
     def backward(self, timer, on_ready: Callable[[int], None],
-                 progress: Callable[[], None] | None = None, accumulate: bool = False) -> None:
+                 poll: Callable[[], None] | None = None, accumulate: bool = False) -> None:
         """Replay backward: gradient ``i`` is accumulated at ``t0 + ready_i`` (or later,
         if the host was busy past it)."""
         c = self.clock
-        c.factor, c.host, c.progress = self.factor, 0.0, progress
+        c.factor, c.host, c.poll = self.factor, 0.0, poll
         c.t0 = now()  # deadlines count from here, whatever the host does in between
-        self._run_backward(on_ready, progress)
-        c.progress = None
+        self._run_backward(on_ready, poll)
+        c.poll = None
         due = self._backward_s * self.factor
         # The device finishes at the last deadline unless the replay's own host work
         # (accumulating the gradients) took longer; time in the strategies' hooks (or a

@@ -68,8 +68,8 @@ def check(comm, s: int, lr: bool, warmup: int, compression: str, transfer: str,
         strat.begin_step(timer)
         for i in reversed(range(len(grads))):
             strat.on_ready(i)
-            if strat.progress:
-                strat.progress()
+            if strat.poll:
+                strat.poll()
         strat.finish()
         timer.end_step()
         src = due(t, s, warmup)
@@ -92,7 +92,8 @@ def check(comm, s: int, lr: bool, warmup: int, compression: str, transfer: str,
             for i, (g, f) in enumerate(zip(grads, flat_results[t])):
                 if not torch.equal(g, f):
                     bad.append(f"{tag} step {t}: tensor {i} differs from flat")
-    log = strat.end_run()
+    strat.finish_run()
+    log = strat.step_log
     if len(log) != STEPS or strat.knobs()["buffers"] > s + 1:
         bad.append(f"{tag}: {len(log)} log entries, {strat.knobs()['buffers']} buffers")
     strat.close()

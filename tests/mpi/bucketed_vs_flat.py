@@ -24,10 +24,10 @@ import sys
 import torch
 from verdict import verdict  # beside this script (scripts run as files)
 
+from commbench.buckets import MB
 from commbench.comm import make_communicator
 from commbench.models import parameter_shapes
 from commbench.strategies import make_strategy
-from commbench.strategies.bucketed import MB
 from commbench.timing import StepTimer
 
 BUCKET_MB = [0, 0.01, 1, 4, 1000]
@@ -90,8 +90,8 @@ def main() -> int:
             bucketed.begin_step(timer)
             for i in announce:
                 bucketed.on_ready(i)
-                if bucketed.progress is not None:  # None: the engine needs no driving
-                    bucketed.progress()
+                if bucketed.poll is not None:  # None: the engine needs no driving
+                    bucketed.poll()
             bucketed.finish()
             sample = timer.end_step()
             for i, (g, w, e) in enumerate(zip(grads, want, exact)):

@@ -23,9 +23,9 @@ from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.comm import make_communicator
 from commbench.models import parameter_shapes
-from commbench.runner import run_steps
+from commbench.steploop import run_steps
 from commbench.strategies import make_strategy
-from commbench.strategies.base import COMPRESSIONS
+from commbench.strategies.settings import COMPRESSIONS
 from commbench.timing import StepTimer
 from commbench.workloads.synthetic import SyntheticWorkload
 

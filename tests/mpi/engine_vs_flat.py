@@ -63,13 +63,13 @@ def reduce_steps(comm, name: str, knobs: dict, dtype: torch.dtype) -> tuple[list
         strat.begin_step(timer)
         for i in order:
             strat.on_ready(i)
-            if strat.progress:
-                strat.progress()
+            if strat.poll:
+                strat.poll()
         strat.finish()
         timer.end_step()
         out.append([g.clone() for g in grads])
     if name == "async":
-        strat.end_run()
+        strat.finish_run()
     knobs_out = strat.knobs()
     strat.close()
     return out, knobs_out

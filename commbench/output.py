@@ -1,6 +1,6 @@
 """What every tool writes and how: one results file, runs, step records, summaries, a table.
 
-``commbench.job.run_job`` gives every tool the same life (flags, backend,
+``commbench.lifecycle.run_job`` gives every tool the same life (flags, backend,
 checks, abort, exit status); inside a tool's body this module gives every
 tool the same records, so ``commbench.allreduce``, ``commbench.microbench``,
 ``commbench.staleness`` and ``commbench.ps`` differ only in what they run:
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import resource
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,9 +49,9 @@ from commbench.cores import (
     machine_cores,
     runnable_before_job,
 )
-from commbench.job import set_torch_threads
+from commbench.lifecycle import set_torch_threads
+from commbench.linkstats import link_efficiency
 from commbench.results import ResultWriter, default_output, job_header, link_info, versions
-from commbench.runner import step_record, summarize_steps
 from commbench.tables import Column, format_table, rank0_print
 from commbench.timing import StepSample, now
 
@@ -227,6 +228,200 @@ class Run:
             out["wall_throughput"] = metrics.throughput(
                 (out["measured_steps"] - skip) * samples_per_step, wall_s)
         return out
+
+
+# -- step records and summaries: every step field made here, once ---------------------
+
+RANK_FIELDS = ("wait_s", "step_s", "compute_s", "comm_s", "exposed_sync_s", "forward_s",
+               "backward_s", "optimizer_s", "buffer_sync_s")
+
+
+#: a rank is named the straggler only where its compute exceeds the fastest rank's by at
+#: least this fraction of its own: below it, jitter would name a rank at random (2 ranks of
+#: 100 ms replayed compute on a loaded 2-core machine differed by up to 5.5 ms)
+STRAGGLER_MIN_IMBALANCE = 0.10
+
+
+def wait_vs_transfer(per_rank: Sequence[StepSample]) -> dict:
+    """Split one step's collectives into transfer and each rank's wait.
+
+    For collective k (the k-th a rank issued in the step; every rank issues
+    them in the same order), ``transfer_k = min over ranks of duration_k[r]``:
+    the rank that arrived last waits for nobody, so its duration is the
+    transfer itself. ``wait_k[r] = duration_k[r] - transfer_k`` is the time
+    rank r spent in the collective waiting for later ranks. This is PyTorch
+    profiler's distributed view and DeepSpeed's straggler summary: durations
+    only, no clocks of two ranks compared, no clock synchronisation.
+
+    A two-level all-reduce is one collective here, not one per phase: inside
+    a phase ranks do unequal work (under ``hier-leader`` only node leaders run
+    the cross-node all-reduce; on uneven nodes some shards have no cross-node
+    peer), so the shortest duration of a phase would be an idle rank's and the
+    working ranks' transfer would read as wait. Per-phase times stay in
+    ``comm_phases_s``.
+
+    Returns ``sync_transfer_s`` (the sum of the transfers; the same for every
+    rank by definition), ``sync_wait_s`` (every rank's sum of waits) and
+    ``collectives`` (the number matched). Those are None when no rank timed a
+    collective in the step (Horovod's peer, which exposes no per-collective
+    times; async's first s steps, which wait for no transfer) or when ranks
+    timed different numbers of them: then which of one rank's collectives is
+    which of another's is unknown, and a guess would turn skew into transfer.
+    """
+    counts = [len(s.collective_s) for s in per_rank]
+    if not per_rank or max(counts) == 0 or min(counts) != max(counts):
+        return {"sync_transfer_s": None, "sync_wait_s": None, "collectives": None}
+    transfers = [min(durs) for durs in zip(*(s.collective_s for s in per_rank))]
+    waits = [sum(d - t for d, t in zip(s.collective_s, transfers)) for s in per_rank]
+    return {"sync_transfer_s": sum(transfers), "sync_wait_s": waits,
+            "collectives": counts[0]}
+
+
+def imbalance(per_rank: Sequence[StepSample]) -> tuple[float, int | None]:
+    """(slowest minus fastest rank's compute, the straggler rank or None).
+
+    The straggler is the rank with the most compute, named only where the
+    imbalance is at least ``STRAGGLER_MIN_IMBALANCE`` of that rank's compute
+    (and never for one rank).
+    """
+    compute = [s.compute_s for s in per_rank]
+    slow = max(range(len(compute)), key=compute.__getitem__)
+    gap = compute[slow] - min(compute)
+    named = len(compute) > 1 and gap > 0 and gap >= STRAGGLER_MIN_IMBALANCE * compute[slow]
+    return gap, slow if named else None
+
+
+def step_record(per_rank: Sequence[StepSample], world_size: int,
+                link_wire_gbps: float | None = None) -> dict:
+    """Reduce one step's per-rank samples: the step takes as long as its slowest rank.
+
+    Compute, comm and exposed sync are those of that critical-path rank, so
+    ``step_s = compute_s + exposed_sync_s`` holds within the record; every
+    rank's raw numbers are kept under ``ranks``.
+
+    Wait vs transfer (``wait_vs_transfer``): ``sync_transfer_s``, the
+    critical-path rank's ``sync_wait_s`` (every rank's under ``ranks``) and the
+    number of collectives matched; ``ranks.collectives`` is how many each rank
+    timed. Ranks of a synchronous step end together, so which one is critical
+    is close to chance: with a straggler its ``sync_wait_s`` is ~0 in some
+    steps and ~the imbalance in others (as its ``exposed_sync_s`` is);
+    ``sync_wait_max_s``, the most any rank waited, is the steady measure of
+    time lost to a straggler. Where nothing overlapped the step's compute (flat, hierarchical),
+    ``exposed_sync_s`` is about ``sync_wait_s + sync_transfer_s`` (plus packing
+    the buffer); where collectives overlapped backward (bucketed, async, DDP)
+    the two count hidden time too, and explain exposed sync only in part.
+    ``imbalance_s`` and ``straggler_rank`` come from compute (``imbalance``).
+    """
+    crit = max(range(len(per_rank)), key=lambda r: per_rank[r].step_s)
+    c = per_rank[crit]
+    split = wait_vs_transfer(per_rank)
+    waits = split["sync_wait_s"]
+    imbalance_s, straggler = imbalance(per_rank)
+    link = [s.link_bytes for s in per_rank if s.link_bytes is not None]
+    link_bytes = max(link) if link else None
+    return {
+        "step": c.step,
+        "warmup": c.warmup,
+        "critical_rank": crit,
+        "step_s": c.step_s,
+        "compute_s": c.compute_s,
+        "forward_s": c.forward_s,
+        "backward_s": c.backward_s,
+        "optimizer_s": c.optimizer_s,
+        "buffer_sync_s": c.buffer_sync_s,
+        "comm_s": c.comm_s,
+        "exposed_sync_s": c.exposed_sync_s,
+        "sync_share": metrics.sync_share(c.exposed_sync_s, c.step_s),
+        "overlap": metrics.overlap(c.exposed_sync_s, c.comm_s),
+        "wait_s": max(s.wait_s for s in per_rank),
+        "sync_transfer_s": split["sync_transfer_s"],
+        "sync_wait_s": waits[crit] if waits is not None else None,
+        "sync_wait_max_s": max(waits) if waits is not None else None,
+        "collectives": split["collectives"],
+        "imbalance_s": imbalance_s,
+        "straggler_rank": straggler,
+        "comm_calls": c.comm_calls,
+        "comm_bytes": c.comm_bytes,
+        "busbw_gbps": metrics.busbw(c.comm_bytes, c.comm_s, world_size)
+        if c.comm_calls else None,
+        "link_bytes": link_bytes,
+        "link_efficiency": link_efficiency(link_bytes, link_wire_gbps, c.comm_s),
+        "traced": c.traced,  # under torch.profiler (--trace torch)
+        "comm_phases_s": c.comm_phases,
+        "ranks": {**{f: [getattr(s, f) for s in per_rank] for f in RANK_FIELDS},
+                  "comm_phases_s": [s.comm_phases for s in per_rank],
+                  "sync_wait_s": waits, "collectives": [len(s.collective_s) for s in per_rank]},
+    }
+
+
+SUMMARY_FIELDS = ("step_s", "compute_s", "forward_s", "backward_s", "optimizer_s", "comm_s",
+                  "buffer_sync_s", "exposed_sync_s", "sync_share", "overlap", "busbw_gbps",
+                  "wait_s", "sync_wait_s", "sync_wait_max_s", "sync_transfer_s", "imbalance_s",
+                  "throughput",
+                  "link_bytes", "link_efficiency")
+
+
+def summarize_steps(steps: Sequence[dict], samples_per_step: int) -> dict:
+    """Median/p5/p95/count of every step field over the measured (non-warm-up) steps.
+
+    The summary's plain fields (``step_s``, ``sync_share``, …) are the medians;
+    ``straggler_rank`` is the rank named straggler in most measured steps (None
+    when no step named one).
+
+    Steps traced by ``torch.profiler`` (``--trace torch``) pay the profiler's
+    cost, so where a run also has untraced measured steps the medians are of
+    those only, and the traced ones are summarised beside them:
+    ``traced_steps``, ``traced_step_s`` (their median) and ``trace_overhead``
+    (one run's own comparison: ``traced_step_s`` ÷ the median of the untraced
+    steps next to the window, as many on each side as there are traced steps,
+    − 1; neighbours, because step times drift over a run: untraced gpt-tiny
+    steps here ran ~8 % slower in the first 20 measured steps than later).
+    Where every measured step was traced the medians are of them (and say so:
+    ``traced_steps == measured_steps``).
+    """
+    measured = [s for s in steps if not s["warmup"]]
+    traced = [s for s in measured if s.get("traced")]
+    out: dict = {"measured_steps": len(measured), "warmup_steps": len(steps) - len(measured),
+                 "traced_steps": len(traced)}
+    neighbours: list[float] = []
+    if traced and len(traced) < len(measured):
+        out["traced_step_s"] = metrics.percentile([s["step_s"] for s in traced], 50)
+        at = [i for i, s in enumerate(measured) if s.get("traced")]
+        lo, hi, n = at[0], at[-1], len(traced)
+        near = measured[max(0, lo - n):lo] + measured[hi + 1:hi + 1 + n]
+        neighbours = [s["step_s"] for s in near]
+        measured = [s for s in measured if not s.get("traced")]
+    stats = {}
+    for f in SUMMARY_FIELDS:
+        if f == "throughput":
+            vals = [samples_per_step / s["step_s"] for s in measured if s["step_s"] > 0]
+        else:
+            vals = [s[f] for s in measured if s.get(f) is not None]
+        stats[f] = metrics.summarize(vals)
+        out[f] = stats[f]["median"]
+    if "traced_step_s" in out:
+        near = metrics.percentile(neighbours, 50)
+        out["trace_overhead"] = out["traced_step_s"] / near - 1 if near > 0 else None
+    names = list(dict.fromkeys(k for s in measured for k in s.get("comm_phases_s") or {}))
+    if names:  # medians of each phase of the all-reduce (critical-path rank's)
+        stats["comm_phases_s"] = {k: metrics.summarize(
+            [s["comm_phases_s"][k] for s in measured if k in (s.get("comm_phases_s") or {})])
+            for k in names}
+        out["comm_phases_s"] = {k: v["median"] for k, v in stats["comm_phases_s"].items()}
+    named = Counter(s["straggler_rank"] for s in measured if s.get("straggler_rank") is not None)
+    out["straggler_rank"] = named.most_common(1)[0][0] if named else None
+    out["stats"] = stats
+    return out
+
+
+def merge_rank_fields(rec: dict, per_rank: list[dict | None]) -> None:
+    """Add fields each rank attached to its sample (a strategy's ``record_fields("step")``)
+    to the step record ``rec``: the critical-path rank's at the top level, as its compute
+    and comm are, and every rank's under ``ranks``."""
+    attached = [f or {} for f in per_rank]
+    rec.update(attached[rec["critical_rank"]])
+    for key in dict.fromkeys(k for f in attached for k in f):
+        rec["ranks"][key] = [f.get(key) for f in attached]
 
 
 CHECKSUMS = ("param_checksum", "buffer_checksum", "state_checksum")

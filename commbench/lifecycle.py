@@ -29,12 +29,9 @@ import torch
 
 from commbench import __version__, watchdog
 from commbench.comm import Communicator, detect_backend, launcher_rank, make_communicator
-from commbench.config import ConfigError
 from commbench.cores import ThreadPlan, thread_plan
+from commbench.flags import RANK0_ONLY_FIELDS, ConfigError, ToolConfig
 from commbench.tables import rank0_print
-
-#: flags only rank 0 acts on (where it writes, whether it prints): ranks may differ in them
-RANK0_ONLY_FIELDS = frozenset({"output", "output_dir", "quiet"})
 
 
 def set_torch_threads(local_size: int, environ: Mapping[str, str] | None = None
@@ -132,7 +129,8 @@ def report_bad_input(prog: str, message: str) -> None:
     sys.stderr.flush()
 
 
-def run_job(prog: str, argv: list[str] | None, parse: Callable[[list[str] | None], Any],
+def run_job(prog: str, argv: list[str] | None,
+            parse: Callable[[list[str] | None], ToolConfig],
             check: Callable[[Communicator, Any], None],
             body: Callable[[Communicator, Any], int],
             before_init: Callable[[Any], None] | None = None) -> int:
@@ -145,7 +143,7 @@ def run_job(prog: str, argv: list[str] | None, parse: Callable[[list[str] | None
         return 2
     if before_init is not None:
         before_init(cfg)
-    step_timeout = getattr(cfg, "step_timeout", None)
+    step_timeout = cfg.step_timeout
     watchdog.horovod_stall_env(step_timeout)  # read by hvd.init, so before the backend
     comm = make_communicator(detect_backend() if cfg.backend == "auto" else cfg.backend)
     try:
