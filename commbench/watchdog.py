@@ -1,7 +1,7 @@
 """Per-step watchdog: a rank stuck in compute or in a collective ends the whole job.
 
 Every rank runs one daemon thread. The step loop calls ``begin_step`` /
-``end_step`` (``runner.run_steps``; ``microbench`` per row); when a step has
+``end_step`` (``steploop.run_steps``; ``microbench`` per row); when a step has
 run longer than its deadline the thread looks at where the main thread is
 (``sys._current_frames``) and:
 
@@ -10,9 +10,10 @@ run longer than its deadline the thread looks at where the main thread is
    stuck on, and aborts the job (``comm.abort``: MPI_Abort, or the process
    exit horovodrun watches).
 2. **in a collective**: this rank is waiting for someone. It asks every
-   rank where it is through a side channel (a duplicate of ``MPI_COMM_WORLD``
-   used only by watchdog threads, which answer queries at every poll; Open
-   MPI runs with ``MPI_THREAD_MULTIPLE``) and waits a grace period
+   rank where it is through the communicator's side channel
+   (``Communicator.side_channel``: on MPI a duplicate of ``MPI_COMM_WORLD`` used
+   only by watchdog threads, which answer queries at every poll; Open MPI runs
+   with ``MPI_THREAD_MULTIPLE``) and waits a grace period
    (``grace_s``: 10 % of the deadline, 3-15 s). A stalled rank whose thread
    runs has named itself and aborted the job by then (its own deadline, armed
    within the barrier skew of this one's, falls inside the grace); if not,
@@ -23,7 +24,7 @@ run longer than its deadline the thread looks at where the main thread is
    it while waiting for the stalled rank), and it is listed apart as "also not
    answering". If the step finishes within the grace period it was slow, not
    stuck: nothing happens.
-   Without MPI (Horovod on Gloo) there is no side channel: the message says
+   Where the backend has no side channel (Horovod on Gloo) the message says
    the stalled rank is unknown here and points at Horovod's stall warning,
    which names the ranks missing from the collective.
 
@@ -55,11 +56,12 @@ import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
+from commbench.comm.base import Communicator
+
 DEFAULT_STEP_TIMEOUT = 300.0  # seconds; see the module docstring and docs/faults.md
 AUTO_FACTOR = 5.0  # auto deadline: this many times the slowest completed step, if larger
 BACKSTOP_MARGIN_S = 10.0  # faulthandler's exit comes this long after the grace period
 EXIT_STALLED = 1  # a stalled job failed like any rank failure (README: exit status 1)
-_SIDE_TAG = 7411  # on the watchdog's own duplicate communicator, so no clash is possible
 
 # where a blocked main thread means "waiting for other ranks", not computing
 _COMM_PATHS = (os.sep + os.path.join("commbench", "comm") + os.sep,
@@ -117,45 +119,6 @@ def where(frame: Any) -> tuple[bool, str]:
     return in_comm, place or "?"
 
 
-class _MpiSide:
-    """Watchdog threads' messages to each other, on their own MPI communicator."""
-
-    def __init__(self, mpi_comm: Any) -> None:
-        self.comm = mpi_comm.Dup()  # collective: every rank builds its watchdog together
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self._sent: list[Any] = []
-
-    def send(self, dest: int, msg: tuple) -> None:
-        self._sent = [r for r in self._sent if not r.Test()]  # keep only those in flight
-        self._sent.append(self.comm.isend(msg, dest=dest, tag=_SIDE_TAG))
-
-    def announce(self, msg: tuple) -> None:
-        for dest in range(self.size):
-            if dest != self.rank:
-                self.send(dest, msg)
-
-    def receive(self) -> list[tuple[int, tuple]]:
-        from mpi4py import MPI  # importing mpi4py.MPI initialises MPI: not at import time
-
-        got = []
-        status = MPI.Status()
-        while self.comm.iprobe(source=MPI.ANY_SOURCE, tag=_SIDE_TAG, status=status):
-            got.append((status.Get_source(),
-                        self.comm.recv(source=status.Get_source(), tag=_SIDE_TAG)))
-        return got
-
-
-def _side_channel(comm: Any) -> _MpiSide | None:
-    mpi_comm = getattr(comm, "mpi_world", None)
-    if mpi_comm is None:
-        return None
-    from mpi4py import MPI  # importing mpi4py.MPI initialises MPI: not at import time
-
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        return None
-    return _MpiSide(mpi_comm)
-
-
 def _say(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
@@ -169,7 +132,7 @@ class Watchdog:
     ``end_step`` around each step, ``stop`` at the end.
     """
 
-    def __init__(self, prog: str, comm: Any, timeout: float | None) -> None:
+    def __init__(self, prog: str, comm: Communicator, timeout: float | None) -> None:
         self.prog = prog
         self.comm = comm
         self.auto = timeout is None
@@ -182,11 +145,11 @@ class Watchdog:
         self._t0 = 0.0
         self._main = threading.get_ident()
         self._stop = threading.Event()
-        self._side = _side_channel(comm) if self.enabled and comm.size > 1 else None
+        self._side = comm.side_channel() if self.enabled and comm.size > 1 else None
         self._query = 0  # number of this rank's last query; replies carry it
         self._replies: dict[int, tuple] = {}
         # every rank's (host, pid): a silent rank on this host can be looked at in /proc
-        self._procs = self._side.comm.allgather((socket.gethostname(), os.getpid())) \
+        self._procs = self._side.allgather((socket.gethostname(), os.getpid())) \
             if self._side else []
         self._thread = None
         if self.enabled:

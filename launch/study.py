@@ -44,10 +44,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from commbench.config import Config, message_sizes, parse_size
-from commbench.config import build_parser as allreduce_parser
-
+from commbench import metrics
+from commbench.allreduce import Config, runs_of
 from commbench.cores import BUSY_LOAD_FRACTION
+from commbench.flags import ToolConfig, to_argv
+from commbench.microbench import MicroConfig
+from commbench.models.registry import parameter_shapes
+from commbench.staleness import StudyConfig
+from commbench.strategies.settings import StrategySettings
 from launch import commands, links
 from launch import sweep as sweeps
 from launch.cluster import (
@@ -157,34 +161,49 @@ def default_ranks(scale: Scale, cluster: Cluster) -> list[int]:
 
 @dataclass
 class Job:
-    """One job of the study: a sweep point with the claims it serves."""
+    """One job of the study: a tool's typed configuration (its program is the module that
+    owns it: ``commbench.allreduce.Config`` runs ``python -m commbench.allreduce``), the ranks
+    and link rate it runs on, and the claims it serves."""
 
     name: str
     claims: set[str]
     ranks: int
-    args: list[str]
+    config: ToolConfig
     rate: str | None = None  # emulated link rate
-    program: str = "commbench.allreduce"
     estimate_s: float = 0.0
+
+    @property
+    def program(self) -> str:
+        return type(self.config).__module__
+
+    @property
+    def args(self) -> list[str]:
+        """The tool's command line for ``config`` (``commbench.flags.to_argv``)."""
+        return to_argv(self.config)
 
     def point(self, cluster: Cluster) -> dict:
         p: dict = {"name": self.name, "ranks": self.ranks}
         if cluster.emulated:
             slots = cluster.slots if isinstance(cluster.slots, int) else list(cluster.slots)
             p.update(nodes=cluster.nodes, slots=slots, rate=self.rate or "none")
-        p.update(program=self.program, args=list(self.args), estimate_s=round(self.estimate_s),
+        p.update(program=self.program, args=self.args, estimate_s=round(self.estimate_s),
                  timeout=float(max(600, round(4 * self.estimate_s))))
         return p
 
 
 # -- the plan ---------------------------------------------------------------------------
 
-def _synthetic(scale: Scale, *, profile: str | None = None, batch: int | None = None) -> list[str]:
-    return ["--workload", "synthetic", "--model", scale.model,
-            "--compute-profile", f"{PROFILES}/{profile or scale.profile}",
-            "--compute-scale", f"{scale.compute_scale:g}",
-            "--batch-size", str(batch or scale.batch),
-            "--steps", str(scale.steps), "--warmup", str(scale.warmup), "--quiet"]
+def _synthetic(scale: Scale, strategy: str = "flat", algos: str = "native", *,
+               profile: str | None = None, batch: int | None = None,
+               sync: StrategySettings | None = None, slow_rank: tuple[int, float] | None = None
+               ) -> Config:
+    """``commbench.allreduce`` on the replayed H200 profile of ``scale``."""
+    return Config(workload="synthetic", model=scale.model,
+                  compute_profile=f"{PROFILES}/{profile or scale.profile}",
+                  compute_scale=scale.compute_scale, batch_size=batch or scale.batch,
+                  steps=scale.steps, warmup=scale.warmup, quiet=True,
+                  strategies=[strategy], algos=algos.split(","), slow_rank=slow_rank,
+                  sync=sync or StrategySettings())
 
 
 def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
@@ -195,115 +214,76 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
     rates = scale.rates if cluster.emulated else (None,)
     fast = rates[0]
 
-    def add(name: str, claim: str, nranks: int, args: list[str], rate: str | None = fast,
-            program: str = "commbench.allreduce") -> None:
+    def add(name: str, claim: str, nranks: int, config: ToolConfig,
+            rate: str | None = fast) -> None:
         if name in jobs:
             jobs[name].claims.add(claim)
         else:
-            jobs[name] = Job(name, {claim}, nranks, args, rate, program)
+            jobs[name] = Job(name, {claim}, nranks, config, rate)
 
-    base = _synthetic(scale)
-    flat_all = ["--strategy", "flat", "--algo", "native,ring,hier,hier-leader"]
     # the 8-rank flat run at the first rate: C1's largest point and everyone's reference
     for claim in ("C2", "C3", "C4", "C7"):
-        add(f"flat-np{n}", claim, n, [*flat_all, *base])
+        add(f"flat-np{n}", claim, n, _synthetic(scale, algos="native,ring,hier,hier-leader"))
     for p in ranks or default_ranks(scale, cluster):
-        add(f"flat-np{p}", "C1", p,  # (p = n is the reference above)
-            ["--strategy", "flat", "--algo", "native", *base])
+        add(f"flat-np{p}", "C1", p, _synthetic(scale))  # (p = n is the reference above)
     for rate in rates[1:]:
-        add(f"flat-np{n}-{rate}", "C2", n,
-            ["--strategy", "flat", "--algo", ",".join(scale.slow_algos), *base], rate)
+        add(f"flat-np{n}-{rate}", "C2", n, _synthetic(scale, algos=",".join(scale.slow_algos)),
+            rate)
     for mb in scale.bucket_mb:
-        add(f"bucketed-{mb:g}mb", "C3", n, ["--strategy", "bucketed", "--bucket-mb", f"{mb:g}",
-                                             *base])
-    slow = f"{n - 1}:{scale.straggler_factor:g}"  # the last rank: on the last node
+        add(f"bucketed-{mb:g}mb", "C3", n,
+            _synthetic(scale, "bucketed", sync=StrategySettings(bucket_mb=float(mb))))
+    slow = (n - 1, scale.straggler_factor)  # the last rank: on the last node
     for straggler in (None, slow):
-        tail = ["--slow-rank", straggler] if straggler else []
         suffix = "-straggler" if straggler else ""
         if straggler:
-            add(f"flat-np{n}{suffix}", "C4", n, ["--strategy", "flat", "--algo", "native",
-                                                 *base, *tail])
+            add(f"flat-np{n}{suffix}", "C4", n, _synthetic(scale, slow_rank=straggler))
         for s in scale.staleness:
             add(f"async-s{s}{suffix}", "C4", n,
-                ["--strategy", "async", "--staleness", str(s), *base, *tail])
+                _synthetic(scale, "async", sync=StrategySettings(staleness=s),
+                           slow_rank=straggler))
     add("convergence-digits", "C4", n,
-        ["--staleness", ",".join(map(str, scale.staleness)), "--mitigations",
-         scale.conv_mitigations, "--steps", str(scale.conv_steps), "--eval-every", "10",
-         "--quiet", *([] if scale.conv_ps else ["--no-ps"])], program="commbench.staleness")
+        StudyConfig(staleness=list(scale.staleness),
+                    mitigations=scale.conv_mitigations.split(","), steps=scale.conv_steps,
+                    eval_every=10, quiet=True, ps=scale.conv_ps))
     for b in scale.real_batches:
         for claim in ("C5", "C6", "C8"):
             add(f"real-digits-b{b}", claim, n,
-                ["--strategy", "flat", "--algo", "native", "--workload", "real", "--model",
-                 "smallcnn", "--dataset", "digits", "--image-size", "32", "--num-classes", "10",
-                 "--lr", "0.02",  # commbench.staleness's: 0.05 diverges on 4 ranks
-                 "--batch-size", str(b), "--steps", str(scale.real_steps), "--warmup",
-                 str(scale.warmup), "--quiet"])
+                Config(strategies=["flat"], algos=["native"], workload="real",
+                       model="smallcnn", dataset="digits", image_size=32, num_classes=10,
+                       lr=0.02,  # commbench.staleness's: 0.05 diverges on 4 ranks
+                       batch_size=b, steps=scale.real_steps, warmup=scale.warmup, quiet=True))
     for b in scale.profile_batches:  # replayed compute of the claim's own batches
         profile = f"h200-{scale.model}-b{b}.json"
         if (profile, b) == (scale.profile, scale.batch):  # the reference run is one of them
             jobs[f"flat-np{n}"].claims.add("C5")
         else:
-            add(f"flat-np{n}-b{b}", "C5", n, ["--strategy", "flat", "--algo", "native",
-                                                *_synthetic(scale, profile=profile, batch=b)])
+            add(f"flat-np{n}-b{b}", "C5", n, _synthetic(scale, profile=profile, batch=b))
     # the cost model's fit and its check (C1's extrapolation, the error on these runs):
     # ring, native and hierarchical all-reduces of 64 KiB..64 MiB on one node (fixes the
     # intra-node alpha-beta) and on every node at the first rate (fixes the link's)
     local = cluster.node_slots[0]
-    # --sync-each: each timed call starts together, as a training step's all-reduce does
-    # (back to back, Open MPI's native ran at about half its speed across 2 nodes: its put
-    # protocol over TCP when ranks enter apart, docs/microbench.md)
-    sizes = ["-b", "64K", "-e", "64M", "-f", "4", "-n", str(scale.micro_iters), "-w", "2",
-             "--sync-each", "--quiet"]
+
+    def micro(algos: str) -> MicroConfig:
+        # sync_each: each timed call starts together, as a training step's all-reduce does
+        # (back to back, Open MPI's native ran at about half its speed across 2 nodes: its
+        # put protocol over TCP when ranks enter apart, docs/microbench.md)
+        return MicroConfig(minbytes=64 << 10, maxbytes=64 << 20, stepfactor=4,
+                           iters=scale.micro_iters, warmup_iters=2, sync_each=True,
+                           quiet=True, algos=algos.split(","))
+
     if local >= 2:
-        add(f"microbench-np{local}", "C1", local, ["--algo", "native,ring", *sizes],
-            program="commbench.microbench")
+        add(f"microbench-np{local}", "C1", local, micro("native,ring"))
     if cluster.nodes >= 2:
-        add(f"microbench-np{n}", "C1", n, ["--algo", "native,ring,hier", *sizes],
-            program="commbench.microbench")
+        add(f"microbench-np{n}", "C1", n, micro("native,ring,hier"))
     for k in scale.accum:
         if k != 1:
-            add(f"accum-k{k}", "C7", n, ["--strategy", "flat", "--algo", "native",
-                                         "--accum-steps", str(k), *base])
+            add(f"accum-k{k}", "C7", n, _synthetic(scale, sync=StrategySettings(accum_steps=k)))
     wanted = set(claims)
     out = [j for j in jobs.values() if j.claims & wanted]
     out.sort(key=lambda j: rates.index(j.rate))  # stable: one cluster per rate, brought up once
     for j in out:
         j.estimate_s = estimate(j, scale, cluster)
     return out
-
-
-# -- what a job will write, as records (for checking the plan against analysis.match) ------
-
-def planned_records(job: Job, cluster: Cluster) -> list[dict]:
-    """Summary-like records of the runs ``job`` makes, read from its arguments by the
-    workers' own parser, with the header the cluster will give them: what
-    ``analysis.match`` sees of each run. The convergence study writes no summaries."""
-    if job.program != "commbench.allreduce":
-        return []
-    from commbench.allreduce import runs_of  # imports torch: the launcher starts without it
-
-    ns = allreduce_parser().parse_args(job.args)
-    cfg = Config(**{k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__})
-    local, left = [], job.ranks  # ranks fill the nodes in order
-    for s in cluster.node_slots:
-        if left > 0:
-            local.append(min(s, left))
-            left -= s
-    backend = "mpi" if cluster.launcher == "mpirun" else "horovod"
-    controller = None if cluster.launcher == "mpirun" else commands.controller(cluster.launcher)
-    recs = []
-    for strategy, algo, _ in runs_of(cfg):
-        recs.append({
-            "kind": "summary", "run_id": f"{job.name}/{strategy}/{algo}",
-            "world_size": job.ranks, "nodes": len(local), "local_size": max(local),
-            "local_sizes": local, "link_shaping": _shaping(job.rate),
-            "link_gbps": _gbps(job.rate), "model": cfg.model, "workload": cfg.workload,
-            "device": "cpu", "batch_size": cfg.batch_size, "image_size": cfg.image_size,
-            "backend": backend, "versions": {"horovod_controller": controller},
-            "thread_rule": "machine ranks from the launcher" if cluster.emulated else None,
-            "torch_threads": max(1, (os.cpu_count() or 1) // job.ranks),
-            "strategy": strategy, "algo": algo, "knobs": {}, "config": cfg.as_dict()})
-    return recs
 
 
 def _shaping(rate: str | None) -> str | None:
@@ -320,22 +300,15 @@ def _gbps(rate: str | None) -> float | None:
 # -- how long ------------------------------------------------------------------------------
 
 def _params(model: str) -> int:
-    from commbench.models import parameter_shapes  # imports torch: the launcher starts without it
-
     return sum(math.prod(s) for _, s in parameter_shapes(model, 10 if model == "smallcnn"
                                                          else 1000))
-
-
-def _flag(args: Sequence[str], flag: str, default: str | None = None) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else default
 
 
 def _ring_s(job: Job, cluster: Cluster, nbytes: float) -> float:
     """Seconds a ring all-reduce of ``nbytes`` takes on ``job``'s ranks: the bytes each
     rank sends through shared memory (all on the first node) or the link."""
-    p = job.ranks
-    moved = 2 * (p - 1) / p * nbytes
-    if p <= cluster.node_slots[0]:  # all on the first node
+    moved = metrics.ring_bytes(nbytes, job.ranks)
+    if job.ranks <= cluster.node_slots[0]:  # all on the first node
         return moved / SHM_BYTES_S
     gbps = _gbps(job.rate) if cluster.emulated else ASSUMED_GBPS
     return moved * 8 / ((gbps or ASSUMED_GBPS) * 1e9)
@@ -347,35 +320,29 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
     Rough: the study rescales it by how long the finished jobs took."""
     cores = os.cpu_count() or 1
     share = max(1.0, job.ranks / cores)  # ranks sharing each core
-    a = job.args
-    if job.program == "commbench.staleness":
-        runs = len(_flag(a, "--staleness", "0").split(",")) * len(
-            _flag(a, "--mitigations", "none").split(",")) + (0 if "--no-ps" in a else 2)
+    cfg = job.config
+    if isinstance(cfg, StudyConfig):
+        runs = len(cfg.staleness) * len(cfg.mitigations) + (2 if cfg.ps else 0)
         step = 32 * REAL_S_PER_SAMPLE * share
-        return STARTUP_S + runs * int(_flag(a, "--steps", "200")) * step * 1.2  # + evaluations
-    if job.program == "commbench.microbench":  # every size, each algorithm: ~ its link time
-        sizes = message_sizes(parse_size(_flag(a, "-b", "8")), parse_size(_flag(a, "-e", "32M")),
-                              int(_flag(a, "-f", "2")))
-        per_iter = _ring_s(job, cluster, sum(sizes)) * len(_flag(a, "--algo", "native").split(","))
-        iters = int(_flag(a, "-n", "20")) + int(_flag(a, "-w", "5"))
-        return STARTUP_S + iters * per_iter
-    model = _flag(a, "--model")
-    params = _params(model)
-    batch, k = int(_flag(a, "--batch-size", "32")), int(_flag(a, "--accum-steps", "1"))
-    if _flag(a, "--workload") == "resnet":
+        return STARTUP_S + runs * cfg.steps * step * 1.2  # + evaluations
+    if isinstance(cfg, MicroConfig):  # every size, each algorithm: ~ its link time
+        per_iter = _ring_s(job, cluster, sum(cfg.sizes())) * len(cfg.algos)
+        return STARTUP_S + (cfg.iters + cfg.warmup_iters) * per_iter
+    if not isinstance(cfg, Config):
+        raise TypeError(f"no estimate for {type(cfg).__name__}")
+    params = _params(cfg.model)
+    batch, k = cfg.batch_size, cfg.sync.accum_steps
+    if cfg.workload == "real":
         compute = batch * REAL_S_PER_SAMPLE * share
     else:
-        prof = json.loads((ROOT / _flag(a, "--compute-profile")).read_text())
-        compute = (prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"]) * float(
-            _flag(a, "--compute-scale", "1"))
+        prof = json.loads((ROOT / cfg.compute_profile).read_text())
+        compute = (prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"]) \
+            * cfg.compute_scale
         compute += params * HOST_S_PER_PARAM * share
-        slow = _flag(a, "--slow-rank")
-        compute *= float(slow.split(":")[1]) if slow else 1.0
+        compute *= cfg.slow_rank[1] if cfg.slow_rank else 1.0
     comm = _ring_s(job, cluster, params * 4)
-    runs = len(_flag(a, "--algo", "native").split(",")) if _flag(a, "--strategy") == "flat" \
-        else 1
-    steps = int(_flag(a, "--steps", "20")) + int(_flag(a, "--warmup", "3")) + 1
-    return STARTUP_S + runs * steps * (k * compute + comm)
+    steps = cfg.steps + cfg.warmup + 1
+    return STARTUP_S + len(runs_of(cfg)) * steps * (k * compute + comm)
 
 
 def _fmt(s: float) -> str:

@@ -14,22 +14,54 @@ import pytest
 
 from analysis import match
 from analysis.load import get, knob, num
+from commbench import allreduce
+from launch import commands, links
 from launch.cluster import parse_rate
 from launch.study import (
     FULL,
+    LINK_EFFICIENCY,
     QUICK,
     STARTUP_S,
     Cluster,
+    Job,
     Scale,
     default_ranks,
     estimate,
     plan,
-    planned_records,
     scaled,
 )
 from tests.conftest import PY, ROOT, read_jsonl
 
 EMULATED = Cluster(nodes=2, slots=4)
+
+
+def planned_records(job: Job, cluster: Cluster) -> list[dict]:
+    """Summary-like records of the runs ``job`` makes, from its typed configuration, with the
+    header the cluster will give them: what ``analysis.match`` sees of each run. The
+    convergence study and the microbenchmarks write no training summaries."""
+    cfg = job.config
+    if not isinstance(cfg, allreduce.Config):
+        return []
+    local, left = [], job.ranks  # ranks fill the nodes in order
+    for s in cluster.node_slots:
+        if left > 0:
+            local.append(min(s, left))
+            left -= s
+    backend = "mpi" if cluster.launcher == "mpirun" else "horovod"
+    controller = None if cluster.launcher == "mpirun" else commands.controller(cluster.launcher)
+    rate = parse_rate(job.rate)
+    return [{
+        "kind": "summary", "run_id": f"{job.name}/{strategy}/{algo}",
+        "world_size": job.ranks, "nodes": len(local), "local_size": max(local),
+        "local_sizes": local, "link_shaping": None if rate is None else links.shaping_text(rate),
+        "link_gbps": None if rate is None else rate * LINK_EFFICIENCY, "model": cfg.model,
+        "workload": cfg.workload, "device": "cpu", "batch_size": cfg.batch_size,
+        "image_size": cfg.image_size, "backend": backend,
+        "versions": {"horovod_controller": controller},
+        "thread_rule": "machine ranks from the launcher" if cluster.emulated else None,
+        "torch_threads": max(1, (os.cpu_count() or 1) // job.ranks),
+        "strategy": strategy, "algo": algo, "knobs": {}, "config": cfg.as_dict()}
+        for strategy, algo, _ in allreduce.runs_of(cfg)]
 
 
 def study_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -138,8 +170,10 @@ def test_microbench_estimate_reads_its_own_sizes_and_where_it_runs():
     jobs = {j.name: j for j in plan(QUICK, EMULATED) if j.program == "commbench.microbench"}
     local, both = jobs["microbench-np4"], jobs["microbench-np8"]
     assert estimate(local, QUICK, EMULATED) < estimate(both, QUICK, EMULATED)  # shm vs link
-    bigger = dataclasses.replace(both, args=[("256M" if a == "64M" else a) for a in both.args])
-    more = dataclasses.replace(both, args=[("3" if a == "2" else a) for a in both.args])
+    bigger = dataclasses.replace(both, config=dataclasses.replace(both.config,
+                                                                   maxbytes=256 << 20))
+    more = dataclasses.replace(both, config=dataclasses.replace(
+        both.config, warmup_iters=both.config.warmup_iters + 1))
     base = estimate(both, QUICK, EMULATED) - STARTUP_S
     assert estimate(bigger, QUICK, EMULATED) - STARTUP_S > 3 * base  # a 4x larger top size
     assert estimate(more, QUICK, EMULATED) - STARTUP_S > base  # one more warm-up call

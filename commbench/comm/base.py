@@ -169,6 +169,32 @@ def _topology_field(name: str) -> property:
     return property(lambda self: getattr(self.topo, name), doc=f"``topo.{name}``")
 
 
+class SideChannel(abc.ABC):
+    """Small Python objects between ranks, off the job's communicator
+    (``Communicator.side_channel``): sends never block, receiving never waits."""
+
+    rank: int
+    size: int
+
+    @abc.abstractmethod
+    def send(self, dest: int, msg: Any) -> None:
+        """Start sending ``msg`` to rank ``dest``; returns at once."""
+
+    def announce(self, msg: Any) -> None:
+        """``send`` ``msg`` to every other rank."""
+        for dest in range(self.size):
+            if dest != self.rank:
+                self.send(dest, msg)
+
+    @abc.abstractmethod
+    def receive(self) -> list[tuple[int, Any]]:
+        """(source, message) of every message that has arrived; none waited for."""
+
+    @abc.abstractmethod
+    def allgather(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, by rank (collective)."""
+
+
 class Communicator(abc.ABC):
     """One backend's view of the job. Subclasses set ``name`` and ``topo``."""
 
@@ -278,6 +304,14 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
         """Return root's ``obj`` on every rank."""
+
+    def side_channel(self) -> SideChannel | None:
+        """A channel of its own for small messages between helper threads of the ranks
+        (the watchdog's queries and replies), never matched with the job's operations and
+        usable while the main thread is inside a collective; None where the backend has
+        none (Horovod on Gloo). Collective where it is offered: every rank asks for it at
+        the same point."""
+        return None
 
     # -- job control ---------------------------------------------------------
     @abc.abstractmethod

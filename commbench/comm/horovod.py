@@ -37,11 +37,19 @@ import mpi4py
 import torch
 
 from commbench.comm import base
-from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
+from commbench.comm.base import (
+    Communicator,
+    Group,
+    Handle,
+    SideChannel,
+    Topology,
+    topology_from_hostnames,
+)
 from commbench.comm.mpi import (
     MpiCommunicator,
     as_buffer,
     mpi_library_version,
+    mpi_side_channel,
     p2p_irecv,
     p2p_isend,
     p2p_recv_any,
@@ -303,10 +311,10 @@ class HorovodCommunicator(Communicator):
         return self.hvd.broadcast_object(obj, root_rank=root,
                                          name=f"{self._names}.bcast_object")
 
-    @property
-    def mpi_world(self) -> Any:
-        """mpi4py's MPI_COMM_WORLD when Horovod runs on MPI, else None (Gloo)."""
-        return self._mpi.COMM_WORLD if self._mpi is not None else None
+    def side_channel(self) -> SideChannel | None:
+        """On MPI_COMM_WORLD's ranks when Horovod runs on MPI; none on Gloo."""
+        return mpi_side_channel(self._mpi, self._mpi.COMM_WORLD) if self._mpi is not None \
+            else None
 
     def abort(self, code: int = 1) -> None:
         sys.stdout.flush()

@@ -24,7 +24,14 @@ import numpy as np
 import torch
 
 from commbench.comm import base
-from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
+from commbench.comm.base import (
+    Communicator,
+    Group,
+    Handle,
+    SideChannel,
+    Topology,
+    topology_from_hostnames,
+)
 from commbench.comm.ring import chunk_bounds
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
@@ -134,6 +141,44 @@ def p2p_recv_any(MPI: Any, mpi_comm: Any, t: torch.Tensor, tag: int) -> int:
     status = MPI.Status()
     mpi_comm.Recv(as_buffer(t), source=MPI.ANY_SOURCE, tag=tag, status=status)
     return status.Get_source()
+
+
+#: the side channel's tag, on its own duplicate communicator (so no clash is possible)
+SIDE_TAG = 7411
+
+
+class MpiSideChannel(SideChannel):
+    """``Communicator.side_channel`` on MPI: a duplicate of ``comm`` used only for it
+    (point-to-point, pickled objects), read with ``iprobe`` so it never waits."""
+
+    def __init__(self, MPI: Any, comm: Any) -> None:
+        self._MPI = MPI
+        self.comm = comm.Dup()  # collective: every rank builds its channel together
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._sent: list[Any] = []
+
+    def send(self, dest: int, msg: Any) -> None:
+        self._sent = [r for r in self._sent if not r.Test()]  # keep only those in flight
+        self._sent.append(self.comm.isend(msg, dest=dest, tag=SIDE_TAG))
+
+    def receive(self) -> list[tuple[int, Any]]:
+        got = []
+        status = self._MPI.Status()
+        while self.comm.iprobe(source=self._MPI.ANY_SOURCE, tag=SIDE_TAG, status=status):
+            got.append((status.Get_source(),
+                        self.comm.recv(source=status.Get_source(), tag=SIDE_TAG)))
+        return got
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self.comm.allgather(obj)
+
+
+def mpi_side_channel(MPI: Any, comm: Any) -> MpiSideChannel | None:
+    """A side channel on ``comm``'s ranks where threads may call MPI at once
+    (``MPI_THREAD_MULTIPLE``, as mpi4py asks for), else None."""
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        return None
+    return MpiSideChannel(MPI, comm)
 
 
 class MpiCommunicator(Communicator, Group):
@@ -280,10 +325,8 @@ class MpiCommunicator(Communicator, Group):
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
         return self.comm.bcast(obj, root=root)
 
-    @property
-    def mpi_world(self) -> Any:
-        """The mpi4py communicator of the whole job (the watchdog's side channel dups it)."""
-        return self.comm
+    def side_channel(self) -> MpiSideChannel | None:
+        return mpi_side_channel(self._MPI, self.comm)
 
     def abort(self, code: int = 1) -> None:
         sys.stdout.flush()  # what this rank said before dying reaches the launcher
