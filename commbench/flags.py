@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -115,6 +116,7 @@ class Flag:
     names: tuple[str, ...]  # the first is the one ``to_argv`` writes
     help: str
     kwargs: dict  # argparse's: type, choices, metavar, action, nargs, const
+    render: Callable[[Any], str] | None = None  # the value as its type reads it back
 
     @property
     def name(self) -> str:
@@ -122,14 +124,15 @@ class Flag:
 
 
 def flag(*names: str, default: Any = MISSING, default_factory: Any = MISSING, help: str,
-         **kwargs: Any) -> Any:
+         render: Callable[[Any], str] | None = None, **kwargs: Any) -> Any:
     """A dataclass field set by the flag ``names[0]`` (aliases after it), with its default.
 
     ``kwargs`` are ``add_argument``'s (``type``, ``choices``, ``metavar``, ``action``...).
     ``action="store_true"`` needs ``default=False``; ``action="store_false"`` a flag such
-    as ``--no-validate`` with ``default=True``.
+    as ``--no-validate`` with ``default=True``. ``render`` writes a value as the flag's
+    ``type`` reads it, where the plain rule (``a,b`` for lists, JSON for dicts) does not.
     """
-    spec = Flag(tuple(names), help, kwargs)
+    spec = Flag(tuple(names), help, kwargs, render)
     return dataclasses.field(default=default, default_factory=default_factory,
                              metadata={"flag": spec})
 
@@ -173,7 +176,7 @@ def _text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items())
+        return json.dumps(value)
     return str(value)
 
 
@@ -199,7 +202,7 @@ def to_argv(cfg: Any) -> list[str]:
         if action in ("store_true", "store_false"):
             out.append(spec.name)
         else:
-            out += [spec.name, _text(value)]
+            out += [spec.name, spec.render(value) if spec.render else _text(value)]
     return out
 
 
@@ -301,3 +304,14 @@ class StepCount:
 #: former ``--strategy`` values that are tools of their own now (name -> the tool's module),
 #: so that ``--strategy NAME`` and a sweep that sets it can say where they went
 MOVED_STRATEGIES = {"ps": "commbench.ps"}  # the parameter server runs its own loops
+
+
+def same_flag(cls: type, name: str, default: Any = MISSING) -> Any:
+    """Field ``name`` of dataclass ``cls``, flag and all, for another configuration that
+    takes the same flag (with its own ``default``, or ``cls``'s): the flag is still
+    declared once, where ``cls`` owns it."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if default is MISSING:
+        return dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                 metadata=f.metadata)
+    return dataclasses.field(default=default, metadata=f.metadata)

@@ -32,17 +32,27 @@ import json
 import platform
 import statistics
 import sys
+from dataclasses import dataclass
 
 import torch
 
 from commbench import __version__
-from commbench.flags import ConfigError, Parser
+from commbench.flags import (
+    ConfigError,
+    Parser,
+    add_fields,
+    flag,
+    help_formatter,
+    nonneg_int,
+    positive_int,
+    same_flag,
+    values_for,
+)
 from commbench.results import write_atomic
 from commbench.timing import NullTimer, now
 from commbench.workloads.compute_profile import PROFILE_SCHEMA
 from commbench.workloads.real import RealWorkload
-from commbench.workloads.spec import WorkloadSpec, check_model, input_shape, model_name
-from commbench.workloads.spec import model_kwargs as kwargs_flag
+from commbench.workloads.spec import WorkloadSpec, check_model
 
 
 def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000,
@@ -119,30 +129,48 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
     }
 
 
+@dataclass
+class ProfileConfig(WorkloadSpec):
+    """What to profile: the workload's model and inputs (its flags, with a profile's
+    defaults: ResNet-18 at 64 px on the CPU), how long, and the file."""
+
+    workload: str = "real"  # a profile times real passes
+    model: str = same_flag(WorkloadSpec, "model", "resnet18")
+    batch_size: int = same_flag(WorkloadSpec, "batch_size", 32)
+    image_size: int = same_flag(WorkloadSpec, "image_size", 64)
+    device: str = same_flag(WorkloadSpec, "device", "cpu")
+    iters: int = flag("--iters", default=5, type=positive_int,
+                      help="profiled iterations (the profile holds their medians)")
+    warmup: int = flag("--warmup", default=2, type=nonneg_int,
+                       help="iterations before them, not profiled")
+    threads: int = flag("--threads", default=0, type=nonneg_int,
+                        help="torch threads (0 = torch's default); match the ranks you replay "
+                             "for")
+    output: str | None = flag("-o", "--output", default=None, help="profile file (JSON)")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m commbench.profile", description=__doc__.splitlines()[0],
+               formatter_class=help_formatter)
+    add_fields(p, ProfileConfig, ["model", "model_kwargs", "input_shape", "vocab",
+                                  "batch_size", "image_size", "num_classes"])
+    add_fields(p, ProfileConfig, ["device"], device={"choices": ("cpu", "cuda")})
+    add_fields(p, ProfileConfig, ["iters", "warmup", "threads", "output"])
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> ProfileConfig:
+    """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
+    cfg = ProfileConfig(**values_for(ProfileConfig, build_parser().parse_args(argv)))
+    if not cfg.output:
+        raise ConfigError("-o/--output: give the profile file to write")
+    check_model(cfg)
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m commbench.profile", description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=model_name, default="resnet18",
-                   help="a registered model or package.module:factory (as commbench.allreduce)")
-    p.add_argument("--model-kwargs", type=kwargs_flag, default={},
-                   help="the factory's keyword arguments: a JSON object or k=v,k=v")
-    p.add_argument("--input-shape", type=input_shape, default=None,
-                   help="one sample's shape (default 3,S,S with S = --image-size)")
-    p.add_argument("--vocab", type=int, default=None, help="inputs are token ids below N")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (0 = torch's default); match the ranks you replay for")
-    p.add_argument("-o", "--output", required=True, help="profile file (JSON)")
     try:
-        a = p.parse_args(argv)
-        check_model(WorkloadSpec(workload="real", model=a.model, model_kwargs=a.model_kwargs,
-                                 input_shape=a.input_shape, vocab=a.vocab,
-                                 batch_size=a.batch_size, num_classes=a.num_classes,
-                                 image_size=a.image_size))
+        a = parse_config(argv)
     except ConfigError as e:
         print(f"commbench.profile: error: {e}", file=sys.stderr)
         return 2

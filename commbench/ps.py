@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 from commbench import paramserver
 from commbench.comm import BACKENDS
@@ -40,6 +40,7 @@ from commbench.flags import (
     add_output_group,
     check_output,
     help_formatter,
+    same_flag,
     values_for,
 )
 from commbench.lifecycle import run_job
@@ -58,18 +59,12 @@ from commbench.workloads.spec import (
 PROG = "commbench.ps"
 
 
-def _ps_field(name: str):
-    """A ``PSSettings`` field with its flag and default, as a ``PSConfig`` field."""
-    f = {f.name: f for f in fields(PSSettings)}[name]
-    return field(default=f.default, metadata=f.metadata)
-
-
 @dataclass
 class PSConfig(WorkloadSpec, StepCount, ToolConfig):
     #: the server's messages are host memory (the mpi backend is not CUDA-aware)
     device: str = "cpu"
-    compression: str = _ps_field("compression")
-    staleness_lr: bool = _ps_field("staleness_lr")
+    compression: str = same_flag(PSSettings, "compression")
+    staleness_lr: bool = same_flag(PSSettings, "staleness_lr")
 
     def settings(self) -> PSSettings:
         """The server's and workers' settings, by field name."""

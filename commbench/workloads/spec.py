@@ -155,6 +155,7 @@ class WorkloadSpec:
                                      "faster)")
     slow_rank: tuple[int, float] | None = flag(
         "--slow-rank", default=None, metavar="R:F", type=slow_rank,
+        render=lambda v: f"{v[0]}:{v[1]:g}",
         help="synthetic workload: a straggler on purpose, rank R's replayed compute takes F "
              "times as long")
     compute_jitter: float = flag(
