@@ -20,6 +20,7 @@ import argparse
 import sys
 from dataclasses import asdict, dataclass, field
 
+from commbench import flags
 from commbench.buffers import BUFFER_RULES, BufferSync
 from commbench.comm import BACKENDS
 from commbench.comm.algos import ALGOS
@@ -27,20 +28,11 @@ from commbench.comm.engine import check_transfer_path
 from commbench.flags import (
     MOVED_STRATEGIES,
     ConfigError,
-    Parser,
     StepCount,
     ToolConfig,
-    add_backend_flag,
-    add_fields,
-    add_output_group,
-    add_step_timeout_flag,
-    check_output,
-    check_step_timeout,
     csv_list,
     flag,
-    help_formatter,
     positive_int,
-    values_for,
 )
 from commbench.lifecycle import run_job
 from commbench.output import Output, merge_rank_fields, rank_extras, summarize_extras
@@ -127,7 +119,8 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
     def from_dict(cls, d: dict) -> Config:
         """The configuration ``as_dict`` gave (a record's ``config``, a parsed command line):
         the strategies' settings by their field names."""
-        return cls(**values_for(cls, d), sync=StrategySettings(**values_for(StrategySettings, d)))
+        sync = StrategySettings(**flags.values_for(StrategySettings, d))
+        return cls(**flags.values_for(cls, d), sync=sync)
 
 
 #: ``StrategySettings`` fields set per run, not by a flag of the job
@@ -135,28 +128,28 @@ RUN_FIELDS = ("algo", "broadcast_buffers")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
+    p = flags.Parser(
         prog="python -m commbench.allreduce",
         description="Time every training step under a gradient-sync strategy and report "
                     "how much of it is spent waiting for gradients. Run it under "
                     "horovodrun or mpirun.",
-        formatter_class=help_formatter,
+        formatter_class=flags.help_formatter,
         epilog="examples:\n"
                "  horovodrun -np 8 -H localhost:8 python -m commbench.allreduce\n"
                "  mpirun -np 4 python -m commbench.allreduce --algo ring --model resnet18\n"
                "  mpirun -np 64 --hostfile hosts python -m commbench.allreduce --steps 100")
     g = p.add_argument_group("synchronisation")
-    add_fields(g, Config, ["strategies", "algos"])
-    add_fields(g, StrategySettings)
-    add_backend_flag(g, BACKENDS)
+    flags.add_fields(g, Config, ["strategies", "algos"])
+    flags.add_fields(g, StrategySettings)
+    flags.add_backend_flag(g, BACKENDS)
     g = p.add_argument_group("workload")
     add_workload_flags(g, Config)
-    add_fields(g, Config, ["buffers"])
+    flags.add_fields(g, Config, ["buffers"])
     g = p.add_argument_group("run")
-    add_fields(g, Config, ["steps", "warmup", "seed", "validate"])
-    add_step_timeout_flag(g)
-    g = add_output_group(p, "allreduce")
-    add_fields(g, Config, ["trace", "trace_steps"])
+    flags.add_fields(g, Config, ["steps", "warmup", "seed", "validate"])
+    flags.add_step_timeout_flag(g)
+    g = flags.add_output_group(p, "allreduce")
+    flags.add_fields(g, Config, ["trace", "trace_steps"])
     return p
 
 
@@ -168,8 +161,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
     cfg = Config.from_dict(vars(ns))
     resolve_defaults(cfg)
     if cfg.workload == "synthetic" and not cfg.compute_profile:
-        check_step_timeout(cfg.step_timeout, cfg.compute_ms * cfg.sync.accum_steps / 1e3)
-    check_output(cfg)
+        flags.check_step_timeout(cfg.step_timeout, cfg.compute_ms * cfg.sync.accum_steps / 1e3)
+    flags.check_output(cfg)
     return cfg
 
 

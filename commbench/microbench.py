@@ -27,6 +27,13 @@ dtype and every ``--algo``:
    sum has a closed form that is exact in the dtype, all-reduce once with the
    same algorithm, and count the elements that differ (``#wrong``).
 
+With ``--horovod-cycle-ms C`` (mpi backend) Horovod is initialised beside the
+communicator before the first row and shut down after the last, nothing ever
+queued to it: every row then times MPI traffic Horovod does not carry while
+its background thread coordinates every C ms, which is what the horovod
+backend's MPI traffic of its own (the ring, the two-level algorithms' twins)
+runs beside (``benchmarks/horovod_presence.py`` compares the two).
+
 Rank 0 prints a ``#``-headed table as rows are measured, ending with the
 average bus bandwidth, and writes one JSON Lines record per row. Exit
 status: 0 when no element was wrong, 1 when any was (or a rank failed), 2 on
@@ -36,6 +43,7 @@ bad input (one line naming the flag, before any collective runs).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
@@ -46,27 +54,20 @@ from typing import Any, Callable
 
 import torch
 
-from commbench import watchdog
-from commbench.comm import BACKENDS
+from commbench import flags, watchdog
+from commbench.comm import BACKENDS, detect_backend
 from commbench.comm.algos import ALGOS, TWO_LEVEL_ALGOS, check_algo, get_algo, wire_dtype
 from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.flags import (
     ConfigError,
-    Parser,
     ToolConfig,
-    add_backend_flag,
-    add_fields,
-    add_output_group,
-    add_step_timeout_flag,
-    check_output,
     csv_list,
     flag,
-    help_formatter,
     nonneg_int,
     parse_size,
+    positive_float,
     positive_int,
-    values_for,
 )
 from commbench.lifecycle import run_job
 from commbench.metrics import algbw, busbw
@@ -146,36 +147,45 @@ class MicroConfig(ToolConfig):
         help="a barrier (not timed) before each timed all-reduce, so ranks enter every call "
              "together as after a step's compute (Intel MPI Benchmarks' -sync 1); default: "
              "each rank's calls back to back, as nccl-tests and OSU time them")
+    #: Horovod initialised beside the mpi backend, its background thread coordinating every
+    #: this many ms (HOROVOD_CYCLE_TIME); None: Horovod is not imported
+    horovod_cycle_ms: float | None = flag(
+        "--horovod-cycle-ms", default=None, metavar="MS", type=positive_float,
+        help="initialise Horovod (hvd.init with HOROVOD_CYCLE_TIME=MS) beside the mpi backend "
+             "for the whole sweep and queue nothing to it: the all-reduces, which Horovod "
+             "does not carry, are timed with its background thread coordinating every MS "
+             "ms (what Horovod's presence alone costs MPI traffic); rows record it as "
+             "horovod_cycle_ms; mpi backend only; default: Horovod not imported")
 
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
+    p = flags.Parser(
         prog=f"python -m {PROG}",
         description="Time the all-reduce per message size and report algbw, busbw and "
                     "#wrong as nccl-tests does. Run it under horovodrun or mpirun.",
-        formatter_class=help_formatter,
+        formatter_class=flags.help_formatter,
         epilog="sizes take K, M, G suffixes (binary: 1K = 1024 bytes).\nexamples:\n"
                "  mpirun -np 4 python -m commbench.microbench -b 8 -e 128M -f 2\n"
                "  horovodrun -np 4 -H localhost:4 python -m commbench.microbench -d all")
-    add_fields(p.add_argument_group("sizes to scan"), MicroConfig,
+    flags.add_fields(p.add_argument_group("sizes to scan"), MicroConfig,
                ["minbytes", "maxbytes", "stepfactor"])
     g = p.add_argument_group("operation")
-    add_fields(g, MicroConfig, ["dtypes", "algos", "mpi_algorithm"])
-    add_backend_flag(g, BACKENDS)
+    flags.add_fields(g, MicroConfig, ["dtypes", "algos", "mpi_algorithm"])
+    flags.add_backend_flag(g, BACKENDS)
     g = p.add_argument_group("performance")
-    add_fields(g, MicroConfig, ["iters", "warmup_iters", "sync_each"])
-    add_step_timeout_flag(g, what="row (size, type, algorithm)")
-    add_output_group(p, "microbench")
+    flags.add_fields(g, MicroConfig, ["iters", "warmup_iters", "sync_each", "horovod_cycle_ms"])
+    flags.add_step_timeout_flag(g, what="row (size, type, algorithm)")
+    flags.add_output_group(p, "microbench")
     return p
 
 
 def parse_config(argv: list[str] | None = None) -> MicroConfig:
     """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = MicroConfig(**values_for(MicroConfig, ns))
+    cfg = MicroConfig(**flags.values_for(MicroConfig, ns))
     if cfg.minbytes > cfg.maxbytes:
         raise ConfigError(f"-b/--minbytes {cfg.minbytes} is above -e/--maxbytes "
                           f"{cfg.maxbytes}")
@@ -191,8 +201,25 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
     if cfg.mpi_algorithm and cfg.backend == "horovod":
         raise ConfigError("--mpi-algorithm forces Open MPI's all-reduce: not Horovod's "
                           "(use the mpi backend)")
-    check_output(cfg)
+    if cfg.horovod_cycle_ms is not None:
+        check_horovod_beside(detect_backend() if cfg.backend == "auto" else cfg.backend)
+    flags.check_output(cfg)
     return cfg
+
+
+def check_horovod_beside(backend: str) -> None:
+    """``--horovod-cycle-ms`` applies to the mpi backend (``backend``: the one the job will
+    run on, ``auto`` resolved as the launcher implies, as ``commbench.lifecycle`` will) with
+    Horovod installed."""
+    if backend != "mpi":
+        raise ConfigError(f"--horovod-cycle-ms initialises Horovod beside the mpi backend, to "
+                          f"time MPI traffic Horovod does not carry; this job runs on the "
+                          f"{backend} backend, where Horovod carries the native all-reduce "
+                          "itself (set HOROVOD_CYCLE_TIME for its cycle there): launch with "
+                          "mpirun, or give --backend mpi")
+    if importlib.util.find_spec("horovod") is None:
+        raise ConfigError("--horovod-cycle-ms needs Horovod installed (the [horovod] extra: "
+                          "make setup)")
 
 
 def force_mpi_algorithm(cfg: MicroConfig, environ: MutableMapping[str, str]) -> None:
@@ -202,6 +229,24 @@ def force_mpi_algorithm(cfg: MicroConfig, environ: MutableMapping[str, str]) -> 
         environ["OMPI_MCA_coll_tuned_use_dynamic_rules"] = "1"
         environ["OMPI_MCA_coll_tuned_allreduce_algorithm"] = str(
             OMPI_ALLREDUCE[cfg.mpi_algorithm])
+
+
+def start_horovod_beside(cfg: MicroConfig, environ: MutableMapping[str, str]
+                         ) -> tuple[Any, dict]:
+    """``--horovod-cycle-ms``: ``hvd.init()`` with ``HOROVOD_CYCLE_TIME`` set; return
+    horovod.torch and what every row records of it, its cycle and the controller its thread
+    coordinates over (``mpi`` under mpirun); (None, {}) without the flag. Called with the mpi
+    communicator made: mpi4py has initialised MPI (``MPI_THREAD_MULTIPLE``), so Horovod
+    shares it, as under the horovod backend (``HorovodCommunicator``), and does not
+    finalise it at shutdown."""
+    if cfg.horovod_cycle_ms is None:
+        return None, {}
+    environ["HOROVOD_CYCLE_TIME"] = f"{cfg.horovod_cycle_ms:g}"
+    import horovod.torch as hvd  # optional extra (checked in parse_config); only with the flag
+
+    hvd.init()
+    return hvd, {"horovod_cycle_ms": cfg.horovod_cycle_ms,
+                 "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo"}
 
 
 # -- validation values -----------------------------------------------------------
@@ -339,9 +384,11 @@ def table_row(rec: dict) -> list:
 
 
 def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, algo: str,
-                per_rank: list[tuple[float, int, dict[str, float]]]) -> dict:
+                per_rank: list[tuple[float, int, dict[str, float]]],
+                beside: dict | None = None) -> dict:
     """One row's fields on rank 0 from every rank's (seconds per call, wrong elements,
-    seconds per call of each phase)."""
+    seconds per call of each phase); ``beside``: the fields of what ran beside the sweep
+    (``start_horovod_beside``)."""
     seconds = [s for s, _, _ in per_rank]
     slowest = max(range(len(per_rank)), key=lambda r: seconds[r])
     avg_s = sum(seconds) / len(seconds)
@@ -355,6 +402,7 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         # --mpi-algorithm: what Open MPI's own all-reduce was forced to (the cost model's name)
         **({"native_algorithm": cfg.mpi_algorithm} if algo == "native" and cfg.mpi_algorithm
            else {}),
+        **(beside or {}),
         # which path the two-level algorithms took: the ring or the group's all-reduce
         # across nodes; 1 segment = unpipelined
         **({"inter_node_algo": plan_inter_node_algo(comm),
@@ -399,8 +447,10 @@ def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path
     return lines
 
 
-def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column]) -> list[dict]:
-    """Measure every (dtype, size, algo); rank 0 writes and prints rows as they come."""
+def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
+              beside: dict | None = None) -> list[dict]:
+    """Measure every (dtype, size, algo); rank 0 writes and prints rows as they come, each
+    with ``beside``'s fields."""
     comm = out.comm
     run = out.run({})  # one run: every row shares its id and header
     algos = {name: get_algo(name) for name in cfg.algos}
@@ -419,7 +469,7 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column]) -> list[dict
                 if comm.rank != 0:
                     continue
                 rec = run.write("microbench",
-                                make_record(comm, cfg, size, dtype, name, per_rank))
+                                make_record(comm, cfg, size, dtype, name, per_rank, beside))
                 records.append(rec)
                 out.print(format_row(columns, table_row(rec)))
             del buf
@@ -440,12 +490,21 @@ def bench(comm: Communicator, cfg: MicroConfig) -> int:
     """The whole size x dtype x algo sweep, its table and records; return wrong elements."""
     out = Output.open(comm, "microbench", cfg)
     columns = table_columns()
+    horovod_note = (f"  Horovod initialised beside (cycle {cfg.horovod_cycle_ms:g} ms)"
+                    if cfg.horovod_cycle_ms else "")
     out.print(format_header(columns, title=(
         f"{PROG}  backend {comm.name}  ranks {comm.size}  nodes {comm.topo.nodes}  "
         f"minBytes {cfg.minbytes}  maxBytes {cfg.maxbytes}  step: "
         f"{cfg.stepfactor}(factor)  warmup iters: {cfg.warmup_iters}  iters: "
-        f"{cfg.iters}  torch threads/rank {out.threads}")))
-    records = run_sweep(out, cfg, columns)
+        f"{cfg.iters}  torch threads/rank {out.threads}{horovod_note}")))
+    hvd, beside = start_horovod_beside(cfg, os.environ)
+    records = run_sweep(out, cfg, columns, beside)
+    if hvd is not None:
+        # Horovod's thread ends here, before the job frees anything of MPI's (comm.close: the
+        # 2-byte types' datatype and ops): its thread is in MPI every cycle, and freeing a
+        # communicator beside it crashed in MPI_Comm_free (HorovodCommunicator.close has the
+        # same order). The timed communicator is MPI_COMM_WORLD itself, never freed.
+        hvd.shutdown()
     wrong = comm.bcast_object(sum(r["wrong"] for r in records) if comm.rank == 0 else None)
     out.close()
     if comm.rank == 0:

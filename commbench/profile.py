@@ -36,18 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from commbench import __version__
-from commbench.flags import (
-    ConfigError,
-    Parser,
-    add_fields,
-    flag,
-    help_formatter,
-    nonneg_int,
-    positive_int,
-    same_flag,
-    values_for,
-)
+from commbench import __version__, flags
+from commbench.flags import ConfigError, flag, nonneg_int, positive_int
 from commbench.results import write_atomic
 from commbench.timing import NullTimer, now
 from commbench.workloads.compute_profile import PROFILE_SCHEMA
@@ -135,10 +125,10 @@ class ProfileConfig(WorkloadSpec):
     defaults: ResNet-18 at 64 px on the CPU), how long, and the file."""
 
     workload: str = "real"  # a profile times real passes
-    model: str = same_flag(WorkloadSpec, "model", "resnet18")
-    batch_size: int = same_flag(WorkloadSpec, "batch_size", 32)
-    image_size: int = same_flag(WorkloadSpec, "image_size", 64)
-    device: str = same_flag(WorkloadSpec, "device", "cpu")
+    model: str = flags.same_flag(WorkloadSpec, "model", "resnet18")
+    batch_size: int = flags.same_flag(WorkloadSpec, "batch_size", 32)
+    image_size: int = flags.same_flag(WorkloadSpec, "image_size", 64)
+    device: str = flags.same_flag(WorkloadSpec, "device", "cpu")
     iters: int = flag("--iters", default=5, type=positive_int,
                       help="profiled iterations (the profile holds their medians)")
     warmup: int = flag("--warmup", default=2, type=nonneg_int,
@@ -149,19 +139,19 @@ class ProfileConfig(WorkloadSpec):
     output: str | None = flag("-o", "--output", default=None, help="profile file (JSON)")
 
 
-def build_parser() -> Parser:
-    p = Parser(prog="python -m commbench.profile", description=__doc__.splitlines()[0],
-               formatter_class=help_formatter)
-    add_fields(p, ProfileConfig, ["model", "model_kwargs", "input_shape", "vocab",
+def build_parser() -> flags.Parser:
+    p = flags.Parser(prog="python -m commbench.profile", description=__doc__.splitlines()[0],
+               formatter_class=flags.help_formatter)
+    flags.add_fields(p, ProfileConfig, ["model", "model_kwargs", "input_shape", "vocab",
                                   "batch_size", "image_size", "num_classes"])
-    add_fields(p, ProfileConfig, ["device"], device={"choices": ("cpu", "cuda")})
-    add_fields(p, ProfileConfig, ["iters", "warmup", "threads", "output"])
+    flags.add_fields(p, ProfileConfig, ["device"], device={"choices": ("cpu", "cuda")})
+    flags.add_fields(p, ProfileConfig, ["iters", "warmup", "threads", "output"])
     return p
 
 
 def parse_config(argv: list[str] | None = None) -> ProfileConfig:
     """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
-    cfg = ProfileConfig(**values_for(ProfileConfig, build_parser().parse_args(argv)))
+    cfg = ProfileConfig(**flags.values_for(ProfileConfig, build_parser().parse_args(argv)))
     if not cfg.output:
         raise ConfigError("-o/--output: give the profile file to write")
     check_model(cfg)

@@ -29,20 +29,9 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from commbench import paramserver
+from commbench import flags, paramserver
 from commbench.comm import BACKENDS
-from commbench.flags import (
-    Parser,
-    StepCount,
-    ToolConfig,
-    add_backend_flag,
-    add_fields,
-    add_output_group,
-    check_output,
-    help_formatter,
-    same_flag,
-    values_for,
-)
+from commbench.flags import StepCount, ToolConfig
 from commbench.lifecycle import run_job
 from commbench.output import Output, Run, rank_extras, summarize_extras
 from commbench.paramserver import SERVER, PSSettings, run_ps, summarize_updates
@@ -63,16 +52,16 @@ PROG = "commbench.ps"
 class PSConfig(WorkloadSpec, StepCount, ToolConfig):
     #: the server's messages are host memory (the mpi backend is not CUDA-aware)
     device: str = "cpu"
-    compression: str = same_flag(PSSettings, "compression")
-    staleness_lr: bool = same_flag(PSSettings, "staleness_lr")
+    compression: str = flags.same_flag(PSSettings, "compression")
+    staleness_lr: bool = flags.same_flag(PSSettings, "staleness_lr")
 
     def settings(self) -> PSSettings:
         """The server's and workers' settings, by field name."""
-        return PSSettings(**values_for(PSSettings, self.as_dict()))
+        return PSSettings(**flags.values_for(PSSettings, self.as_dict()))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog=f"python -m {PROG}", formatter_class=help_formatter,
+    p = flags.Parser(prog=f"python -m {PROG}", formatter_class=flags.help_formatter,
                description="Train with a parameter server on rank 0 and workers on the other "
                            "ranks that push gradients and pull parameters without waiting for "
                            "each other; report staleness, throughput and the server's load. "
@@ -81,22 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
                       "  mpirun -np 4 python -m commbench.ps --workload real --model smallcnn "
                       "--dataset digits --image-size 32 --lr 0.01")
     g = p.add_argument_group("parameter server")
-    add_fields(g, PSConfig, ["compression", "staleness_lr"])
-    add_backend_flag(g, BACKENDS)
+    flags.add_fields(g, PSConfig, ["compression", "staleness_lr"])
+    flags.add_backend_flag(g, BACKENDS)
     g = p.add_argument_group("workload")
     add_workload_flags(g, PSConfig, leave_out=("device",))
     g = p.add_argument_group("run")
-    add_fields(g, PSConfig, ["steps", "warmup", "seed"])
-    add_output_group(p, "ps")
+    flags.add_fields(g, PSConfig, ["steps", "warmup", "seed"])
+    flags.add_output_group(p, "ps")
     return p
 
 
 def parse_config(argv: list[str] | None = None) -> PSConfig:
     """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = PSConfig(**values_for(PSConfig, ns))
+    cfg = PSConfig(**flags.values_for(PSConfig, ns))
     resolve_workload(cfg)
-    check_output(cfg)
+    flags.check_output(cfg)
     return cfg
 
 

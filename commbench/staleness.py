@@ -39,24 +39,17 @@ import math
 import sys
 from dataclasses import dataclass
 
-from commbench import metrics
+from commbench import flags, metrics
 from commbench.comm import BACKENDS
 from commbench.flags import (
     ConfigError,
-    Parser,
     ToolConfig,
-    add_backend_flag,
-    add_fields,
-    add_output_group,
-    check_output,
     csv_list,
     flag,
     fraction,
-    help_formatter,
     nonneg_int,
     positive_float,
     positive_int,
-    values_for,
 )
 from commbench.lifecycle import run_job
 from commbench.models.registry import MODELS
@@ -131,26 +124,26 @@ class StudyConfig(ToolConfig):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog=f"python -m {PROG}", formatter_class=help_formatter,
+    p = flags.Parser(prog=f"python -m {PROG}", formatter_class=flags.help_formatter,
                description="Train on scikit-learn's digits under bounded staleness s and a "
                            "parameter server; report time-to-accuracy, final accuracy and "
                            "throughput relative to synchronous training. Run it under mpirun.",
                epilog="examples:\n  mpirun -np 4 python -m commbench.staleness\n"
                       "  mpirun -np 4 python -m commbench.staleness --staleness 0,4 "
                       "--mitigations none,lr --no-ps")
-    add_fields(p.add_argument_group("study"), StudyConfig,
+    flags.add_fields(p.add_argument_group("study"), StudyConfig,
                ["staleness", "mitigations", "ps", "staleness_warmup", "steps", "eval_every",
                 "target_accuracy"])
     g = p.add_argument_group("training")
-    add_fields(g, StudyConfig, ["model", "lr", "batch_size", "image_size", "seed"])
-    add_backend_flag(g, BACKENDS)
-    add_output_group(p, "staleness")
+    flags.add_fields(g, StudyConfig, ["model", "lr", "batch_size", "image_size", "seed"])
+    flags.add_backend_flag(g, BACKENDS)
+    flags.add_output_group(p, "staleness")
     return p
 
 
 def parse_study(argv: list[str] | None = None) -> StudyConfig:
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = StudyConfig(**values_for(StudyConfig, ns))
+    cfg = StudyConfig(**flags.values_for(StudyConfig, ns))
     if max(cfg.staleness) > cfg.steps:
         raise ConfigError(f"--staleness {max(cfg.staleness)}: larger than --steps {cfg.steps}")
     if cfg.staleness_warmup >= cfg.steps and "warmup" in cfg.mitigations:
@@ -159,7 +152,7 @@ def parse_study(argv: list[str] | None = None) -> StudyConfig:
     if cfg.image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"--image-size: {cfg.image_size} px is too small (at least "
                           f"{MIN_IMAGE_SIZE})")
-    check_output(cfg)
+    flags.check_output(cfg)
     return cfg
 
 

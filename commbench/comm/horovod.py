@@ -37,14 +37,7 @@ import mpi4py
 import torch
 
 from commbench.comm import base
-from commbench.comm.base import (
-    Communicator,
-    Group,
-    Handle,
-    SideChannel,
-    Topology,
-    topology_from_hostnames,
-)
+from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
 from commbench.comm.mpi import (
     MpiCommunicator,
     as_buffer,
@@ -311,7 +304,7 @@ class HorovodCommunicator(Communicator):
         return self.hvd.broadcast_object(obj, root_rank=root,
                                          name=f"{self._names}.bcast_object")
 
-    def side_channel(self) -> SideChannel | None:
+    def side_channel(self) -> base.SideChannel | None:
         """On MPI_COMM_WORLD's ranks when Horovod runs on MPI; none on Gloo."""
         return mpi_side_channel(self._mpi, self._mpi.COMM_WORLD) if self._mpi is not None \
             else None

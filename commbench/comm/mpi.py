@@ -24,14 +24,7 @@ import numpy as np
 import torch
 
 from commbench.comm import base
-from commbench.comm.base import (
-    Communicator,
-    Group,
-    Handle,
-    SideChannel,
-    Topology,
-    topology_from_hostnames,
-)
+from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
 from commbench.comm.ring import chunk_bounds
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
@@ -147,7 +140,7 @@ def p2p_recv_any(MPI: Any, mpi_comm: Any, t: torch.Tensor, tag: int) -> int:
 SIDE_TAG = 7411
 
 
-class MpiSideChannel(SideChannel):
+class MpiSideChannel(base.SideChannel):
     """``Communicator.side_channel`` on MPI: a duplicate of ``comm`` used only for it
     (point-to-point, pickled objects), read with ``iprobe`` so it never waits."""
 
