@@ -4,9 +4,10 @@ For each layout (nodes x ranks per node; default 2x1, 2x2, 2x4, 4x2, links
 shaped to 1 Gbit/s) and each transfer path of the background engine
 (``--transfer``, default ``thread``) it runs two jobs of
 ``commbench.allreduce`` (ResNet-18's gradients, 300 ms of replayed compute,
-25 MB buckets, 16 measured steps after 2 warm-up: as many as the
-largest staleness, so async's pipeline is full when the wall clock starts), each on a fresh emulated
-cluster that measures its link first (``python -m launch.cluster run``):
+the default 25 MB buckets, 16 measured steps after 2 warm-up: as many as the
+largest staleness, so async's pipeline is full when the wall clock starts), on
+an emulated cluster of the layout's shape that ``launch.sweep`` brings up and
+measures the link of (kept up across the layout's jobs):
 
 1. ``--strategy flat,async,bucketed --staleness 1``: the baseline and the two
    overlapping schemes in one job, so they share the cluster and the minute;
@@ -37,14 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.cluster_jobs import (
+    ToolJob,
     add_output_flags,
-    cluster_argv,
     execute,
     layouts,
     outdir_of,
     records,
 )
+from commbench.allreduce import Config
 from commbench.comm.engine import TRANSFER_PATHS
+from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
 
 DEFAULT_LAYOUTS = "2x1,2x2,2x4,4x2"
@@ -53,16 +56,12 @@ JOB_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class Job:
+    """A job of this benchmark: its layout, transfer path and staleness, and the tool job."""
+
     layout: tuple[int, int]  # (nodes, ranks per node)
     transfer: str
     staleness: int
-    strategies: str
-    output: Path
-
-    @property
-    def label(self) -> str:
-        n, s = self.layout
-        return f"{n}x{s} {self.transfer} {self.strategies} S={self.staleness}"
+    tool: ToolJob
 
 
 def transfers(text: str) -> list[str]:
@@ -73,26 +72,20 @@ def transfers(text: str) -> list[str]:
     return out
 
 
-def plan(args: argparse.Namespace, outdir: Path) -> list[Job]:
+def plan(args: argparse.Namespace) -> list[Job]:
     """Two jobs per layout and transfer path (see the module docstring)."""
     jobs = []
     for n, s in args.layouts:
         for path in args.transfer:
-            stem = f"{n}x{s}-{path}"
-            jobs.append(Job((n, s), path, 1, "flat,async,bucketed", outdir / f"{stem}-s1.jsonl"))
-            jobs.append(Job((n, s), path, 2, "async", outdir / f"{stem}-s2.jsonl"))
+            for staleness, strategies in ((1, ["flat", "async", "bucketed"]), (2, ["async"])):
+                cfg = Config(model=args.model, strategies=strategies, algos=["native"],
+                             sync=StrategySettings(staleness=staleness, transfer=path),
+                             compute_ms=args.compute_ms, steps=args.steps,
+                             warmup=args.warmup, quiet=True)
+                name = f"{n}x{s}-{path}-s{staleness}"
+                jobs.append(Job((n, s), path, staleness,
+                                ToolJob(name, cfg, n, s, args.rate, timeout_s=JOB_TIMEOUT_S)))
     return jobs
-
-
-def job_argv(job: Job, args: argparse.Namespace) -> list[str]:
-    nodes, slots = job.layout
-    program = ["python", "-m", "commbench.allreduce", "--model", args.model,
-               "--strategy", job.strategies, "--algo", "native",
-               "--staleness", str(job.staleness), "--transfer", job.transfer,
-               "--bucket-mb", "25", "--compute-ms", f"{args.compute_ms:g}",
-               "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--quiet", "--output", str(job.output)]
-    return cluster_argv(nodes, slots, args.rate, program, JOB_TIMEOUT_S)
 
 
 def rate_of(summary: dict | None, fell_back: list[str]) -> float | None:
@@ -116,11 +109,11 @@ TABLE = [Column("transfer", "", 9), Column("flat", "samples/s", 11, ".1f"),
          Column("link", "Gbit/s", 8, ".3f"), Column("#wrong", "", 7)]
 
 
-def layout_row(jobs: list[Job], fell_back: list[str]) -> list:
+def layout_row(jobs: list[Job], files: dict[str, Path], fell_back: list[str]) -> list:
     """One table row from one layout's and path's two jobs."""
     by = {}
     for job in jobs:
-        for s in records(job.output, "summary"):
+        for s in records(files[job.tool.name], "summary"):
             key = s["strategy"] if s["strategy"] != "async" else f"async{job.staleness}"
             by[key] = s
     flat, a1, a2, bkt = (rate_of(by.get(k), fell_back)
@@ -135,8 +128,9 @@ def layout_row(jobs: list[Job], fell_back: list[str]) -> list:
             ratio(bkt, flat), min(links) if links else None, wrong]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.async_speedup",
+                                description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--layouts", type=layouts, default=layouts(DEFAULT_LAYOUTS),
                    help="NODESxRANKS[,...] (default " + DEFAULT_LAYOUTS + ")")
@@ -153,19 +147,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="warm-up steps; at least the largest staleness (2), so async's "
                         "pipeline is full when the wall clock starts")
     add_output_flags(p, "async-speedup")
-    args = p.parse_args(argv)
+    return p
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     outdir = outdir_of(args, "async-speedup")
-    jobs = plan(args, outdir)
-    failed = execute([(job.label, job_argv(job, args)) for job in jobs], outdir, args.dry_run,
-                     JOB_TIMEOUT_S)
-    if failed is None:
+    jobs = plan(args)
+    done = execute([job.tool for job in jobs], outdir, args.dry_run)
+    if done is None:
         return 0
 
+    files = {job.tool.name: done.output(job.tool) for job in jobs}
     for n, s in args.layouts:
         fell_back: list[str] = []
         rows = [layout_row([j for j in jobs if j.layout == (n, s) and j.transfer == path],
-                           fell_back) for path in args.transfer]
+                           files, fell_back) for path in args.transfer]
         footer = [f"wall-clock throughput; {args.model}, {args.compute_ms:g} ms compute, "
                   f"{args.steps} steps (+{args.warmup} warm-up), links {args.rate}",
                   f"records: {outdir}"]
@@ -175,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                           "shown instead")
         print(format_table(TABLE, rows, title=f"async_speedup  {n} nodes x {s} ranks",
                            footer=footer))
-    return 1 if failed else 0
+    return 1 if done.failed else 0
 
 
 if __name__ == "__main__":

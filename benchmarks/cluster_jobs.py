@@ -1,27 +1,43 @@
-"""What every emulated-cluster benchmark shares: layouts, the load check, running jobs, records.
+"""What every emulated-cluster benchmark shares: layouts, the load check, its jobs as sweeps.
 
-A benchmark plans jobs (each a ``python -m launch.cluster run ... -- program``
-argv writing one results file), prints the load average first (timings on a
-busy 2-core machine measure the machine), runs the jobs one at a time, then
-reads the records back and prints its table.
+A benchmark plans its jobs as tool configurations (``ToolJob``: a
+``commbench.allreduce.Config``, ``commbench.microbench.MicroConfig``, ... and
+the cluster it runs on); nothing here runs a rank or reads a file its own way:
+
+- ``execute`` runs the jobs as ``launch.sweep`` sweeps (one per launcher),
+  each job a point whose command line is ``commbench.flags.to_argv`` of its
+  configuration, on an emulated cluster that ``launch.sweep`` brings up
+  (measuring its link first, and keeping it up across consecutive jobs of the
+  same shape). The load average is printed before and after: timings on a
+  busy 2-core machine measure the machine. With ``--dry-run`` it prints each
+  job's command instead (``launch.study.launch_command``: what the sweep
+  would run once its cluster is up). Given the ``--outdir`` of an interrupted
+  run, finished jobs are skipped (``launch.sweep`` resumes).
+- ``records`` reads a job's results with ``commbench.results.read_records``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from launch.execute import run
+from commbench.flags import to_argv
+from commbench.results import read_records
+from launch import sweep as sweeps
+from launch.cluster import ClusterError, check_machine
+from launch.study import launch_command
 
-ROOT = Path(__file__).resolve().parents[1]  # the jobs run here: this checkout's commbench
+ROOT = Path(__file__).resolve().parents[1]  # default results go here: results/<stem>-<time>
 LOAD_WARN = 1.5  # 1-minute load average above which timings are suspect on 2 cores
 
 
@@ -34,16 +50,6 @@ def parse_layout(text: str) -> tuple[int, int]:
 
 def layouts(text: str) -> list[tuple[int, int]]:
     return [parse_layout(x) for x in text.split(",") if x.strip()]
-
-
-def cluster_argv(nodes: int, slots: int | Sequence[int], rate: str, program: Sequence[str],
-                 timeout_s: float, launcher: str = "mpirun") -> list[str]:
-    """``python -m launch.cluster run`` of ``program`` on ``nodes`` x ``slots`` ranks
-    (``slots`` one number for every node, or one per node: ``[3, 1]``)."""
-    per_node = str(slots) if isinstance(slots, int) else ",".join(map(str, slots))
-    return [sys.executable, "-m", "launch.cluster", "run", "--nodes", str(nodes),
-            "--slots", per_node, "--rate", rate, "--launcher", launcher,
-            "--timeout", str(timeout_s), "--", *program]
 
 
 def load_average() -> tuple[str, float]:
@@ -65,55 +71,134 @@ def print_load(when: str) -> float:
     return load
 
 
-def run_jobs(jobs: Sequence[tuple[str, list[str]]], timeout_s: float) -> int:
-    """Run (label, argv) jobs one after another from the repository root; return failures."""
-    failed = 0
-    for k, (label, argv) in enumerate(jobs, 1):
-        print(f"# job {k}/{len(jobs)}: {label}", flush=True)
-        res = run(argv, timeout=timeout_s + 60, cwd=str(ROOT))
-        if res.returncode != 0 or res.timed_out:
-            failed += 1
-            print(f"# job failed (exit {res.returncode}{', timed out' if res.timed_out else ''})"
-                  f":\n{res.stdout[-2000:]}{res.stderr[-2000:]}", file=sys.stderr)
-    return failed
-
-
 def add_output_flags(p: argparse.ArgumentParser, stem: str) -> None:
     """``--outdir`` (default ``results/<stem>-<time>``) and ``--dry-run``."""
     p.add_argument("--outdir", type=Path, default=None,
-                   help=f"where the jobs' records go (default: results/{stem}-<time>)")
+                   help=f"where the jobs' records go (default: results/{stem}-<time>); the "
+                        "folder of an interrupted run resumes it")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
 
 
 def outdir_of(args: argparse.Namespace, stem: str) -> Path:
-    return args.outdir or ROOT / "results" / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return (args.outdir or ROOT / "results" / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+            ).resolve()
 
 
-def execute(jobs: Sequence[tuple[str, list[str]]], outdir: Path, dry_run: bool,
-            timeout_s: float) -> int | None:
-    """Print the jobs' commands (``dry_run``: return None), or run them one at a time
-    between two load readings and return the failures."""
+# -- jobs ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolJob:
+    """One job of a benchmark: a tool's configuration and the emulated cluster it runs on.
+
+    The program is the module that owns the configuration's class
+    (``commbench.microbench.MicroConfig`` runs ``python -m commbench.microbench``), its
+    arguments ``to_argv(config)``; ``launch.sweep`` adds ``--output``, so ``config``
+    leaves it unset.
+    """
+
+    name: str  # unique within the benchmark: the sweep point's name
+    config: Any  # a tool's configuration dataclass (its flags declared with flags.flag)
+    nodes: int
+    slots: int | tuple[int, ...]  # ranks per node: one number for every node, or one each
+    rate: str = "none"  # link rate per node (tc syntax), or none
+    launcher: str = "mpirun"
+    timeout_s: float = 600.0
+
+    @property
+    def program(self) -> str:
+        return type(self.config).__module__
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.slots if isinstance(self.slots, int) else sum(self.slots)
+
+    def point(self) -> dict:
+        """The ``launch.sweep`` point that runs this job on all its cluster's ranks."""
+        return {"name": self.name, "ranks": self.ranks, "nodes": self.nodes,
+                "slots": self.slots if isinstance(self.slots, int) else list(self.slots),
+                "rate": self.rate, "program": self.program, "args": to_argv(self.config),
+                "timeout": float(self.timeout_s)}
+
+
+class Planned:
+    """A benchmark's jobs as ``launch.sweep`` sweeps: one per launcher, in the order the
+    jobs first name it, in ``outdir`` (``outdir/<launcher>`` when there are several)."""
+
+    def __init__(self, jobs: Sequence[ToolJob], outdir: Path) -> None:
+        self.jobs = list(jobs)
+        names = [j.name for j in self.jobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"job names repeat: {names}")
+        self.sweeps: list[sweeps.Sweep] = []
+        self._where: dict[str, tuple[sweeps.Sweep, dict]] = {}  # name -> sweep, its point
+        self.failed = 0  # jobs that failed when run
+        launchers = list(dict.fromkeys(j.launcher for j in self.jobs))
+        for launcher in launchers:
+            mine = [j for j in self.jobs if j.launcher == launcher]
+            where = outdir if len(launchers) == 1 else outdir / launcher
+            sweep = sweeps.make_sweep({"launcher": launcher, "output": str(where)}, {},
+                                      [j.point() for j in mine])
+            self.sweeps.append(sweep)
+            for job, pt in zip(mine, sweep.points()):  # checked as the sweep will run them
+                self._where[job.name] = (sweep, pt)
+
+    def output(self, job: ToolJob) -> Path:
+        """The results file the sweep gives ``job`` (``output_of``)."""
+        return output_of(job, Path(self._where[job.name][0].output))
+
+    def commands(self) -> list[tuple[ToolJob, list[str]]]:
+        """Each job's command, as the sweep will run it on its cluster."""
+        return [(job, launch_command(pt, sweep, self.output(job)))
+                for job in self.jobs for sweep, pt in [self._where[job.name]]]
+
+
+def output_of(job: ToolJob, sweep_dir: Path) -> Path:
+    """The results file ``launch.sweep`` gives ``job`` in a sweep writing to ``sweep_dir``:
+    named by the point's id, which depends on the point and its launcher alone, so a job
+    can name another's file before either runs (a profile the next job replays)."""
+    sweep = sweeps.make_sweep({"launcher": job.launcher, "output": str(sweep_dir)}, {},
+                              [job.point()])
+    return sweep_dir / f"{sweeps.point_id(sweep.points()[0], sweep)}.jsonl"
+
+
+def describe(job: ToolJob) -> str:
+    slots = job.slots if isinstance(job.slots, int) else "+".join(map(str, job.slots))
+    return f"{job.name}: {job.launcher}, {job.nodes} nodes x {slots} ranks, link {job.rate}"
+
+
+def execute(jobs: Sequence[ToolJob], outdir: Path, dry_run: bool) -> Planned | None:
+    """Print the jobs' commands (``dry_run``: return None), or run them between two load
+    readings; the returned plan says where each job's results are and how many failed."""
+    planned = Planned(list(jobs), outdir)
     if dry_run:
-        for _, argv in jobs:
+        for job, argv in planned.commands():
+            print(f"# {describe(job)}")
             print(shlex.join(argv))
         return None
+    try:
+        check_machine()  # the emulated cluster: root, network namespaces, tc
+    except ClusterError as e:
+        raise SystemExit(f"error: {e}") from None
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)  # unwind: the running job and cluster are cleaned up
+
+    signal.signal(signal.SIGTERM, on_term)
     print_load("before starting")
-    outdir.mkdir(parents=True, exist_ok=True)
-    failed = run_jobs(jobs, timeout_s)
+    for sweep in planned.sweeps:
+        counts = sweeps.run_sweep(sweep)
+        if counts["failed"]:
+            print(f"# {counts['failed']} job(s) failed: why is in {sweep.output}/*.failed.json",
+                  file=sys.stderr)
+        planned.failed += counts["failed"]
     print_load("after the jobs")
-    return failed
+    return planned
 
 
 def records(path: Path, kind: str) -> list[dict]:
-    """Records of ``kind`` in a results file (a truncated last line is skipped)."""
+    """Records of ``kind`` in a job's results file (``commbench.results.read_records``: a
+    truncated last line is skipped with a warning, any other bad line is an error); none
+    where the job wrote no file (it failed: the sweep said so, and why)."""
     if not path.exists():
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("kind") == kind:
-            out.append(rec)
-    return out
+    return [r for r in read_records(path) if r.get("kind") == kind]

@@ -3,17 +3,19 @@
 For each case (layout, link rate, message size; default the four of issue
 "hierarchical at its link bound": 2x1, 2x2, 2x4 at 1 Gbit/s with 64 MiB and
 2x4 at 200 Mbit/s with 16 MiB) it runs ``commbench.microbench`` with
-``--algo native,ring,hier,hier-leader`` on a fresh emulated cluster that
-measures its link first, then prints per algorithm:
+``--algo native,ring,hier,hier-leader`` on an emulated cluster of the case's
+shape that ``launch.sweep`` brings up and measures the link of, then prints
+per algorithm:
 
 - time per all-reduce (the microbenchmark's ``avg``: mean over ranks of each
   rank's own loop);
-- the bytes the algorithm sends through the busiest node link, per direction:
-  the ring ``2(n-1)/n * S`` (ranks on a node are contiguous, so each node has
-  one ring edge leaving it); hierarchical and the leader variant
+- the bytes the algorithm sends through the busiest node link, per direction,
+  as the cost model counts them (``analysis.costmodel.link_bytes``): the ring
+  ``2(n-1)/n * S`` over n ranks (ranks on a node are contiguous, so each node
+  has one ring edge leaving it); hierarchical and the leader variant
   ``2(N-1)/N * S`` over N nodes (each shard, or the leader's whole tensor,
-  all-reduced across nodes); ``native`` is shown against that same minimum,
-  the least any all-reduce must move through a node's link;
+  all-reduced across nodes); ``native`` (the library's choice, unknown) the
+  least of the flat algorithms' (ring, recursive doubling, Rabenseifner);
 - link efficiency = those bytes / the measured link rate (``link_gbps``, the
   payload rate the cluster's link test saw) / the time;
 - the slowest rank's time in each phase (reduce-scatter / all-gather for the
@@ -31,18 +33,20 @@ Run it from the repository root, as root, with nothing else running::
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass
 
+from analysis.costmodel import link_bytes
 from benchmarks.cluster_jobs import (
+    ToolJob,
     add_output_flags,
-    cluster_argv,
     execute,
     outdir_of,
     parse_layout,
     records,
 )
+from commbench.flags import csv_list, parse_size
+from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
 
 DEFAULT_CASES = "2x1@1gbit@64M,2x2@1gbit@64M,2x4@1gbit@64M,2x4@200mbit@16M"
@@ -68,25 +72,20 @@ class Case:
 
 def parse_case(text: str) -> Case:
     parts = text.strip().split("@")
-    m = re.fullmatch(r"(\d+)([KMG]?)", parts[-1]) if len(parts) == 3 else None
-    if m is None:
+    if len(parts) != 3:
         raise argparse.ArgumentTypeError(f"case {text!r}: write NODESxRANKS@RATE@SIZE, e.g. "
                                          "2x4@200mbit@16M")
     nodes, slots = parse_layout(parts[0])
-    size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
-    return Case(nodes, slots, parts[1], size)
+    return Case(nodes, slots, parts[1], parse_size(parts[2]))
 
 
 def cases(text: str) -> list[Case]:
     return [parse_case(x) for x in text.split(",") if x.strip()]
 
 
-def link_bytes(algo: str, case: Case) -> float:
-    """Bytes through the busiest node link, one direction (see the module docstring)."""
-    n, nodes = case.nodes * case.slots, case.nodes
-    if algo == "ring":
-        return 2 * (n - 1) / n * case.size
-    return 2 * (nodes - 1) / nodes * case.size
+def case_link_bytes(algo: str, case: Case) -> float:
+    """Bytes through the busiest node link, one direction (the cost model's)."""
+    return link_bytes(algo, case.size, case.nodes * case.slots, case.nodes, case.slots)
 
 
 TABLE = [Column("algo", "", 11), Column("time", "ms", 9, ".1f"),
@@ -106,8 +105,8 @@ def case_rows(case: Case, recs: list[dict]) -> tuple[list[list], str, list[str]]
     for algo in ALGOS:
         if algo not in by:
             continue
-        nbytes = link_bytes(algo, case)
-        bound = nbytes * 8 / (gbps * 1e9) if gbps else None
+        nbytes = case_link_bytes(algo, case)
+        bound = nbytes * 8 / (gbps * 1e9) if gbps and nbytes else None
         phases = list((by[algo].get("phases_us") or {}).items())
         if phases:
             segs = by[algo].get("hier_segments")
@@ -122,38 +121,45 @@ def case_rows(case: Case, recs: list[dict]) -> tuple[list[list], str, list[str]]
     return rows, f"{gbps:.3f}" if gbps else "not measured", names
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.hier_bound",
+                                description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--cases", type=cases, default=cases(DEFAULT_CASES),
                    help="NODESxRANKS@RATE@SIZE[,...]")
-    p.add_argument("--algos", default=",".join(ALGOS), help="algorithms, comma-separated")
+    p.add_argument("--algos", type=csv_list(ALGOS, "--algos"), default=list(ALGOS),
+                   help="algorithms, comma-separated")
     p.add_argument("--iters", type=int, default=5, help="timed all-reduces per algorithm")
     p.add_argument("--warmup", type=int, default=2)
     add_output_flags(p, "hier-bound")
-    args = p.parse_args(argv)
+    return p
 
+
+def plan(args: argparse.Namespace) -> list[ToolJob]:
+    """One microbenchmark job per case."""
+    return [ToolJob(case.stem, MicroConfig(minbytes=case.size, maxbytes=case.size,
+                                           algos=list(args.algos), iters=args.iters,
+                                           warmup_iters=args.warmup, quiet=True),
+                    case.nodes, case.slots, case.rate, timeout_s=JOB_TIMEOUT_S)
+            for case in args.cases]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     outdir = outdir_of(args, "hier-bound")
-    jobs = []
-    for case in args.cases:
-        program = ["python", "-m", "commbench.microbench", "-b", str(case.size), "-e",
-                   str(case.size), "--algo", args.algos, "-n", str(args.iters),
-                   "-w", str(args.warmup), "--quiet", "--output",
-                   str(outdir / f"{case.stem}.jsonl")]
-        jobs.append((case.label, cluster_argv(case.nodes, case.slots, case.rate, program,
-                                              JOB_TIMEOUT_S)))
-    failed = execute(jobs, outdir, args.dry_run, JOB_TIMEOUT_S)
-    if failed is None:
+    jobs = plan(args)
+    done = execute(jobs, outdir, args.dry_run)
+    if done is None:
         return 0
-    for case in args.cases:
-        rows, gbps, names = case_rows(case, records(outdir / f"{case.stem}.jsonl",
-                                                    "microbench"))
+    for case, job in zip(args.cases, jobs):
+        rows, gbps, names = case_rows(case, records(done.output(job), "microbench"))
         print(format_table(TABLE, rows, title=f"hier_bound  {case.label}  link {gbps} Gbit/s",
                            footer=[*[f"phases {n}" for n in names],
                                    "link eff = link bytes / link rate / time (1.0 = at the "
-                                   "link); bound = link bytes / link rate",
+                                   "link); bound = link bytes / link rate (the cost model's "
+                                   "bytes: analysis.costmodel.link_bytes)",
                                    f"records: {outdir}"]))
-    return 1 if failed else 0
+    return 1 if done.failed else 0
 
 
 if __name__ == "__main__":

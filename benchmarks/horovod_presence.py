@@ -3,161 +3,134 @@
 Under the horovod backend the project's algorithms send on MPI communicators of
 their own (hierarchical's phases on MPI twins of Horovod's process sets), yet
 they ran slower than the same algorithms on the mpi backend. This benchmark
-isolates that: each job is plain ``mpirun`` (through ``launch.cluster run``) and
-times the same all-reduces on ``MPI_COMM_WORLD``, per mode:
+isolates that: each job is ``commbench.microbench`` under plain ``mpirun`` on
+the mpi backend, timing the same all-reduces on ``MPI_COMM_WORLD`` (with
+``--sync-each``: an untimed barrier before each call, so every call starts
+together), per mode:
 
 - ``none``: Horovod is not imported;
-- ``init@C``: ``hvd.init()`` first, with ``HOROVOD_CYCLE_TIME=C`` ms (Horovod's
-  background thread then coordinates every C ms); nothing is ever queued to it.
+- ``init@C``: ``--horovod-cycle-ms C``, Horovod initialised beside the
+  communicator for the whole job (``hvd.init()`` with ``HOROVOD_CYCLE_TIME=C``
+  ms: its background thread then coordinates every C ms); nothing is ever
+  queued to it.
 
-It prints, per layout, the median time of each algorithm (``native`` is Open
+It prints, per layout, each algorithm's time per call (``native`` is Open
 MPI's own ``MPI_Allreduce``; ``ring`` and ``hier`` the project's, on the mpi
-communicator) and its ratio to ``none``. Each mode runs on a fresh cluster that
-measures its link. Run it from the repository root, as root, with nothing else
-running::
+communicator) as the microbenchmark's ``max``: the slowest rank's mean over
+the timed calls, and its ratio to ``none``, with ``#wrong``. The modes of a
+layout run one after another on one emulated cluster (``launch.sweep`` brings
+it up and measures its link). Run it from the repository root, as root, with
+nothing else running::
 
     python -m benchmarks.horovod_presence                  # ~4 min on 2 cores
     python -m benchmarks.horovod_presence --layouts 2x4 --cycle-ms 1,20,100
+    python -m benchmarks.horovod_presence --dry-run        # the commands only
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
-from commbench.config import parse_size
-
 from benchmarks.cluster_jobs import (
+    ToolJob,
     add_output_flags,
-    cluster_argv,
     execute,
     layouts,
     outdir_of,
-    print_load,
+    records,
 )
-from commbench.linkstats import GBPS_ENV
+from commbench.flags import csv_list, parse_size, positive_float
+from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
 
 ALGOS = ("native", "ring", "hier")
 JOB_TIMEOUT_S = 400.0
+STEM = "horovod-presence"
 
 
-def rank_job(mode: str, cycle_ms: int, size: int, algos: list[str], iters: int, warmup: int,
-             output: Path) -> int:
-    """One rank's part: time each algorithm on a world duplicate; rank 0 writes one line."""
-    import torch  # noqa: I001 -- torch and MPI only in the ranks, not in the driver
-
-    if mode == "init":
-        os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_ms)
-        import horovod.torch as hvd
-
-        hvd.init()
-    from mpi4py import MPI  # initialises MPI (unless Horovod did)
-
-    from commbench.comm.algos import get_algo
-    from commbench.comm.mpi import MpiCommunicator
-
-    # MPI_COMM_WORLD itself: freeing a duplicate at the end, with Horovod's thread still
-    # running and owning MPI, crashed in MPI_Comm_free (1 in ~20 runs here)
-    comm = MpiCommunicator(MPI.COMM_WORLD)
-    tensor = torch.ones(size // 4)
-    medians = {}
-    for name in algos:
-        algo, times = get_algo(name), []
-        for _ in range(warmup + iters):
-            tensor.fill_(1.0)
-            comm.comm.Barrier()
-            t0 = time.perf_counter()
-            algo(comm, tensor)
-            times.append(time.perf_counter() - t0)
-        # the slowest rank's time of each call, then the median over calls
-        per_call = comm.comm.allgather(times[warmup:])
-        medians[name] = statistics.median(max(c) for c in zip(*per_call))
-        if float(tensor[0]) != comm.comm.Get_size():
-            raise SystemExit(f"{name}: wrong sum {float(tensor[0])}")
-    if comm.comm.Get_rank() == 0:
-        line = {"mode": mode, "cycle_ms": cycle_ms if mode == "init" else None,
-                "world_size": comm.comm.Get_size(), "size": size, "iters": iters,
-                "median_s": medians, "link_gbps": _link_gbps()}
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(line) + "\n")
-    return 0
+def mode_label(cycle_ms: float | None) -> str:
+    return "none" if cycle_ms is None else f"init@{cycle_ms:g}ms"
 
 
-def _link_gbps() -> float | None:
-    raw = os.environ.get(GBPS_ENV)
-    return float(raw) if raw else None
-
-
-TABLE = [Column("algo", "", 8), Column("mode", "", 10), Column("median", "ms", 9, ".1f"),
-         Column("vs none", "", 8, ".3f")]
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.horovod_presence",
+                                description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--layouts", type=layouts, default=layouts("2x1,2x4"),
                    help="NODESxRANKS[,...]")
     p.add_argument("--rate", default="1gbit", help="link rate of the emulated cluster")
-    p.add_argument("--size", default="64M", help="bytes per all-reduce (float32)")
-    p.add_argument("--cycle-ms", default="1,100",
-                   help="HOROVOD_CYCLE_TIME values to run with hvd.init(), comma-separated")
-    p.add_argument("--algos", default=",".join(ALGOS), help="algorithms, comma-separated")
+    p.add_argument("--size", type=parse_size, default=parse_size("64M"),
+                   help="bytes per all-reduce (float32)")
+    p.add_argument("--cycle-ms", type=lambda t: [positive_float(x) for x in t.split(",") if x],
+                   default=[1.0, 100.0],
+                   help="HOROVOD_CYCLE_TIME values to run with Horovod initialised, "
+                        "comma-separated")
+    p.add_argument("--algos", type=csv_list(ALGOS, "--algos"), default=list(ALGOS),
+                   help="algorithms, comma-separated")
     p.add_argument("--iters", type=int, default=4, help="timed all-reduces per algorithm")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--rank-job", choices=("none", "init"), help=argparse.SUPPRESS)
-    p.add_argument("--cycle", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--output", type=Path, help=argparse.SUPPRESS)
-    add_output_flags(p, "horovod-presence")
-    args = p.parse_args(argv)
-    size = parse_size(args.size)
-    algos = [a for a in args.algos.split(",") if a]
-    if args.rank_job:
-        return rank_job(args.rank_job, args.cycle, size, algos, args.iters, args.warmup,
-                        args.output)
+    add_output_flags(p, STEM)
+    return p
 
-    outdir = outdir_of(args, "horovod-presence")
-    modes = [("none", 0)] + [("init", int(c)) for c in args.cycle_ms.split(",") if c]
-    jobs, files = [], {}
+
+def plan(args: argparse.Namespace) -> list[ToolJob]:
+    """One microbenchmark job per layout and mode (none, then each cycle time)."""
+    jobs = []
     for nodes, slots in args.layouts:
-        for mode, cycle in modes:
-            out = outdir / f"{nodes}x{slots}-{mode}{cycle or ''}.jsonl"
-            files[(nodes, slots, mode, cycle)] = out
-            program = ["python", "-m", "benchmarks.horovod_presence", "--rank-job", mode,
-                       "--cycle", str(cycle), "--size", str(size), "--algos", args.algos,
-                       "--iters", str(args.iters), "--warmup", str(args.warmup),
-                       "--output", str(out)]
-            jobs.append((f"{nodes}x{slots} {mode} {cycle or ''}",
-                         cluster_argv(nodes, slots, args.rate, program, JOB_TIMEOUT_S)))
-    failed = execute(jobs, outdir, args.dry_run, JOB_TIMEOUT_S)
-    if failed is None:
+        for cycle in [None, *args.cycle_ms]:
+            cfg = MicroConfig(backend="mpi", minbytes=args.size, maxbytes=args.size,
+                              algos=list(args.algos), iters=args.iters,
+                              warmup_iters=args.warmup, sync_each=True,
+                              horovod_cycle_ms=cycle, quiet=True)
+            jobs.append(ToolJob(f"{nodes}x{slots}-{mode_label(cycle)}", cfg, nodes, slots,
+                                args.rate, timeout_s=JOB_TIMEOUT_S))
+    return jobs
+
+
+TABLE = [Column("algo", "", 8), Column("mode", "", 12), Column("time", "ms", 9, ".1f"),
+         Column("vs none", "", 8, ".3f"), Column("#wrong", "", 6)]
+
+
+def layout_table(jobs: list[ToolJob], files: dict[str, Path], title: str,
+                 footer: list[str]) -> str:
+    """One layout's table: per algorithm, each mode's slowest-rank time and its ratio to
+    the mode without Horovod."""
+    got = {job.config.horovod_cycle_ms: {r["algo"]: r for r in records(files[job.name],
+                                                                       "microbench")}
+           for job in jobs}
+    base = got.get(None, {})
+    rows = []
+    for algo in jobs[0].config.algos:
+        for cycle, by_algo in got.items():
+            rec = by_algo.get(algo)
+            t = rec["time_us"]["max"] / 1e6 if rec else None
+            t0 = base[algo]["time_us"]["max"] / 1e6 if algo in base else None
+            rows.append([algo, mode_label(cycle), t * 1e3 if t else None,
+                         t / t0 if t and t0 else None, rec["wrong"] if rec else None])
+    gbps = next((r.get("link_gbps") for by in got.values() for r in by.values()
+                 if r.get("link_gbps")), None)
+    return format_table(TABLE, rows, title=f"{title}  link {gbps or 'not measured'} Gbit/s",
+                        footer=footer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    outdir = outdir_of(args, STEM)
+    jobs = plan(args)
+    done = execute(jobs, outdir, args.dry_run)
+    if done is None:
         return 0
+    files = {job.name: done.output(job) for job in jobs}
     for nodes, slots in args.layouts:
-        got = {}
-        for mode, cycle in modes:
-            path = files[(nodes, slots, mode, cycle)]
-            if path.exists():
-                got[(mode, cycle)] = json.loads(path.read_text())
-        base = got.get(("none", 0), {}).get("median_s", {})
-        rows = []
-        for algo in algos:
-            for (mode, cycle), rec in got.items():
-                t = rec["median_s"].get(algo)
-                label = "none" if mode == "none" else f"init@{cycle}ms"
-                rows.append([algo, label, t * 1e3 if t else None,
-                             t / base[algo] if t and base.get(algo) else None])
-        gbps = next((r.get("link_gbps") for r in got.values() if r.get("link_gbps")), None)
-        print(format_table(TABLE, rows, title=f"horovod_presence  {nodes}x{slots} {args.rate} "
-                           f"{size / 2**20:g} MiB  link {gbps or 'not measured'} Gbit/s",
-                           footer=[f"median over {args.iters} calls of the slowest rank's "
-                                   f"time, after {args.warmup} warm-up; records: {outdir}"]))
-    print_load("after")
-    return 1 if failed else 0
+        mine = [j for j in jobs if (j.nodes, j.slots) == (nodes, slots)]
+        print(layout_table(mine, files, f"horovod_presence  {nodes}x{slots} {args.rate} "
+                           f"{args.size / 2**20:g} MiB",
+                           [f"time: the slowest rank's mean over {args.iters} calls, each "
+                            f"after an untimed barrier, after {args.warmup} warm-up; "
+                            f"records: {outdir}"]))
+    return 1 if done.failed else 0
 
 
 if __name__ == "__main__":

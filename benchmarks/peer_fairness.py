@@ -1,7 +1,7 @@
 """The project's bucketed against Horovod and DDP under the same replayed compute.
 
-Every job runs on a fresh emulated cluster (default 2 nodes x 4 ranks, links
-shaped to 1 Gbit/s; ``python -m launch.cluster run`` measures the link first)
+Every job runs on an emulated cluster (default 2 nodes x 4 ranks, links
+shaped to 1 Gbit/s) that ``launch.sweep`` brings up and measures the link of,
 and replays the committed H200 ResNet-50 batch-256 profile scaled by
 ``--compute-scale`` (default 20: backward ~1.6 s, about as long as flat's
 all-reduce of 102 MB over that link, so bucketing has something to hide
@@ -42,55 +42,48 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from benchmarks.cluster_jobs import (
     ROOT,
+    ToolJob,
     add_output_flags,
-    cluster_argv,
     execute,
     layouts,
     outdir_of,
     records,
 )
+from commbench.allreduce import Config
+from commbench.buckets import DEFAULT_BUCKET_MB
+from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
+from commbench.workloads.spec import slow_rank
 
 JOB_TIMEOUT_S = 420.0
 PROFILE = "profiles/h200-resnet50-b256.json"
 
 
-@dataclass(frozen=True)
-class Job:
-    name: str
-    launcher: str
-    strategies: str
-    bucket_mb: float
-    output: Path
-    extra: tuple[str, ...] = field(default=())
-
-
-def plan(args: argparse.Namespace, outdir: Path) -> list[Job]:
-    jobs = [Job("horovodrun", "horovodrun", "flat,bucketed,horovod", 25.0,
-                outdir / "horovodrun.jsonl"),
-            Job("mpirun", "mpirun", "flat,bucketed,ddp", 25.0, outdir / "mpirun.jsonl")]
-    jobs += [Job(f"mpirun {mb:g} MB", "mpirun", "bucketed", mb,
-                 outdir / f"mpirun-bucket{mb:g}.jsonl") for mb in args.sweep if mb != 25.0]
-    if args.slow_rank:
-        jobs.append(Job(f"mpirun slow {args.slow_rank}", "mpirun", "flat,bucketed", 25.0,
-                        outdir / "mpirun-slow.jsonl", ("--slow-rank", args.slow_rank)))
-    return jobs
-
-
-def job_argv(job: Job, args: argparse.Namespace) -> list[str]:
+def plan(args: argparse.Namespace) -> list[ToolJob]:
+    """The jobs of the module docstring, in its order."""
     nodes, slots = args.layout
-    program = ["python", "-m", "commbench.allreduce", "--model", "resnet50",
-               "--compute-profile", str(ROOT / PROFILE), "--compute-scale",
-               f"{args.compute_scale:g}", "--batch-size", "256",
-               "--strategy", job.strategies, "--algo", "native",
-               "--bucket-mb", f"{job.bucket_mb:g}", "--steps", str(args.steps),
-               "--warmup", str(args.warmup), *job.extra, "--quiet", "--output", str(job.output)]
-    return cluster_argv(nodes, slots, args.rate, program, JOB_TIMEOUT_S, job.launcher)
+
+    def job(name: str, launcher: str, strategies: list[str], bucket_mb: float = DEFAULT_BUCKET_MB,
+            straggler: tuple[int, float] | None = None) -> ToolJob:
+        cfg = Config(model="resnet50", compute_profile=str(ROOT / PROFILE),
+                     compute_scale=args.compute_scale, batch_size=256,
+                     strategies=strategies, algos=["native"],
+                     sync=StrategySettings(bucket_mb=bucket_mb), slow_rank=straggler,
+                     steps=args.steps, warmup=args.warmup, quiet=True)
+        return ToolJob(name, cfg, nodes, slots, args.rate, launcher, JOB_TIMEOUT_S)
+
+    jobs = [job("horovodrun", "horovodrun", ["flat", "bucketed", "horovod"]),
+            job("mpirun", "mpirun", ["flat", "bucketed", "ddp"])]
+    jobs += [job(f"mpirun {mb:g} MB", "mpirun", ["bucketed"], mb)
+             for mb in args.sweep if mb != DEFAULT_BUCKET_MB]
+    if args.slow_rank:
+        r, f = args.slow_rank
+        jobs.append(job(f"mpirun slow {r}:{f:g}", "mpirun", ["flat", "bucketed"],
+                        straggler=args.slow_rank))
+    return jobs
 
 
 def ms(v: float | None) -> float | None:
@@ -110,7 +103,7 @@ def bucket_of(s: dict) -> float | None:
     return k.get("bucket_mb", k.get("bucket_cap_mb"))
 
 
-def row(job: Job, s: dict) -> list:
+def row(job: ToolJob, s: dict) -> list:
     st = s["stats"]
     return [job.name, s["strategy"], bucket_of(s), ms(st["step_s"]["median"]),
             ms(st["step_s"]["p5"]), ms(st["step_s"]["p95"]), ms(s["compute_s"]),
@@ -135,8 +128,8 @@ def verdicts(by_job: dict[str, list[dict]]) -> list[str]:
             continue
         bp = min(peers, key=lambda s: s["step_s"])
         b = ss["bucketed"]
-        out.append(f"{name}: bucketed 25 MB / best peer ({bp['strategy']}): step "
-                   f"{ratio(b['step_s'], bp['step_s'])}, exposed sync "
+        out.append(f"{name}: bucketed {DEFAULT_BUCKET_MB:g} MB / best peer "
+                   f"({bp['strategy']}): step {ratio(b['step_s'], bp['step_s'])}, exposed sync "
                    f"{ratio(b['exposed_sync_s'], bp['exposed_sync_s'])}")
         if name == "mpirun" and best is not None:
             out.append(f"mpirun: best bucketed ({bucket_of(best):g} MB) / best peer "
@@ -158,8 +151,9 @@ def verdicts(by_job: dict[str, list[dict]]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peer_fairness",
+                                description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--layout", type=lambda t: layouts(t)[0], default=(2, 4),
                    help="NODESxRANKS")
@@ -168,21 +162,24 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"factor on {PROFILE}'s times")
     p.add_argument("--sweep", type=lambda t: [float(x) for x in t.split(",")],
                    default=[10.0, 25.0, 50.0], help="bucket sizes (MB) of the project's bucketed")
-    p.add_argument("--slow-rank", default="1:2", help="the straggler job's --slow-rank "
-                   "('' for none)")
+    p.add_argument("--slow-rank", type=lambda t: slow_rank(t) if t else None,
+                   default=(1, 2.0), metavar="R:F",
+                   help="the straggler job's --slow-rank ('' for none)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     add_output_flags(p, "peer-fairness")
-    args = p.parse_args(argv)
+    return p
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     outdir = outdir_of(args, "peer-fairness")
-    jobs = plan(args, outdir)
+    jobs = plan(args)
     t0 = time.monotonic()
-    failed = execute([(job.name, job_argv(job, args)) for job in jobs], outdir, args.dry_run,
-                     JOB_TIMEOUT_S)
-    if failed is None:
+    done = execute(jobs, outdir, args.dry_run)
+    if done is None:
         return 0
-    by_job = {job.name: records(job.output, "summary") for job in jobs}
+    by_job = {job.name: records(done.output(job), "summary") for job in jobs}
     rows = [row(job, s) for job in jobs for s in by_job[job.name]]
     n, s = args.layout
     print(format_table(TABLE, rows, title=f"peer_fairness  {n} nodes x {s} ranks  links "
@@ -192,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                                "transfer explain exposed sync only where nothing overlapped",
                                *verdicts(by_job),
                                f"{time.monotonic() - t0:.0f} s; records: {outdir}"]))
-    return 1 if failed else 0
+    return 1 if done.failed else 0
 
 
 if __name__ == "__main__":

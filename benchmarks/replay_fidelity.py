@@ -1,7 +1,9 @@
 """Does replayed compute take as long as the real compute it was recorded from?
 
-For each model, on one rank of this machine (no launcher needed), three jobs
-one after another:
+For each model, on one rank (a one-node emulated cluster, links unshaped:
+``launch.sweep`` runs every job under a launcher, and there Open MPI leaves
+the rank's placement to the kernel, where plain ``mpirun`` would bind one
+rank to one core), three jobs one after another:
 
 1. ``python -m commbench.profile`` records the model's forward and backward
    (the compute profile a GPU machine would ship), with the torch threads the
@@ -17,7 +19,11 @@ within 10 %), per repeat and as the median over ``--repeats`` (3): the
 three jobs run in turn that many times, since one process computes up to
 ~10 % faster or slower than the next on this machine. Forward is printed
 beside it. Default: gpt-tiny (batch 32, 64 tokens) and resnet18 (batch 32,
-64 px); ~3 min here.
+64 px); ~3 min here. Run it from the repository root, as root (the cluster
+needs network namespaces)::
+
+    python -m benchmarks.replay_fidelity
+    python -m benchmarks.replay_fidelity --models resnet18 --repeats 1 --dry-run
 """
 
 from __future__ import annotations
@@ -26,38 +32,61 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.cluster_jobs import add_output_flags, execute, outdir_of, records
+from benchmarks.cluster_jobs import (
+    ToolJob,
+    add_output_flags,
+    execute,
+    outdir_of,
+    output_of,
+    records,
+)
+from commbench.allreduce import Config
 from commbench.cores import thread_plan
+from commbench.profile import ProfileConfig
 
 STEM = "replay-fidelity"
 GOAL = 0.10
+JOB_TIMEOUT_S = 600.0
 
 
-def files(outdir: Path, model: str, rep: int) -> tuple[Path, Path, Path]:
-    """Repeat ``rep``'s profile, real-run and replay files for ``model``."""
-    return tuple(outdir / f"{model}.{rep}.{k}"
-                 for k in ("profile.json", "real.jsonl", "replay.jsonl"))
+@dataclass(frozen=True)
+class Repeat:
+    """One repeat of one model: its profile, real-run and replay jobs."""
+
+    model: str
+    rep: int
+    profile: ToolJob
+    real: ToolJob
+    replay: ToolJob
+
+    @property
+    def jobs(self) -> list[ToolJob]:
+        return [self.profile, self.real, self.replay]
 
 
-def jobs_of(model: str, batch: int, steps: int, warmup: int, threads: int,
-            outdir: Path, rep: int) -> list[tuple[str, list[str]]]:
-    prof, real, replay = files(outdir, model, rep)
-    common = ["--model", model, "--batch-size", str(batch), "--strategy", "flat",
-              "--algo", "native", "--steps", str(steps), "--warmup", str(warmup),
-              "--quiet"]
-    py = [sys.executable, "-m"]
-    return [
-        (f"{model} #{rep}: profile",
-         [*py, "commbench.profile", "--model", model, "--batch-size", str(batch), "--iters",
-          str(steps), "--warmup", str(warmup), "--threads", str(threads), "-o", str(prof)]),
-        (f"{model} #{rep}: real",
-         [*py, "commbench.allreduce", "--workload", "real", *common, "--output", str(real)]),
-        (f"{model} #{rep}: replay",
-         [*py, "commbench.allreduce", "--compute-profile", str(prof), "--compute-scale", "1",
-          *common, "--output", str(replay)]),
-    ]
+def one_rank(name: str, config: object) -> ToolJob:
+    return ToolJob(name, config, nodes=1, slots=1, rate="none", timeout_s=JOB_TIMEOUT_S)
+
+
+def plan(args: argparse.Namespace, outdir: Path) -> list[Repeat]:
+    """Profile, real run and replay of each model, ``--repeats`` times in turn."""
+    threads = thread_plan(1).threads  # what one rank alone on this machine computes with
+    out = []
+    for rep in range(args.repeats):
+        for model in args.models:
+            profile = one_rank(f"{model}-{rep}-profile", ProfileConfig(
+                model=model, batch_size=args.batch_size, iters=args.steps,
+                warmup=args.warmup, threads=threads))
+            run = Config(model=model, batch_size=args.batch_size, strategies=["flat"],
+                         algos=["native"], steps=args.steps, warmup=args.warmup, quiet=True)
+            real = one_rank(f"{model}-{rep}-real", replace(run, workload="real"))
+            replay = one_rank(f"{model}-{rep}-replay", replace(
+                run, compute_profile=str(output_of(profile, outdir))))
+            out.append(Repeat(model, rep, profile, real, replay))
+    return out
 
 
 def stats(path: Path, field: str) -> dict:
@@ -67,10 +96,10 @@ def stats(path: Path, field: str) -> dict:
     return summary[0]["stats"][field]
 
 
-def report(models: list[str], outdir: Path, repeats: int) -> int:
+def report(repeats: list[Repeat], files: dict[str, Path]) -> int:
     print(f"# replay fidelity: backward and forward of real compute against its replay, one "
           f"rank; medians (p5-p95) over measured steps; goal |replay/real - 1| <= {GOAL:.0%} "
-          f"in the median of {repeats} repeats")
+          f"in the median of the repeats")
     print(f"# {'model':>10} {'#':>2} {'phase':>9} {'profile':>9} {'real':>23} {'replay':>23} "
           f"{'replay/real':>11}")
     print(f"# {'':>10} {'':>2} {'':>9} {'(ms)':>9} {'(ms)':>23} {'(ms)':>23} {'':>11}")
@@ -79,29 +108,30 @@ def report(models: list[str], outdir: Path, repeats: int) -> int:
         return f"{s['median'] * 1e3:7.1f} ({s['p5'] * 1e3:.1f}-{s['p95'] * 1e3:.1f})"
 
     worst = 0.0
-    for model in models:
-        ratios = {"backward": [], "forward": []}
-        for rep in range(repeats):
-            prof_path, real_path, replay_path = files(outdir, model, rep)
-            prof = json.loads(prof_path.read_text())
+    for model in dict.fromkeys(r.model for r in repeats):
+        ratios: dict[str, list[float]] = {"backward": [], "forward": []}
+        for r in (r for r in repeats if r.model == model):
+            prof = json.loads(files[r.profile.name].read_text())
             for phase in ratios:
-                real, rep_s = stats(real_path, f"{phase}_s"), stats(replay_path, f"{phase}_s")
+                real = stats(files[r.real.name], f"{phase}_s")
+                rep_s = stats(files[r.replay.name], f"{phase}_s")
                 ratios[phase].append(rep_s["median"] / real["median"])
-                print(f"  {model:>10} {rep:>2} {phase:>9} {prof[f'{phase}_s'] * 1e3:9.1f} "
+                print(f"  {model:>10} {r.rep:>2} {phase:>9} {prof[f'{phase}_s'] * 1e3:9.1f} "
                       f"{cell(real):>23} {cell(rep_s):>23} {ratios[phase][-1]:11.3f}")
-        for phase, r in ratios.items():
-            print(f"# {model} {phase}: replay/real median {statistics.median(r):.3f} "
-                  f"(repeats {min(r):.3f}-{max(r):.3f})")
+        for phase, x in ratios.items():
+            print(f"# {model} {phase}: replay/real median {statistics.median(x):.3f} "
+                  f"(repeats {min(x):.3f}-{max(x):.3f})")
         worst = max(worst, abs(statistics.median(ratios["backward"]) - 1))
     print(f"# worst backward |median replay/real - 1|: {worst:.3f} "
           f"({'within' if worst <= GOAL else 'outside'} the {GOAL:.0%} goal)")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.replay_fidelity",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="gpt-tiny,resnet18",
+    p.add_argument("--models", type=lambda t: [m for m in t.split(",") if m],
+                   default=["gpt-tiny", "resnet18"],
                    help="comma-separated (registered names or package.module:factory)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=20)
@@ -110,18 +140,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile, real run and replay this many times each, in turn: the "
                         "real run's speed drifts between processes by as much as the goal")
     add_output_flags(p, STEM)
-    args = p.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     outdir = outdir_of(args, STEM)
-    threads = thread_plan(1).threads  # what one rank alone on this machine computes with
-    jobs = [j for rep in range(args.repeats) for m in models
-            for j in jobs_of(m, args.batch_size, args.steps, args.warmup, threads, outdir, rep)]
-    failed = execute(jobs, outdir, args.dry_run, timeout_s=600)
-    if failed is None:
+    repeats = plan(args, outdir)
+    jobs = [j for r in repeats for j in r.jobs]
+    done = execute(jobs, outdir, args.dry_run)
+    if done is None:
         return 0
-    if failed:
+    if done.failed:
         return 1
-    return report(models, outdir, args.repeats)
+    return report(repeats, {j.name: done.output(j) for j in jobs})
 
 
 if __name__ == "__main__":

@@ -1,33 +1,194 @@
-"""The toolkit's own benchmarks: their job lists and rank programs (not their figures)."""
+"""The toolkit's own benchmarks: their jobs (tools' configurations run as sweep points), the
+commands their --dry-run prints, and how they read records (not their figures)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
+import shutil
+import warnings
 
 import pytest
 
-from benchmarks import horovod_presence
-from tests.conftest import PY, launch
+from analysis import costmodel
+from benchmarks import (
+    async_speedup,
+    cluster_jobs,
+    hier_bound,
+    horovod_presence,
+    peer_fairness,
+    replay_fidelity,
+)
+from benchmarks.cluster_jobs import Planned, ToolJob, output_of
+from commbench import allreduce, microbench, profile
+from commbench.metrics import ring_bytes
+from commbench.microbench import MicroConfig
+from tests.conftest import ROOT
+
+#: each tool's parser, by the module its configuration names
+PARSE = {"commbench.allreduce": allreduce.parse_config,
+         "commbench.microbench": microbench.parse_config,
+         "commbench.profile": profile.parse_config}
 
 
-def test_horovod_presence_runs_each_mode_on_each_layout(capsys):
-    assert horovod_presence.main(["--dry-run", "--layouts", "2x1,2x4", "--cycle-ms", "1,50"]) == 0
+def planned(module, argv: list[str], tmp_path) -> list[ToolJob]:
+    """The tool jobs a benchmark plans for ``argv``."""
+    args = module.build_parser().parse_args(argv)
+    if module is replay_fidelity:
+        return [j for r in module.plan(args, tmp_path) for j in r.jobs]
+    jobs = module.plan(args)
+    return [j.tool for j in jobs] if module is async_speedup else jobs
+
+
+def dry_run(module, argv: list[str], tmp_path, capsys) -> list[tuple[str, list[str]]]:
+    """(the job's comment line, its command) of each job ``--dry-run`` prints."""
+    assert module.main(["--dry-run", "--outdir", str(tmp_path), *argv]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 * 3 and all("launch.cluster run" in ln for ln in lines)
-    modes = [ln.split("--rank-job ")[1].split()[0:3:2] for ln in lines]
-    assert modes == [["none", "0"], ["init", "1"], ["init", "50"]] * 2
+    assert len(lines) % 2 == 0 and all(c.startswith("# ") for c in lines[::2]), lines
+    return [(c, shlex.split(cmd)) for c, cmd in zip(lines[::2], lines[1::2])]
 
 
-@pytest.mark.horovod
-def test_horovod_presence_rank_job_with_horovod_initialised(tmp_path):
-    """The rank program under mpirun on this host: Horovod initialised, each algorithm's
-    sum checked, one line from rank 0."""
-    out = tmp_path / "p.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "benchmarks.horovod_presence", "--rank-job", "init",
-                               "--cycle", "5", "--size", "1M", "--iters", "1", "--warmup", "0",
-                               "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    rec = json.loads(out.read_text())
-    assert rec["mode"] == "init" and rec["cycle_ms"] == 5 and rec["world_size"] == 2
-    assert set(rec["median_s"]) == set(horovod_presence.ALGOS)
-    assert all(t > 0 for t in rec["median_s"].values())
+def tool_args(argv: list[str], module: str) -> list[str]:
+    """The tool's arguments in a printed command (after ``-m module``)."""
+    i = argv.index("-m")
+    assert argv[i + 1] == module, argv
+    return argv[i + 2:]
+
+
+ALL = [(peer_fairness, []), (async_speedup, ["--layouts", "2x1,4x2"]),
+       (hier_bound, []), (horovod_presence, []),
+       (replay_fidelity, ["--models", "resnet18", "--repeats", "2"])]
+
+
+@pytest.mark.parametrize("module,argv", ALL, ids=lambda x: getattr(x, "__name__", ""))
+def test_every_job_is_a_tools_configuration_that_parses_back(module, argv, tmp_path):
+    """A job's command line is ``to_argv`` of its configuration: the tool reads it back as
+    that configuration (no flag retyped by hand, no default written twice)."""
+    jobs = planned(module, argv, tmp_path)
+    assert jobs
+    files = Planned(jobs, tmp_path)
+    for job in jobs:
+        if job.program == "commbench.profile":  # what the job will write, for the replay's
+            shutil.copy(ROOT / "profiles/h200-resnet18-b64.json", files.output(job))
+        out = str(tmp_path / "r.jsonl")
+        parsed = PARSE[job.program]([*job.point()["args"], "--output", out])
+        want = dataclasses.replace(job.config, output=out)
+        if job.program == "commbench.allreduce":
+            allreduce.resolve_defaults(want)
+        assert parsed == want, job.name
+        assert job.config.output is None  # the sweep names every job's file
+
+
+@pytest.mark.parametrize("module,argv", ALL, ids=lambda x: getattr(x, "__name__", ""))
+def test_dry_run_prints_each_jobs_command(module, argv, tmp_path, capsys):
+    jobs = planned(module, argv, tmp_path)
+    printed = dry_run(module, argv, tmp_path, capsys)
+    assert [c.split(": ")[0] for c, _ in printed] == [f"# {j.name}" for j in jobs]
+    files = set()
+    for job, (_, cmd) in zip(jobs, printed):
+        args = tool_args(cmd, job.program)
+        assert args[:-2] == job.point()["args"]
+        assert args[-2] == "--output" and args[-1].startswith(str(tmp_path))
+        files.add(args[-1])
+        launcher = "horovodrun" if job.launcher == "horovodrun" else "mpirun"
+        assert any(w.endswith(launcher) for w in cmd), cmd
+        assert cmd[cmd.index("-np") + 1] == str(job.ranks)
+    assert len(files) == len(jobs)  # a file each
+    assert not any(tmp_path.iterdir())  # nothing made, nothing run
+
+
+def test_horovod_presence_runs_each_mode_on_each_layout(tmp_path, capsys):
+    printed = dry_run(horovod_presence, ["--layouts", "2x1,2x4", "--cycle-ms", "1,50"],
+                      tmp_path, capsys)
+    assert len(printed) == 2 * 3
+    modes = []
+    for _, cmd in printed:
+        args = tool_args(cmd, "commbench.microbench")
+        assert args[args.index("--backend") + 1] == "mpi" and "--sync-each" in args
+        assert args[args.index("--algo") + 1] == "native,ring,hier"
+        modes.append(args[args.index("--horovod-cycle-ms") + 1]
+                     if "--horovod-cycle-ms" in args else None)
+    assert modes == [None, "1", "50"] * 2
+    assert [cmd[cmd.index("-np") + 1] for _, cmd in printed] == ["2"] * 3 + ["8"] * 3
+
+
+def test_peer_fairness_runs_each_launcher_as_its_own_sweep(tmp_path):
+    jobs = planned(peer_fairness, [], tmp_path)
+    assert [j.launcher for j in jobs] == ["horovodrun"] + ["mpirun"] * 4
+    plan = Planned(jobs, tmp_path)
+    assert [s.launcher for s in plan.sweeps] == ["horovodrun", "mpirun"]
+    assert {plan.output(j).parent for j in jobs} == {tmp_path / "horovodrun",
+                                                      tmp_path / "mpirun"}
+    slow = jobs[-1].config
+    assert slow.slow_rank == (1, 2.0) and slow.strategies == ["flat", "bucketed"]
+    assert [j.config.sync.bucket_mb for j in jobs[2:4]] == [10.0, 50.0]
+
+
+def test_replay_fidelity_replays_the_file_its_profile_job_writes(tmp_path):
+    jobs = planned(replay_fidelity, ["--models", "resnet18", "--repeats", "1"], tmp_path)
+    prof, real, replay = jobs
+    assert prof.program == "commbench.profile" and real.config.workload == "real"
+    plan = Planned(jobs, tmp_path)
+    assert replay.config.compute_profile == str(plan.output(prof)) \
+        == str(output_of(prof, tmp_path))
+    assert {(j.nodes, j.slots, j.rate) for j in jobs} == {(1, 1, "none")}
+
+
+def test_jobs_on_uneven_layouts_and_repeated_names(tmp_path):
+    job = ToolJob("uneven", MicroConfig(), 2, (3, 1), "1gbit")
+    assert job.ranks == 4 and job.point()["slots"] == [3, 1]
+    assert Planned([job], tmp_path).sweeps[0].points()[0]["slots"] == [3, 1]
+    with pytest.raises(ValueError, match="repeat"):
+        Planned([job, job], tmp_path)
+
+
+@pytest.mark.parametrize("nodes,slots", [(2, 1), (2, 4), (4, 2)])
+def test_hier_bound_takes_the_cost_models_link_bytes(nodes, slots):
+    case = hier_bound.Case(nodes, slots, "1gbit", 64 << 20)
+    p, size = nodes * slots, case.size
+    for algo in hier_bound.ALGOS:
+        assert hier_bound.case_link_bytes(algo, case) == costmodel.link_bytes(
+            algo, size, p, nodes, slots)
+    assert hier_bound.case_link_bytes("ring", case) == ring_bytes(size, p)
+    assert hier_bound.case_link_bytes("hier", case) == ring_bytes(size, nodes)
+    assert hier_bound.case_link_bytes("native", case) == min(
+        costmodel.link_bytes(a, size, p, nodes, slots) for a in costmodel.FLAT_ALGOS)
+
+
+def test_hier_bound_cases_take_the_tools_sizes():
+    assert hier_bound.parse_case("2x4@200mbit@16M") == hier_bound.Case(2, 4, "200mbit",
+                                                                      16 << 20)
+    for bad in ("2x4@16M", "2x4@1gbit@16X"):
+        with pytest.raises(Exception, match="16"):
+            hier_bound.parse_case(bad)
+
+
+def test_records_read_through_the_results_reader(tmp_path):
+    path = tmp_path / "r.jsonl"
+    assert cluster_jobs.records(path, "summary") == []  # a failed job wrote nothing
+    good = [{"kind": "summary", "x": 1}, {"kind": "step", "x": 2}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in good) + '{"kind": "summ')
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert cluster_jobs.records(path, "summary") == good[:1]  # truncated last line
+    assert any("truncated last line" in str(w.message) for w in seen)
+    path.write_text('{"kind": "summary"}\nnot json\n{"kind": "summary"}\n')
+    with pytest.raises(ValueError, match=r"r\.jsonl:2: not a JSON record"):
+        cluster_jobs.records(path, "summary")
+
+
+def test_execute_runs_one_sweep_per_launcher_between_load_readings(tmp_path, monkeypatch,
+                                                                   capsys):
+    ran = []
+    monkeypatch.setattr(cluster_jobs, "check_machine", lambda: None)
+    monkeypatch.setattr(cluster_jobs.sweeps, "run_sweep",
+                        lambda s: ran.append(s) or {"done": 1, "failed": len(ran) - 1,
+                                                    "skipped": 0})
+    monkeypatch.setattr(cluster_jobs.signal, "signal", lambda *a: None)
+    jobs = planned(peer_fairness, [], tmp_path)
+    done = cluster_jobs.execute(jobs, tmp_path, dry_run=False)
+    assert [s.launcher for s in ran] == ["horovodrun", "mpirun"] and done.failed == 1
+    out = capsys.readouterr()
+    assert "# before starting:" in out.out and "# after the jobs:" in out.out
+    assert f"{tmp_path / 'mpirun'}/*.failed.json" in out.err

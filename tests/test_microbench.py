@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from commbench.comm.algos import ALGOS
+from commbench.flags import ConfigError
 from commbench.metrics import busbw
 from commbench.microbench import (
     DTYPES,
@@ -68,6 +69,21 @@ def test_defaults_and_lists():
     assert (cfg.dtypes, cfg.algos, cfg.iters, cfg.warmup_iters) == (
         ["float16", "bfloat16"], ["ring"], 3, 0)
     assert parse_config(["-d", "all"]).dtypes == list(DTYPES)
+
+
+@pytest.mark.parametrize("argv,env,match", [
+    (["--backend", "horovod"], {}, "this job runs on the horovod backend"),
+    ([], {"HOROVOD_RANK": "0"}, "this job runs on the horovod backend"),  # under horovodrun
+    (["--horovod-cycle-ms", "0"], {}, "--horovod-cycle-ms: must be a finite number > 0"),
+])
+def test_horovod_cycle_ms_is_refused_where_it_cannot_apply(argv, env, match, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError, match=match):
+        parse_config(["--horovod-cycle-ms", "5", *argv])
+    assert parse_config(["--horovod-cycle-ms", "2.5", "--backend", "mpi"]).horovod_cycle_ms \
+        == 2.5
+    assert parse_config([]).horovod_cycle_ms is None
 
 
 # -- validation values -----------------------------------------------------------
@@ -162,6 +178,25 @@ def test_mpi_algorithm_forces_open_mpis_own_and_says_so(tmp_path):
     forced = {r["algo"]: r.get("native_algorithm") for r in recs}
     assert forced == {"native": "rd", "ring": None}  # the project's ring is its own
     assert force_mpi_algorithm(MicroConfig(), env := {}) is None and env == {}
+
+
+@pytest.mark.mpi
+def test_horovod_cycle_ms_times_mpi_with_horovod_initialised(tmp_path):
+    """Plain mpirun, the mpi backend, Horovod initialised beside it (its thread coordinating
+    over MPI every 5 ms, nothing queued to it): every algorithm validates, rows say so, and
+    the job ends cleanly (Horovod shut down before the communicator closes)."""
+    out = tmp_path / "r.jsonl"
+    res = launch("mpirun", 2, [*MB, "-b", "64K", "-e", "256K", "-f", "4", "-d", "float32,float16",
+                               "--algo", "native,ring,hier", "-n", "2", "-w", "1", "--sync-each",
+                               "--horovod-cycle-ms", "5", "--output", str(out)], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Horovod initialised beside (cycle 5 ms)" in res.stdout
+    recs = read_jsonl(out)
+    assert len(recs) == 2 * 2 * 3
+    for r in recs:
+        assert r["backend"] == "mpi" and r["world_size"] == 2 and r["wrong"] == 0
+        assert r["horovod_cycle_ms"] == 5.0 and r["horovod_controller"] == "mpi"
+        assert r["config"]["horovod_cycle_ms"] == 5.0 and r["sync_each"]
 
 
 @pytest.mark.horovod
