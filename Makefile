@@ -3,7 +3,7 @@ NP ?= 8
 VENV ?= .venv
 ARGS ?=
 
-.PHONY: setup run test lint clean docker-image
+.PHONY: setup run test check lint clean docker-image
 
 setup:
 	./scripts/setup.sh
@@ -14,6 +14,11 @@ run: setup
 test:
 	./scripts/setup.sh --with-test-deps
 	$(VENV)/bin/python -m pytest -q --durations=30
+
+# the edit loop (~3 min here): every test that starts no process, plus one job per launcher
+# and every tool's bad input (tests/tiers.py); make test runs everything
+check: setup
+	$(VENV)/bin/python -m pytest -q -m "not job or check" --durations=10
 
 docker-image: setup
 	docker/build.sh --local-base
