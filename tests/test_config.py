@@ -69,3 +69,12 @@ def test_transformer_models_for_both_workloads():
     assert cfg.image_size is None and "token sequences" in cfg.label()
     with pytest.raises(ConfigError, match="--dataset digits.*token ids"):
         parse_config(["--workload", "real", "--model", "gpt-tiny", "--dataset", "digits"])
+
+
+def test_the_real_workload_is_called_real_and_resnet_still_works():
+    """``--workload real`` runs any model for real; ``resnet``, its former name, is read as
+    ``real`` (records say ``real`` since schema 3; the analysis reads both)."""
+    assert parse_config(["--workload", "real"]).workload == "real"
+    assert parse_config(["--workload", "resnet", "--model", "smallcnn"]).workload == "real"
+    with pytest.raises(ConfigError, match="--workload.*synthetic, real"):
+        parse_config(["--workload", "bert"])
