@@ -24,7 +24,8 @@ from itertools import product
 import numpy as np
 
 from analysis import match, overlap
-from analysis.costmodel import ModelResult, Scenario, error_by_algorithm, predict, sync_share
+from analysis.alphabeta import Scenario, predict, sync_share
+from analysis.costmodel import ModelResult, error_by_algorithm
 from analysis.load import get, knob, num, stat
 from commbench import metrics
 

@@ -1,6 +1,6 @@
 """Bucketed overlap in the cost model: buckets reduced while backward still runs.
 
-The no-overlap model (``analysis.costmodel.sync_share``) prices a step as compute
+The no-overlap model (``analysis.alphabeta.sync_share``) prices a step as compute
 plus one all-reduce of the whole gradient after backward. The bucketed
 strategy (``commbench/strategies/bucketed.py``, DESIGN.md §5) instead starts
 each bucket as soon as its last gradient is ready. Here that schedule is
@@ -17,7 +17,7 @@ replayed on a compute profile (``commbench.profile``; ``profiles/*.json``):
 3. The link serves buckets one at a time, in order (the transfer engine's
    single thread; every rank issues in the same order):
    ``start_k = max(r_k, end_{k-1})``, ``end_k = start_k + T(bytes_k)``, with
-   ``T`` the fitted alpha-beta-gamma all-reduce time (``analysis.costmodel.predict``).
+   ``T`` the fitted alpha-beta-gamma all-reduce time (``analysis.alphabeta.predict``).
 4. Backward ends at ``B = max_k r_k``. Exposed sync ``= max(0, end_last - B)``;
    step ``= forward + B + optimizer + exposed``; compute ``= forward + B +
    optimizer``. With no overlap (flat, hierarchical) exposed sync is
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.costmodel import H200_NODE, ModelError, Node, Params, Scenario, a100_scenario, predict
+from analysis.alphabeta import H200_NODE, ModelError, Node, Params, Scenario, a100_scenario, predict
 from analysis.load import get, knob, num, stat
 from analysis.match import PROFILES, profile_file
 from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, MB
@@ -177,7 +177,7 @@ def flat_step(prof: Profile, allreduce) -> Step:
 
 @dataclass(kw_only=True)
 class Device(Node):
-    """The device scenario: a compute profile on a node (``analysis.costmodel.Node``)."""
+    """The device scenario: a compute profile on a node (``analysis.alphabeta.Node``)."""
 
     profile: Profile
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from analysis import costmodel as cost
 from analysis import overlap
+from analysis.alphabeta import ModelError, a100_scenario
 from analysis.claims import check_all
 from analysis.cli import entry, output_dir, parser, warn
 from analysis.costmodel import add_native_is, parse_native_is
@@ -167,11 +168,11 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         dev = overlap.h200()
     except overlap.ModelError:
         dev = None
-    sc = overlap.model_scenario(dev) if dev is not None else cost.a100_scenario()
+    sc = overlap.model_scenario(dev) if dev is not None else a100_scenario()
     res = None
     try:
         res = cost.analyse(records, native_is, scenario=sc)
-    except cost.ModelError as e:
+    except ModelError as e:
         lines += [f"Not fitted: {e}. The predictions below use the stated device scenario "
                   "only.", ""]
     if res is not None:

@@ -14,10 +14,10 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from analysis import costmodel, load
-from tests.conftest import PY, launch
+from analysis import alphabeta, costmodel, load
+from tests.conftest import run_tool
 
-P = costmodel.Params(alpha_intra=5e-6, beta_intra=2e-10, alpha_inter=40e-6, beta_inter=8e-9,
+P = alphabeta.Params(alpha_intra=5e-6, beta_intra=2e-10, alpha_inter=40e-6, beta_inter=8e-9,
                  gamma=1e-10, gamma_folded=False)
 
 
@@ -28,12 +28,12 @@ def test_single_level_formulas_are_thakur_rabenseifner_gropp():
     rd = math.log2(p) * (P.alpha_intra + n * P.beta_intra + n * P.gamma)
     rab = 2 * math.log2(p) * P.alpha_intra + 2 * (p - 1) / p * n * P.beta_intra \
         + (p - 1) / p * n * P.gamma
-    assert costmodel.predict("ring", n, p, P) == pytest.approx(ring)
-    assert costmodel.predict("rd", n, p, P) == pytest.approx(rd)
-    assert costmodel.predict("rabenseifner", n, p, P) == pytest.approx(rab)
-    assert costmodel.predict("native", n, p, P) == pytest.approx(min(ring, rd, rab))
+    assert alphabeta.predict("ring", n, p, P) == pytest.approx(ring)
+    assert alphabeta.predict("rd", n, p, P) == pytest.approx(rd)
+    assert alphabeta.predict("rabenseifner", n, p, P) == pytest.approx(rab)
+    assert alphabeta.predict("native", n, p, P) == pytest.approx(min(ring, rd, rab))
     # one node: the hierarchy is its intra-node reduce-scatter + all-gather, i.e. a ring
-    assert costmodel.predict("hier", n, p, P) == pytest.approx(ring)
+    assert alphabeta.predict("hier", n, p, P) == pytest.approx(ring)
 
 
 def test_two_level_compositions():
@@ -42,25 +42,25 @@ def test_two_level_compositions():
     intra = 2 * (local - 1) * P.alpha_intra + 2 * (local - 1) / local * n * P.beta_intra
     cross = 2 * (nodes - 1) * P.alpha_inter + 2 * (nodes - 1) / nodes * n * P.beta_inter
     red = (local - 1) / local * n * P.gamma + (nodes - 1) / nodes * n / local * P.gamma
-    assert costmodel.predict("hier", n, p, P, nodes, local) == pytest.approx(intra + cross + red)
-    flat = costmodel.predict("ring", n, p, P, nodes, local)
+    assert alphabeta.predict("hier", n, p, P, nodes, local) == pytest.approx(intra + cross + red)
+    flat = alphabeta.predict("ring", n, p, P, nodes, local)
     assert flat == pytest.approx(2 * (p - 1) * (P.alpha_inter + n / p * P.beta_inter)
                                  + (p - 1) / p * n * P.gamma)
     # the node's link carries 2(N-1)/N n under the hierarchy, 2(p-1)/p n under a flat ring
-    assert costmodel.predict("hier", n, p, P, nodes, local) < flat
-    leader = costmodel.predict("hier-leader", n, p, P, nodes, local)
+    assert alphabeta.predict("hier", n, p, P, nodes, local) < flat
+    leader = alphabeta.predict("hier-leader", n, p, P, nodes, local)
     # leaders' ring plus node parts
-    assert leader > costmodel.predict("ring", n, nodes, P, nodes, 1)
+    assert leader > alphabeta.predict("ring", n, nodes, P, nodes, 1)
 
 
-def _synthetic(params: costmodel.Params, algos, sizes, ranks, nodes=1, local=None, noise=0.03,
+def _synthetic(params: alphabeta.Params, algos, sizes, ranks, nodes=1, local=None, noise=0.03,
                seed=0) -> list[costmodel.Point]:
     rng = np.random.default_rng(seed)
     pts = []
     for algo in algos:
         for p in ranks:
             for n in sizes:
-                t = costmodel.predict(algo, n, p, params, nodes, local)
+                t = alphabeta.predict(algo, n, p, params, nodes, local)
                 t *= 1 + noise * rng.uniform(-1, 1)
                 pts.append(costmodel.Point(algo, algo, n, p, nodes, local or p, t))
     return pts
@@ -70,7 +70,7 @@ SIZES = [2.0 ** k for k in range(3, 25)]
 
 
 def test_fit_recovers_alpha_beta_from_model_generated_times():
-    truth = costmodel.Params(alpha_intra=7e-6, beta_intra=3e-10, gamma=0.0)
+    truth = alphabeta.Params(alpha_intra=7e-6, beta_intra=3e-10, gamma=0.0)
     pts = _synthetic(truth, ["ring"], SIZES, [2, 4, 8])
     fit_pts, held = costmodel.split_fit(pts, ["ring"])
     got = costmodel.fit(fit_pts)
@@ -90,10 +90,10 @@ def test_fit_separates_gamma_and_the_inter_node_level():
 
 
 def test_extrapolated_sync_share_grows_with_ranks_and_falls_with_link_speed():
-    sc = costmodel.a100_scenario()
-    s = [costmodel.sync_share("ring", p, 100, sc)[1] for p in costmodel.EXTRAP_RANKS]
+    sc = alphabeta.a100_scenario()
+    s = [alphabeta.sync_share("ring", p, 100, sc)[1] for p in costmodel.EXTRAP_RANKS]
     assert s == sorted(s)
-    share = costmodel.sync_share
+    share = alphabeta.sync_share
     assert share("ring", 256, 400, sc)[1] < share("ring", 256, 25, sc)[1]
     assert share("hier", 256, 100, sc)[1] < share("ring", 256, 100, sc)[1]
     fig = costmodel.extrapolation_figure(sc)
@@ -114,11 +114,9 @@ MAX_REPEATS = 6
 @pytest.mark.mpi
 def test_ring_prediction_matches_a_measured_ring_on_this_host(tmp_path):
     for i in range(MAX_REPEATS):
-        out = tmp_path / f"ring{i}.jsonl"
-        res = launch("mpirun", 2, [PY, "-m", "commbench.microbench", "--algo", "ring", "-b", "1K",
-                                   "-e", "4M", "-f", "2", "-n", "5", "-w", "1", "--quiet",
-                                   "--output", str(out)])
-        assert res.returncode == 0, res.stdout + res.stderr
+        run_tool("mpirun", 2, "commbench.microbench", [
+            "--algo", "ring", "-b", "1K", "-e", "4M", "-f", "2", "-n", "5", "-w", "1",
+            "--quiet"], tmp_path / f"ring{i}.jsonl")
         result = costmodel.analyse(load.load([tmp_path]).records)
         (ring,) = [e for e in result.errors if e.algo == "ring"]
         if i >= 1 and ring.median_abs_err <= RING_TOLERANCE:
@@ -129,13 +127,13 @@ def test_ring_prediction_matches_a_measured_ring_on_this_host(tmp_path):
     assert ring.median_abs_err <= RING_TOLERANCE, "\n".join(costmodel.report_lines(result))
 
 
-def _microbench_file(path, params: costmodel.Params, ranks: int = 4) -> None:
+def _microbench_file(path, params: alphabeta.Params, ranks: int = 4) -> None:
     """Ring microbenchmark records of one host, timed by the model itself."""
     import json
 
     lines = [json.dumps({"schema": 2, "kind": "microbench", "algo": "ring", "size": n,
                          "world_size": ranks, "nodes": 1, "local_size": ranks,
-                         "time_us": {"avg": costmodel.predict("ring", n, ranks, params) * 1e6}})
+                         "time_us": {"avg": alphabeta.predict("ring", n, ranks, params) * 1e6}})
              for n in SIZES]
     path.write_text("\n".join(lines) + "\n")
 
@@ -153,8 +151,8 @@ def test_cli_extrapolates_on_the_reports_device_scenario_unless_told(tmp_path, c
                        "a100", "--compute-ms", "50"]) == 0
     a100 = json.loads((tmp_path / "a" / "fit.json").read_text())["scenario"]
     assert a100["compute_s"] == pytest.approx(0.05)
-    assert a100["beta_intra"] == costmodel.A100_NODE["beta_intra"] != h200.beta_intra
-    assert a100["grad_bytes"] == costmodel.RESNET50_GRAD_BYTES
+    assert a100["beta_intra"] == alphabeta.A100_NODE["beta_intra"] != h200.beta_intra
+    assert a100["grad_bytes"] == alphabeta.RESNET50_GRAD_BYTES
 
 
 def test_cli_refuses_a_non_positive_scenario_value(tmp_path, capsys):
@@ -168,7 +166,7 @@ def test_scenario_and_device_share_one_node():
 
     dev = overlap.h200()
     sc = overlap.model_scenario(dev)
-    assert isinstance(dev, costmodel.Node) and isinstance(sc, costmodel.Node)
+    assert isinstance(dev, alphabeta.Node) and isinstance(sc, alphabeta.Node)
     assert sc.node() == dev.node() and sc.params(100) == dev.params(100)
 
 
@@ -179,12 +177,12 @@ def test_rabenseifner_crosses_nodes_only_in_its_last_steps():
     again in the all-gather), against a ring's 2(p-1)/p n."""
     n, nodes, local = 1e8, 2, 4
     p = nodes * local
-    rab = costmodel.flat_coef("rabenseifner", n, p, nodes, local)
-    ring = costmodel.flat_coef("ring", n, p, nodes, local)
-    assert rab[costmodel.BE] == pytest.approx(n)
-    assert rab[costmodel.AE] == 2  # one crossing step, and its all-gather mirror
-    assert rab[costmodel.BI] == pytest.approx(2 * (n / 2 + n / 4))  # the two steps inside
-    assert ring[costmodel.BE] == pytest.approx(2 * (p - 1) / p * n)
+    rab = alphabeta.flat_coef("rabenseifner", n, p, nodes, local)
+    ring = alphabeta.flat_coef("ring", n, p, nodes, local)
+    assert rab[alphabeta.BE] == pytest.approx(n)
+    assert rab[alphabeta.AE] == 2  # one crossing step, and its all-gather mirror
+    assert rab[alphabeta.BI] == pytest.approx(2 * (n / 2 + n / 4))  # the two steps inside
+    assert ring[alphabeta.BE] == pytest.approx(2 * (p - 1) / p * n)
     # one rank per node: every step crosses, as on one host every step stays inside
-    one = costmodel.flat_coef("rabenseifner", n, 4, 4, 1)
-    assert one[costmodel.BE] == pytest.approx(2 * (n / 2 + n / 4)) and one[costmodel.BI] == 0
+    one = alphabeta.flat_coef("rabenseifner", n, 4, 4, 1)
+    assert one[alphabeta.BE] == pytest.approx(2 * (n / 2 + n / 4)) and one[alphabeta.BI] == 0

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from analysis import costmodel
+from analysis import alphabeta, costmodel
 from benchmarks import (
     async_speedup,
     cluster_jobs,
@@ -153,7 +153,7 @@ def test_hier_bound_takes_the_cost_models_link_bytes(nodes, slots):
     assert hier_bound.case_link_bytes("ring", case) == ring_bytes(size, p)
     assert hier_bound.case_link_bytes("hier", case) == ring_bytes(size, nodes)
     assert hier_bound.case_link_bytes("native", case) == min(
-        costmodel.link_bytes(a, size, p, nodes, slots) for a in costmodel.FLAT_ALGOS)
+        costmodel.link_bytes(a, size, p, nodes, slots) for a in alphabeta.FLAT_ALGOS)
 
 
 def test_hier_bound_cases_take_the_tools_sizes():

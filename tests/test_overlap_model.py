@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from analysis import costmodel, overlap, report
-from analysis.costmodel import Params, predict
+from analysis.alphabeta import Params, predict
 
 MIB = 2**20
 
