@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +58,35 @@ def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
     assert ok_line in res.stdout, res.stdout
 
 
+@dataclass(frozen=True)
+class ToolRun:
+    """One run of a tool (``run_tool``): its exit status, what it printed, and the records
+    it wrote (``read_jsonl``: without the ``job_end`` record; empty where it wrote no file)."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    records: list[dict]
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr: where to look for a message, what to show on failure."""
+        return self.stdout + self.stderr
+
+
 def run_tool(launcher: str, np: int, module: str, args: list[str], out: Path, *,
-             timeout: float = JOB_TIMEOUT, env: dict[str, str] | None = None,
-             **fakes: Any) -> list[dict]:
+             expect_rc: int | None = 0, timeout: float = JOB_TIMEOUT,
+             env: dict[str, str] | None = None, **fakes: Any) -> ToolRun:
     """Run the tool ``python -m <module> <args> --output <out>`` with ``np`` ranks under
-    ``launcher`` (with ``fakes``, as ``launch``); require exit status 0; return the records
-    it wrote (``read_jsonl``: without the ``job_end`` record)."""
+    ``launcher`` (with ``fakes``, as ``launch``); require exit status ``expect_rc`` (None:
+    any); return its ``ToolRun``."""
     res = launch(launcher, np, [PY, "-m", module, *args, "--output", str(out)], timeout=timeout,
                  env=env, **fakes)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return read_jsonl(out)
+    if expect_rc is not None:
+        assert res.returncode == expect_rc, \
+            f"exit status {res.returncode}, expected {expect_rc}\n{res.stdout}{res.stderr}"
+    return ToolRun(res.returncode, res.stdout, res.stderr,
+                   read_jsonl(out) if out.exists() else [])
 
 
 def of_kind(records: list[dict], kind: str) -> list[dict]:

@@ -15,9 +15,17 @@ the module as ``python -m`` would (or the script as ``python`` would), with
   ``commbench.comm.base.hostname``), so two-level schemes can be tested on
   uneven layouts on one machine. Only the project's topology sees it; the MPI
   library still sees the real host.
-- ``--corrupt-rank R``: on rank R every all-reduce of the algorithm registry
-  (``commbench.comm.algos.ALGOS``) comes out with its first element off
-  by one, so the tests can show that validation (``#wrong``) catches it.
+- ``--corrupt-rank R``: rank R's contribution to every all-reduce it takes
+  part in is off by one in its first element, so the tests can show that
+  validation (``#wrong``) catches it, whatever runs the all-reduce: the
+  algorithm registry (``commbench.comm.algos.ALGOS``), the communicators'
+  own ``allreduce``/``iallreduce`` (the transfer engine's ``thread`` path,
+  bucketed's ``poll`` path, Horovod's handoff), the engine's ``ring`` path,
+  and the peers' all-reduces, which are not the project's communicator:
+  ``torch.distributed.all_reduce`` as DDP's comm hook calls it, and the
+  ``allreduce_async_`` that Horovod's ``DistributedOptimizer`` calls for each
+  gradient. An all-reduce made inside another (``native`` calls
+  ``comm.allreduce``) is corrupted once, by the outer one.
 - ``--fault KIND:RANK:STEP``: rank RANK misbehaves at step STEP (0 = the first
   warm-up step), in a step hook of ``commbench.steploop.STEP_HOOKS``, after the
   pre-step barrier, where compute would run: ``kill`` (SIGKILL: a crashed
@@ -41,8 +49,9 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,19 +112,69 @@ def fake_nodes(spec: str) -> None:
     base.hostname = lambda: names[rank]
 
 
+#: how deep this thread is in corrupted all-reduces (an inner one is left alone)
+_inside = threading.local()
+
+
+def _contributes_wrong(allreduce: Callable[..., Any], at: int) -> Callable[..., Any]:
+    """``allreduce``, whose positional argument ``at`` is the tensor it sums in place, with
+    this rank's contribution off by one in its first element (unless it is called inside
+    another such all-reduce, which has already made it wrong)."""
+
+    @functools.wraps(allreduce)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_inside, "depth", 0)
+        tensor = args[at]
+        if depth == 0 and tensor.numel():
+            tensor.view(-1)[0] += 1
+        _inside.depth = depth + 1
+        try:
+            return allreduce(*args, **kwargs)
+        finally:
+            _inside.depth = depth
+
+    return run
+
+
+def _corrupt_horovod_optimizer() -> None:
+    """Horovod's ``DistributedOptimizer`` all-reduces each gradient (in its hooks and in
+    ``synchronize``) with the ``allreduce_async_`` its module imported; wrap that once
+    the horovod peer is built (its communicator has imported horovod.torch by then)."""
+    from commbench.strategies.peers import HorovodStrategy
+
+    build = HorovodStrategy.__init__
+
+    @functools.wraps(build)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        from horovod.torch import optimizer
+
+        if not hasattr(optimizer.allreduce_async_, "__wrapped__"):  # once, for all runs
+            optimizer.allreduce_async_ = _contributes_wrong(optimizer.allreduce_async_, at=0)
+        build(self, *args, **kwargs)
+
+    HorovodStrategy.__init__ = init
+
+
 def corrupt_rank(bad_rank: int) -> None:
+    """On rank ``bad_rank``, wrap every all-reduce entry point this module's docstring
+    lists so that the rank's contribution is off by one; other ranks wrap nothing."""
+    if _rank() != bad_rank:
+        return
+    import torch.distributed as dist
+
+    from commbench.comm import engine
     from commbench.comm.algos import ALGOS
+    from commbench.comm.horovod import HorovodCommunicator
+    from commbench.comm.mpi import MpiCommunicator
 
-    def corrupted(algo: Any) -> Any:
-        @functools.wraps(algo)
-        def run(comm: Any, tensor: Any, on_phase: Any = None) -> None:
-            algo(comm, tensor, on_phase=on_phase)
-            if comm.rank == bad_rank and tensor.numel():
-                tensor.view(-1)[0] += 1
-        return run
-
-    for name, algo in list(ALGOS.items()):
-        ALGOS[name] = corrupted(algo)
+    for name, algo in list(ALGOS.items()):  # (comm, tensor, on_phase=None)
+        ALGOS[name] = _contributes_wrong(algo, at=1)
+    engine.ring_allreduce = _contributes_wrong(engine.ring_allreduce, at=1)  # --transfer ring
+    for cls in (MpiCommunicator, HorovodCommunicator):  # their dups and MPI twins are too
+        cls.allreduce = _contributes_wrong(cls.allreduce, at=1)
+        cls.iallreduce = _contributes_wrong(cls.iallreduce, at=1)
+    dist.all_reduce = _contributes_wrong(dist.all_reduce, at=0)  # the ddp peer's buckets
+    _corrupt_horovod_optimizer()
 
 
 def inject_fault(fault: Fault, stamp: str | None) -> None:
@@ -153,7 +212,8 @@ def _parser() -> argparse.ArgumentParser:
         usage="%(prog)s [FAKES] (-m MODULE | SCRIPT) [ARGS ...]",
         description="Run a commbench tool or a check script with test fakes installed.")
     p.add_argument("--nodes", help="node name of every rank, comma-separated")
-    p.add_argument("--corrupt-rank", type=int, help="rank whose all-reduces come out wrong")
+    p.add_argument("--corrupt-rank", type=int,
+                   help="rank whose contribution to every all-reduce is off by one")
     p.add_argument("--fault", help="KIND:RANK:STEP, KIND one of " + ", ".join(KINDS))
     p.add_argument("--fault-stamp", help="file the faulty rank writes the time to")
     p.add_argument("--extra-args", help="RANK:ARGS appended to that rank's command line")

@@ -38,7 +38,7 @@ def results(tmp_path_factory) -> Path:
         (2, "commbench.microbench", ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1",
                                      "--quiet"], "microbench-np2"),
     ]:
-        assert run_tool("mpirun", np_, module, args, d / f"{name}.jsonl")
+        assert run_tool("mpirun", np_, module, args, d / f"{name}.jsonl").records
     return d
 
 

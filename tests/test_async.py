@@ -9,7 +9,7 @@ import torch
 
 from commbench.models import build_model, parameter_shapes
 from commbench.staleness import StudyConfig, runs_of, time_to_accuracy
-from tests.conftest import PY, launch, of_kind, read_jsonl, run_check, run_tool, summaries
+from tests.conftest import of_kind, run_check, run_tool, summaries
 
 DIGITS = ["--workload", "real", "--model", "smallcnn", "--dataset", "digits",
           "--image-size", "32", "--batch-size", "32"]
@@ -17,7 +17,7 @@ DIGITS = ["--workload", "real", "--model", "smallcnn", "--dataset", "digits",
 
 def _job(np_, tmp_path, extra, launcher="mpirun", tool="commbench.allreduce"):
     """(summaries by strategy, step records, update records) of one job."""
-    recs = run_tool(launcher, np_, tool, extra, tmp_path / "r.jsonl")
+    recs = run_tool(launcher, np_, tool, extra, tmp_path / "r.jsonl").records
     return summaries(recs), of_kind(recs, "step"), of_kind(recs, "update")
 
 
@@ -139,21 +139,19 @@ def test_ps_runs_on_horovods_mpi_controller_and_is_refused_on_gloo(tmp_path):
     assert s["backend"] == "horovod" and s["versions"]["horovod_controller"] == "mpi"
     assert len(updates) == 3 * 2 == s["updates"] and len(steps_recs) == 3
     out = tmp_path / "gloo.jsonl"
-    res = launch("horovodrun-gloo", 2, [PY, "-m", "commbench.ps", *args, "--output", str(out)])
-    assert res.returncode != 0, res.stdout + res.stderr  # horovodrun turns 2 into 1
-    assert "needs point-to-point messages" in res.stdout + res.stderr
+    run = run_tool("horovodrun-gloo", 2, "commbench.ps", args, out, expect_rc=None)
+    assert run.rc != 0, run.output  # horovodrun turns 2 into 1
+    assert "needs point-to-point messages" in run.output
     assert not out.exists()
 
 
 @pytest.mark.mpi
 def test_staleness_study_writes_curves_and_summaries(tmp_path):
-    out = tmp_path / "s.jsonl"
-    res = launch("mpirun", 3, [PY, "-m", "commbench.staleness", "--steps", "16",
-                               "--eval-every", "4", "--staleness", "0,2",
-                               "--mitigations", "none,warmup", "--staleness-warmup", "4",
-                               "--target-accuracy", "0.5", "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    recs = read_jsonl(out)
+    run = run_tool("mpirun", 3, "commbench.staleness", [
+        "--steps", "16", "--eval-every", "4", "--staleness", "0,2",
+        "--mitigations", "none,warmup", "--staleness-warmup", "4",
+        "--target-accuracy", "0.5"], tmp_path / "s.jsonl")
+    recs = run.records
     summ = {(r["strategy"], r["staleness_config"], r["mitigation"]): r
             for r in recs if r["kind"] == "staleness_summary"}
     assert set(summ) == {("async", 0, "none"), ("async", 2, "none"), ("async", 2, "warmup"),
@@ -169,4 +167,4 @@ def test_staleness_study_writes_curves_and_summaries(tmp_path):
     assert all(b["wall_s"] > a["wall_s"] for a, b in zip(curve, curve[1:]))
     ps = [r for r in recs if r["kind"] == "train_step" and r["strategy"] == "ps"]
     assert len(ps) == summ[("ps", None, "none")]["updates"] == 2 * 24  # ceil(16*3/2) each
-    assert "ps" in res.stdout and "to target" in res.stdout
+    assert "ps" in run.stdout and "to target" in run.stdout

@@ -180,7 +180,7 @@ def test_bucketed_equals_flat_horovod():
 
 def _job(launcher, np_, tmp_path, extra):
     """(summaries by strategy, step records) of one ``commbench.allreduce`` job."""
-    recs = run_tool(launcher, np_, "commbench.allreduce", extra, tmp_path / "r.jsonl")
+    recs = run_tool(launcher, np_, "commbench.allreduce", extra, tmp_path / "r.jsonl").records
     return summaries(recs), of_kind(recs, "step")
 
 

@@ -19,7 +19,7 @@ from commbench.timing import StepTimer
 from commbench.workloads import RealWorkload, make_workload
 from commbench.workloads.objective import first_tensor, loss_rule
 from tests import models_for_tests as m
-from tests.conftest import PY, launch, read_jsonl
+from tests.conftest import ToolRun, of_kind, run_tool
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -132,14 +132,9 @@ def test_profile_of_a_user_model_replays_and_refuses_another(tmp_path: Path):
                          str(tmp_path / "x.json")]) == 2
 
 
-def _summaries(path: Path) -> list[dict]:
-    return [r for r in read_jsonl(path) if r["kind"] == "summary"]
-
-
-def _check_runs(res, out: Path, strategies: list[str], synced: list[str],
+def _check_runs(run: ToolRun, strategies: list[str], synced: list[str],
                 unused: list[str]) -> list[dict]:
-    assert res.returncode == 0, res.stdout + res.stderr
-    sums = _summaries(out)
+    sums = of_kind(run.records, "summary")
     assert [s["strategy"] for s in sums] == strategies
     for s in sums:
         assert s["wrong"] == 0 and s["elements_checked"] > 0, s["strategy"]
@@ -151,15 +146,13 @@ def _check_runs(res, out: Path, strategies: list[str], synced: list[str],
 def test_tied_frozen_unused_under_mpirun(tmp_path: Path, workload: str):
     """No hang (``launch`` times out), a warning, nothing wrong: flat, bucketed (one
     bucket per tensor, so every gradient has a bucket to hold back) and DDP."""
-    out = tmp_path / "r.jsonl"
     strategies = ["flat", "bucketed", "ddp"]
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", workload,
-                               *QUIRKY, "--strategy", ",".join(strategies), "--algo",
-                               "native", "--bucket-mb", "0", "--compute-ms", "20", *SHORT,
-                               "--output", str(out)])
-    sums = _check_runs(res, out, strategies, QUIRKY_SYNCED, QUIRKY_UNUSED)
-    assert "backward never reaches 2 parameter(s)" in res.stderr
-    assert "unused.weight, unused.bias" in res.stderr
+    run = run_tool("mpirun", 2, "commbench.allreduce", [
+        "--workload", workload, *QUIRKY, "--strategy", ",".join(strategies), "--algo",
+        "native", "--bucket-mb", "0", "--compute-ms", "20", *SHORT], tmp_path / "r.jsonl")
+    sums = _check_runs(run, strategies, QUIRKY_SYNCED, QUIRKY_UNUSED)
+    assert "backward never reaches 2 parameter(s)" in run.stderr
+    assert "unused.weight, unused.bias" in run.stderr
     assert sums[1]["knobs"]["buckets"] == len(QUIRKY_SYNCED)
     assert sums[2]["knobs"]["find_unused_parameters"] is True
     if workload == "real":
@@ -174,14 +167,12 @@ def test_tied_frozen_unused_under_mpirun(tmp_path: Path, workload: str):
     ("horovodrun", ["flat", "bucketed", "horovod", "ddp"]),
 ])
 def test_user_factory_under_launchers(tmp_path: Path, launcher: str, strategies: list[str]):
-    out = tmp_path / "r.jsonl"
-    res = launch(launcher, 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
-                               "--model", "tests.models_for_tests:mlp", "--model-kwargs",
-                               "depth=3,width=16", "--input-shape", "3,8,8",
-                               "--strategy", ",".join(strategies), "--algo", "native",
-                               *SHORT, "--output", str(out)])
-    sums = _check_runs(res, out, strategies, [f"{i}.{w}" for i in (1, 3, 5, 7)
-                                              for w in ("weight", "bias")], [])
+    run = run_tool(launcher, 2, "commbench.allreduce", [
+        "--workload", "real", "--model", "tests.models_for_tests:mlp", "--model-kwargs",
+        "depth=3,width=16", "--input-shape", "3,8,8", "--strategy", ",".join(strategies),
+        "--algo", "native", *SHORT], tmp_path / "r.jsonl")
+    sums = _check_runs(run, strategies, [f"{i}.{w}" for i in (1, 3, 5, 7)
+                                         for w in ("weight", "bias")], [])
     assert all(s["model"] == "tests.models_for_tests:mlp" for s in sums)
     assert sums[0]["config"]["model_kwargs"] == {"depth": 3, "width": 16}
     assert all(len(set(s["param_checksum_ranks"])) == 1 for s in sums)
@@ -190,18 +181,15 @@ def test_user_factory_under_launchers(tmp_path: Path, launcher: str, strategies:
 def test_quirky_model_under_horovod(tmp_path: Path):
     """Horovod's optimizer hooks every parameter that takes a gradient, the unused ones
     too: its synchronize() reduces zeros for them, nothing waits."""
-    out = tmp_path / "r.jsonl"
-    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
-                                   *QUIRKY, "--strategy", "horovod", *SHORT,
-                                   "--output", str(out)])
-    _check_runs(res, out, ["horovod"], QUIRKY_SYNCED, QUIRKY_UNUSED)
+    run = run_tool("horovodrun", 2, "commbench.allreduce", [
+        "--workload", "real", *QUIRKY, "--strategy", "horovod", *SHORT], tmp_path / "r.jsonl")
+    _check_runs(run, ["horovod"], QUIRKY_SYNCED, QUIRKY_UNUSED)
 
 
 def test_bad_factory_exits_2_on_every_rank_before_any_collective(tmp_path: Path):
     out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--model",
-                               "tests.models_for_tests:not_a_module", "--output", str(out)])
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert "--model tests.models_for_tests:not_a_module" in res.stderr
-    assert "not a torch.nn.Module" in res.stderr
+    run = run_tool("mpirun", 2, "commbench.allreduce",
+                   ["--model", "tests.models_for_tests:not_a_module"], out, expect_rc=2)
+    assert "--model tests.models_for_tests:not_a_module" in run.stderr
+    assert "not a torch.nn.Module" in run.stderr
     assert not out.exists()

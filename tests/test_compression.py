@@ -8,7 +8,7 @@ import pytest
 
 from commbench.strategies import STRATEGIES, make_strategy
 from commbench.validate import tolerance
-from tests.conftest import PY, ROOT, launch, read_jsonl, run_check, run_tool, summaries
+from tests.conftest import PY, ROOT, run_check, run_tool, summaries
 
 SCRIPT = "compressed_vs_native.py"
 TINY_REAL = ["--workload", "real", "--model", "resnet18", "--image-size", "32",
@@ -72,7 +72,7 @@ def test_accumulation_syncs_once_per_step_and_counts_every_sample(tmp_path):
     recs = run_tool("mpirun", 2, "commbench.allreduce", [
         "--model", "resnet18", "--strategy", "flat,bucketed", "--algo", "native",
         "--bucket-mb", "5", "--accum-steps", "3", "--compute-ms", "15", "--steps", "3",
-        "--warmup", "1", "--compression", "fp16"], tmp_path / "r.jsonl")
+        "--warmup", "1", "--compression", "fp16"], tmp_path / "r.jsonl").records
     summ = summaries(recs)
     for r in recs:
         if r["kind"] == "step":
@@ -88,12 +88,10 @@ def test_accumulation_syncs_once_per_step_and_counts_every_sample(tmp_path):
 @pytest.mark.horovod
 def test_peers_train_like_flat_under_horovodrun(tmp_path):
     """Horovod's and DDP's own sync, on the same model, seed and data: the same parameters."""
-    out = tmp_path / "r.jsonl"
-    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", *TINY_REAL, "--strategy",
-                                   "flat,bucketed,horovod,ddp", "--algo", "native",
-                                   "--bucket-mb", "1", "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    summ = summaries(read_jsonl(out))
+    run = run_tool("horovodrun", 2, "commbench.allreduce", [
+        *TINY_REAL, "--strategy", "flat,bucketed,horovod,ddp", "--algo", "native",
+        "--bucket-mb", "1"], tmp_path / "r.jsonl")
+    summ = summaries(run.records)
     assert set(summ) == {"flat", "bucketed", "horovod", "ddp"}
     ref = summ["flat"]["param_checksum_ranks"][0]
     for name, s in summ.items():
@@ -112,18 +110,15 @@ def test_peers_train_like_flat_under_horovodrun(tmp_path):
     for name in ("flat", "bucketed", "ddp"):
         assert len(set(summ[name]["state_checksum_ranks"])) == 1, name
     assert len(set(summ["horovod"]["buffer_checksum_ranks"])) == 2  # each rank's own batches
-    assert "hosts:" in res.stdout and "ddp" in res.stdout
+    assert "hosts:" in run.stdout and "ddp" in run.stdout
 
 
 @pytest.mark.horovod
 def test_peers_accumulate_and_compress(tmp_path):
-    out = tmp_path / "r.jsonl"
-    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", *SMALL_REAL, "--strategy",
-                                   "flat,horovod,ddp", "--algo", "native", "--accum-steps", "2",
-                                   "--compression", "fp16", "--output", str(out)],
-                 env={"HOROVOD_FUSION_THRESHOLD": str(2**20)})
-    assert res.returncode == 0, res.stdout + res.stderr
-    summ = {r["strategy"]: r for r in read_jsonl(out) if r["kind"] == "summary"}
+    summ = summaries(run_tool("horovodrun", 2, "commbench.allreduce", [
+        *SMALL_REAL, "--strategy", "flat,horovod,ddp", "--algo", "native", "--accum-steps",
+        "2", "--compression", "fp16"], tmp_path / "r.jsonl",
+        env={"HOROVOD_FUSION_THRESHOLD": str(2**20)}).records)
     ref = summ["flat"]["param_checksum_ranks"][0]
     for name, s in summ.items():
         assert s["wrong"] == 0 and s["knobs"]["compression"] == "fp16", name

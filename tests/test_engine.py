@@ -13,7 +13,7 @@ import torch
 from commbench.allreduce import parse_config
 from commbench.comm.engine import TransferEngine, check_transfer_path
 from commbench.flags import ConfigError
-from tests.conftest import PY, launch, run_check, run_tool, summaries
+from tests.conftest import run_check, run_tool, summaries
 
 # --- without processes: a one-rank stand-in communicator ------------------------------
 
@@ -190,11 +190,11 @@ def test_engine_thread_path_equals_flat_native_horovod_gloo():
 @pytest.mark.horovod
 def test_ring_transfer_is_refused_under_gloo(tmp_path):
     out = tmp_path / "r.jsonl"
-    res = launch("horovodrun-gloo", 2, [PY, "-m", "commbench.allreduce", "--strategy", "async",
-                                        "--transfer", "ring", "--output", str(out)])
-    assert res.returncode != 0  # the workers exit 2; horovodrun itself says 1
-    assert "--transfer ring needs point-to-point" in res.stdout + res.stderr
-    assert "Exit code: 2" in res.stdout + res.stderr and not out.exists()
+    run = run_tool("horovodrun-gloo", 2, "commbench.allreduce",
+                   ["--strategy", "async", "--transfer", "ring"], out, expect_rc=None)
+    assert run.rc != 0  # the workers exit 2; horovodrun itself says 1
+    assert "--transfer ring needs point-to-point" in run.output
+    assert "Exit code: 2" in run.output and not out.exists()
 
 
 @pytest.mark.mpi
@@ -202,7 +202,7 @@ def test_job_records_the_transfer_path(tmp_path):
     summ = summaries(run_tool("mpirun", 2, "commbench.allreduce", [
         "--model", "smallcnn", "--strategy", "async,bucketed", "--transfer", "ring",
         "--staleness", "1", "--compute-ms", "20", "--steps", "2", "--warmup", "1"],
-        tmp_path / "r.jsonl"))
+        tmp_path / "r.jsonl").records)
     for name in ("async", "bucketed"):
         s = summ[name]
         assert s["wrong"] == 0 and s["elements_checked"] > 0

@@ -93,7 +93,7 @@ def test_strategy_runs_both_variants_in_the_study(tmp_path):
     recs = run_tool("mpirun", 4, "commbench.allreduce", [
         "--strategy", "flat,hierarchical", "--algo", "native,hier,hier-leader",
         "--model", "smallcnn", "--steps", "2", "--warmup", "1", "--compute-ms", "10"],
-        tmp_path / "r.jsonl", nodes="a,a,a,b")
+        tmp_path / "r.jsonl", nodes="a,a,a,b").records
     runs = {(s["strategy"], s["algo"]): s for s in of_kind(recs, "summary")}
     # flat takes every algo it was given; hierarchical only its own variants
     assert set(runs) == {("flat", "native"), ("flat", "hier"), ("flat", "hier-leader"),

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from commbench import SCHEMA_VERSION
-from tests.conftest import PY, ROOT, launch, read_jsonl, run_tool
+from tests.conftest import run_tool
 
 ARGS = ["--model", "resnet18", "--steps", "3", "--warmup", "1", "--compute-ms", "20",
         "--algo", "native,ring"]
@@ -49,16 +47,14 @@ def check_records(recs: list[dict], world_size: int, backend: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [3])  # other sizes: every other job test
 def test_mpirun(tmp_path, np_):
-    out = tmp_path / "r.jsonl"
-    res = launch("mpirun", np_, [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    check_records(read_jsonl(out), np_, "mpi")
-    assert "#wrong" in res.stdout and "(GB/s)" in res.stdout
+    run = run_tool("mpirun", np_, "commbench.allreduce", ARGS, tmp_path / "r.jsonl")
+    check_records(run.records, np_, "mpi")
+    assert "#wrong" in run.stdout and "(GB/s)" in run.stdout
 
 
 @pytest.mark.horovod
 def test_horovodrun(tmp_path):
-    recs = run_tool("horovodrun", 2, "commbench.allreduce", ARGS, tmp_path / "r.jsonl")
+    recs = run_tool("horovodrun", 2, "commbench.allreduce", ARGS, tmp_path / "r.jsonl").records
     check_records(recs, 2, "horovod")
     assert recs[-1]["versions"]["horovod"] == "0.28.1"
 
@@ -66,35 +62,33 @@ def test_horovodrun(tmp_path):
 @pytest.mark.mpi
 def test_backend_forced_under_mpirun(tmp_path):
     recs = run_tool("mpirun", 2, "commbench.allreduce",
-                    [*ARGS, "--algo", "native", "--backend", "horovod"], tmp_path / "r.jsonl")
+                    [*ARGS, "--algo", "native", "--backend", "horovod"],
+                    tmp_path / "r.jsonl").records
     assert {r["backend"] for r in recs} == {"horovod"}
 
 
 @pytest.mark.horovod
 def test_horovodrun_gloo_native_runs_and_ring_is_refused(tmp_path):
     out = tmp_path / "r.jsonl"
-    args = [PY, "-m", "commbench.allreduce", *ARGS, "--output", str(out)]
-    res = launch("horovodrun-gloo", 2, [*args, "--algo", "native"])
-    assert res.returncode == 0, res.stdout + res.stderr
-    s = read_jsonl(out)[-1]
+    s = run_tool("horovodrun-gloo", 2, "commbench.allreduce", [*ARGS, "--algo", "native"],
+                 out).records[-1]
     assert s["backend"] == "horovod" and s["versions"]["horovod_controller"] == "gloo"
     assert s["wrong"] == 0
     out.unlink()
-    res = launch("horovodrun-gloo", 2, [*args, "--algo", "native,ring"])
-    assert res.returncode != 0
-    assert "--algo ring needs point-to-point messages" in res.stdout + res.stderr
+    run = run_tool("horovodrun-gloo", 2, "commbench.allreduce",
+                   [*ARGS, "--algo", "native,ring"], out, expect_rc=None)
+    assert run.rc != 0
+    assert "--algo ring needs point-to-point messages" in run.output
     assert not out.exists()  # refused before the native run wrote anything
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("algo", ["native", "ring"])
 def test_a_wrong_element_fails_the_run(tmp_path, algo):
-    out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 3, [PY, "-m", "commbench.allreduce", *ARGS, "--algo", algo,
-                               "--output", str(out)], corrupt_rank=1)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "wrong elements in validation" in res.stderr
-    summary = read_jsonl(out)[-1]
+    run = run_tool("mpirun", 3, "commbench.allreduce", [*ARGS, "--algo", algo],
+                   tmp_path / "r.jsonl", expect_rc=1, corrupt_rank=1)
+    assert "wrong elements in validation" in run.stderr
+    summary = run.records[-1]
     assert summary["kind"] == "summary" and summary["wrong"] >= 1
 
 
@@ -102,7 +96,7 @@ def test_a_wrong_element_fails_the_run(tmp_path, algo):
 
 def _allreduce(tmp_path, name: str, args: list[str]) -> list[dict]:
     return run_tool("mpirun", 2, "commbench.allreduce", args, tmp_path / f"{name}.jsonl",
-                    timeout=180)
+                    timeout=180).records
 
 
 @pytest.mark.mpi
@@ -129,16 +123,8 @@ def test_wait_and_transfer_in_records_and_table(tmp_path):
         assert "straggler_rank" in s
 
 
-def _has_slow_rank() -> bool:
-    res = subprocess.run([PY, "-m", "commbench.allreduce", "--help"], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
-    return "--slow-rank" in res.stdout
-
-
 @pytest.mark.mpi
 def test_a_straggler_shows_as_wait_not_transfer(tmp_path):
-    if not _has_slow_rank():
-        pytest.skip("commbench.allreduce has no --slow-rank yet")
     args = ["--steps", "4", "--warmup", "1", "--strategy", "flat", "--algo", "native",
             "--model", "resnet18", "--compute-ms", "50"]
     slow = _allreduce(tmp_path, "slow", [*args, "--slow-rank", "1:3"])

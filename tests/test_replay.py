@@ -13,7 +13,7 @@ from commbench.models import parameter_shapes
 from commbench.timing import StepTimer, now
 from commbench.workloads import SyntheticWorkload, Workload
 from commbench.workloads.synthetic import compute_factor
-from tests.conftest import PY, launch, read_jsonl
+from tests.conftest import run_tool
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -93,14 +93,11 @@ PROFILE_MS = 240  # replayed compute per step: long enough to measure, short eno
 def test_every_strategy_and_peer_on_the_replay(tmp_path, launcher, strategies):
     """Peers run unchanged on replayed compute: right sums, ranks in lock-step, their
     hooks fire during backward, and backward takes its replayed time."""
-    out = tmp_path / "r.jsonl"
-    res = launch(launcher, 2, [PY, "-m", "commbench.allreduce", "--model", "resnet18",
-                               "--strategy", strategies, "--algo", "native", "--staleness",
-                               "1", "--bucket-mb", "4", "--compute-ms", str(PROFILE_MS),
-                               "--steps", "3", "--warmup", "1", "--output", str(out)],
-                 timeout=400)
-    assert res.returncode == 0, res.stdout + res.stderr
-    summaries = {r["strategy"]: r for r in read_jsonl(out) if r["kind"] == "summary"}
+    run = run_tool(launcher, 2, "commbench.allreduce", [
+        "--model", "resnet18", "--strategy", strategies, "--algo", "native", "--staleness",
+        "1", "--bucket-mb", "4", "--compute-ms", str(PROFILE_MS), "--steps", "3",
+        "--warmup", "1"], tmp_path / "r.jsonl", timeout=400)
+    summaries = {r["strategy"]: r for r in run.records if r["kind"] == "summary"}
     assert set(summaries) == set(strategies.split(","))
     sync = set(summaries) - {"async"}
     for name, s in summaries.items():

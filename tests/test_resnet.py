@@ -10,7 +10,7 @@ from commbench.profile import record
 from commbench.timing import StepTimer, now
 from commbench.workloads import SyntheticWorkload
 from commbench.workloads.compute_profile import ProfileError, load
-from tests.conftest import PY, ROOT, launch, read_jsonl
+from tests.conftest import ROOT, run_tool
 
 SMALL = ["--workload", "real", "--model", "resnet18", "--image-size", "32", "--batch-size",
          "4", "--num-classes", "10", "--steps", "2", "--warmup", "1"]
@@ -26,10 +26,8 @@ def profile_file(tmp_path_factory):
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
 def test_real_workload_trains_in_lock_step(tmp_path, launcher):
-    out = tmp_path / "r.jsonl"
-    res = launch(launcher, 2, [PY, "-m", "commbench.allreduce", *SMALL, "--output", str(out)])
-    assert res.returncode == 0, res.stdout + res.stderr
-    summaries = [r for r in read_jsonl(out) if r["kind"] == "summary"]
+    run = run_tool(launcher, 2, "commbench.allreduce", SMALL, tmp_path / "r.jsonl")
+    summaries = [r for r in run.records if r["kind"] == "summary"]
     assert len(summaries) == 2
     for s in summaries:
         assert s["workload"] == "real" and s["image_size"] == 32 and s["wrong"] == 0
@@ -77,13 +75,9 @@ def test_replay_follows_the_profile(profile_file, one_torch_thread):
 
 def test_replay_job_total_time(tmp_path, profile_file):
     prof = json.loads(profile_file.read_text())
-    out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 1, [PY, "-m", "commbench.allreduce", "--model", "resnet18",
-                               "--num-classes", "10", "--compute-profile", str(profile_file),
-                               "--steps", "3", "--warmup", "1", "--algo", "native",
-                               "--output", str(out)])
-    assert res.returncode == 0, res.stderr
-    s = read_jsonl(out)[-1]
+    s = run_tool("mpirun", 1, "commbench.allreduce", [
+        "--model", "resnet18", "--num-classes", "10", "--compute-profile", str(profile_file),
+        "--steps", "3", "--warmup", "1", "--algo", "native"], tmp_path / "r.jsonl").records[-1]
     total = prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"]
     assert s["compute_s"] == pytest.approx(total, rel=0.10)
 
@@ -104,13 +98,11 @@ def test_digits_buffers_broadcast_or_local(tmp_path):
 
     Checksums, not accuracies, decide: two different models can score the same.
     """
-    out = tmp_path / "r.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
-                               "--dataset", "digits", "--image-size", "32", "--batch-size", "32",
-                               "--lr", "0.05", "--steps", "30", "--warmup", "1", "--algo",
-                               "native", "--buffers", "broadcast,local", "--output", str(out)])
-    assert res.returncode == 0, res.stderr
-    recs = read_jsonl(out)
+    run = run_tool("mpirun", 2, "commbench.allreduce", [
+        "--workload", "real", "--dataset", "digits", "--image-size", "32", "--batch-size",
+        "32", "--lr", "0.05", "--steps", "30", "--warmup", "1", "--algo", "native",
+        "--buffers", "broadcast,local"], tmp_path / "r.jsonl")
+    recs = run.records
     summ = {r["buffer_rule"]: r for r in recs if r["kind"] == "summary"}
     assert set(summ) == {"broadcast", "local"}
     bcast, local = summ["broadcast"], summ["local"]
@@ -134,7 +126,7 @@ def test_digits_buffers_broadcast_or_local(tmp_path):
             assert r["exposed_sync_s"] >= r["buffer_sync_s"]
         else:
             assert r["ranks"]["buffer_sync_s"] == [0.0, 0.0]
-    assert "final accuracy" in res.stdout and "the same on every rank" in res.stdout
+    assert "final accuracy" in run.stdout and "the same on every rank" in run.stdout
     assert local["wall_throughput"] > 0 and local["wall_s"] > 0
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from commbench.allreduce import parse_config
 from commbench.flags import ConfigError
-from tests.conftest import PY, launch, read_jsonl
+from tests.conftest import run_tool
 
 PHASES = {"forward", "backward", "sync", "optimizer"}
 WARMUP, STEPS, TRACED = 1, 4, 2
@@ -23,15 +23,11 @@ WINDOW = range(FIRST, FIRST + TRACED)
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> tuple[list[dict], Path]:
-    out = tmp_path_factory.mktemp("trace") / "gpt.jsonl"
-    res = launch("mpirun", 2, [PY, "-m", "commbench.allreduce", "--workload", "real",
-                               "--model", "gpt-tiny", "--batch-size", "4", "--strategy",
-                               "bucketed", "--bucket-mb", "0.1", "--first-bucket-mb", "0.1",
-                               "--steps", str(STEPS), "--warmup", str(WARMUP), "--trace",
-                               "torch", "--trace-steps", str(TRACED), "--output", str(out)],
-                 timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    recs = read_jsonl(out)
+    recs = run_tool("mpirun", 2, "commbench.allreduce", [
+        "--workload", "real", "--model", "gpt-tiny", "--batch-size", "4", "--strategy",
+        "bucketed", "--bucket-mb", "0.1", "--first-bucket-mb", "0.1", "--steps", str(STEPS),
+        "--warmup", str(WARMUP), "--trace", "torch", "--trace-steps", str(TRACED)],
+        tmp_path_factory.mktemp("trace") / "gpt.jsonl", timeout=300).records
     summary = next(r for r in recs if r["kind"] == "summary")
     return recs, Path(summary["torch_trace_dir"])
 
@@ -134,13 +130,11 @@ def test_bad_trace_flags_name_the_flag(argv, message):
 @pytest.mark.horovod
 def test_horovod_backend_writes_its_rank_into_each_trace(tmp_path):
     """Under Horovod torch.distributed is not initialised either: distributedInfo is ours."""
-    out = tmp_path / "hvd.jsonl"
-    res = launch("horovodrun", 2, [PY, "-m", "commbench.allreduce", "--model", "gpt-tiny",
-                                   "--compute-ms", "20", "--algo", "native", "--steps", "2",
-                                   "--warmup", "0", "--trace", "torch", "--quiet",
-                                   "--output", str(out)], timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    summary = next(r for r in read_jsonl(out) if r["kind"] == "summary")
+    recs = run_tool("horovodrun", 2, "commbench.allreduce", [
+        "--model", "gpt-tiny", "--compute-ms", "20", "--algo", "native", "--steps", "2",
+        "--warmup", "0", "--trace", "torch", "--quiet"], tmp_path / "hvd.jsonl",
+        timeout=300).records
+    summary = next(r for r in recs if r["kind"] == "summary")
     assert summary["backend"] == "horovod" and summary["wrong"] == 0
     files = sorted(Path(summary["torch_trace_dir"]).glob("rank*.pt.trace.json"))
     infos = [json.loads(f.read_text())["distributedInfo"] for f in files]
