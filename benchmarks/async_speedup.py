@@ -42,7 +42,6 @@ from benchmarks.cluster_jobs import (
     add_output_flags,
     execute,
     layouts,
-    outdir_of,
     records,
 )
 from commbench.allreduce import Config
@@ -152,11 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    outdir = outdir_of(args, "async-speedup")
     jobs = plan(args)
-    done = execute([job.tool for job in jobs], outdir, args.dry_run)
+    done = execute([job.tool for job in jobs], args, "async-speedup")
     if done is None:
         return 0
+    outdir = done.outdir
 
     files = {job.tool.name: done.output(job.tool) for job in jobs}
     for n, s in args.layouts:

@@ -126,6 +126,7 @@ class Planned:
 
     def __init__(self, jobs: Sequence[ToolJob], outdir: Path) -> None:
         self.jobs = list(jobs)
+        self.outdir = outdir
         names = [j.name for j in self.jobs]
         if len(set(names)) != len(names):
             raise ValueError(f"job names repeat: {names}")
@@ -166,11 +167,12 @@ def describe(job: ToolJob) -> str:
     return f"{job.name}: {job.launcher}, {job.nodes} nodes x {slots} ranks, link {job.rate}"
 
 
-def execute(jobs: Sequence[ToolJob], outdir: Path, dry_run: bool) -> Planned | None:
-    """Print the jobs' commands (``dry_run``: return None), or run them between two load
-    readings; the returned plan says where each job's results are and how many failed."""
-    planned = Planned(list(jobs), outdir)
-    if dry_run:
+def execute(jobs: Sequence[ToolJob], args: argparse.Namespace, stem: str) -> Planned | None:
+    """Print the jobs' commands (``args.dry_run``: return None), or run them between two
+    load readings, in ``args.outdir`` (``outdir_of``); the returned plan says where each
+    job's results are (``outdir``) and how many failed."""
+    planned = Planned(list(jobs), outdir_of(args, stem))
+    if args.dry_run:
         for job, argv in planned.commands():
             print(f"# {describe(job)}")
             print(shlex.join(argv))

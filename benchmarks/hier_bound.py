@@ -41,7 +41,6 @@ from benchmarks.cluster_jobs import (
     ToolJob,
     add_output_flags,
     execute,
-    outdir_of,
     parse_layout,
     records,
 )
@@ -146,11 +145,11 @@ def plan(args: argparse.Namespace) -> list[ToolJob]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    outdir = outdir_of(args, "hier-bound")
     jobs = plan(args)
-    done = execute(jobs, outdir, args.dry_run)
+    done = execute(jobs, args, "hier-bound")
     if done is None:
         return 0
+    outdir = done.outdir
     for case, job in zip(args.cases, jobs):
         rows, gbps, names = case_rows(case, records(done.output(job), "microbench"))
         print(format_table(TABLE, rows, title=f"hier_bound  {case.label}  link {gbps} Gbit/s",

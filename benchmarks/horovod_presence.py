@@ -38,7 +38,6 @@ from benchmarks.cluster_jobs import (
     add_output_flags,
     execute,
     layouts,
-    outdir_of,
     records,
 )
 from commbench.flags import csv_list, parse_size, positive_float
@@ -117,11 +116,11 @@ def layout_table(jobs: list[ToolJob], files: dict[str, Path], title: str,
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    outdir = outdir_of(args, STEM)
     jobs = plan(args)
-    done = execute(jobs, outdir, args.dry_run)
+    done = execute(jobs, args, STEM)
     if done is None:
         return 0
+    outdir = done.outdir
     files = {job.name: done.output(job) for job in jobs}
     for nodes, slots in args.layouts:
         mine = [j for j in jobs if (j.nodes, j.slots) == (nodes, slots)]

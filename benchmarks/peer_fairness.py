@@ -49,7 +49,6 @@ from benchmarks.cluster_jobs import (
     add_output_flags,
     execute,
     layouts,
-    outdir_of,
     records,
 )
 from commbench.allreduce import Config
@@ -173,12 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    outdir = outdir_of(args, "peer-fairness")
     jobs = plan(args)
     t0 = time.monotonic()
-    done = execute(jobs, outdir, args.dry_run)
+    done = execute(jobs, args, "peer-fairness")
     if done is None:
         return 0
+    outdir = done.outdir
     by_job = {job.name: records(done.output(job), "summary") for job in jobs}
     rows = [row(job, s) for job in jobs for s in by_job[job.name]]
     n, s = args.layout

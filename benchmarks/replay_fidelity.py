@@ -145,10 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    outdir = outdir_of(args, STEM)
-    repeats = plan(args, outdir)
+    args.outdir = outdir_of(args, STEM)  # the replay jobs name the profile files made there
+    repeats = plan(args, args.outdir)
     jobs = [j for r in repeats for j in r.jobs]
-    done = execute(jobs, outdir, args.dry_run)
+    done = execute(jobs, args, STEM)
     if done is None:
         return 0
     if done.failed:

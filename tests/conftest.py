@@ -14,6 +14,10 @@ import pytest
 from launch import commands
 from launch.execute import Completed, run
 from tests.fakes import command as fake_command
+from tests.tiers import (  # noqa: F401 - the suite's tiers' hooks (make check: tests/tiers.py)
+    pytest_collection_modifyitems,
+    pytest_configure,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

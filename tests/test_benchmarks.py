@@ -3,6 +3,7 @@ commands their --dry-run prints, and how they read records (not their figures)."
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import shlex
@@ -187,8 +188,9 @@ def test_execute_runs_one_sweep_per_launcher_between_load_readings(tmp_path, mon
                                                     "skipped": 0})
     monkeypatch.setattr(cluster_jobs.signal, "signal", lambda *a: None)
     jobs = planned(peer_fairness, [], tmp_path)
-    done = cluster_jobs.execute(jobs, tmp_path, dry_run=False)
+    done = cluster_jobs.execute(jobs, argparse.Namespace(outdir=tmp_path, dry_run=False), "pf")
     assert [s.launcher for s in ran] == ["horovodrun", "mpirun"] and done.failed == 1
+    assert done.outdir == tmp_path.resolve()
     out = capsys.readouterr()
     assert "# before starting:" in out.out and "# after the jobs:" in out.out
     assert f"{tmp_path / 'mpirun'}/*.failed.json" in out.err

@@ -8,7 +8,7 @@ new one cannot forget to. ``make check`` runs every test that is not a job, plus
 jobs marked ``check``: one per launcher, each covering the whole path (parse, launch,
 every rank's records, the table, the exit status).
 
-Registered by ``pyproject.toml`` (``-p tests.tiers``).
+Its hooks run as ``tests/conftest.py``'s, which imports them.
 """
 
 from __future__ import annotations
@@ -98,4 +98,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 if __name__ == "__main__":  # list the jobs: python -m tests.tiers
-    sys.exit(pytest.main(["--collect-only", "-q", "-m", "job", "-p", "tests.tiers"]))
+    sys.exit(pytest.main(["--collect-only", "-q", "-m", "job"]))
