@@ -545,7 +545,7 @@ def c6(records, model) -> Claim:
     if not groups:
         return Claim("C6", text, "fewer than three batch sizes of the real workload in one "
                      "set-up", None, pred, NOT_HERE,
-                     "needs --workload resnet at >= 3 batch sizes of one set-up; the synthetic "
+                     "needs --workload real at >= 3 batch sizes of one set-up; the synthetic "
                      "workload has no activations")
     g, measured, runs, others = _choose(
         groups, _c6_figure, vary, key=lambda g: (_c6_batches(g), *match.scale(g)))
@@ -607,7 +607,7 @@ def c8(records, model) -> Claim:
     ok = have["step_s"] == have["peak_rss_mb"] == len(recs)
     verdict = REFUTED if not ok else REPRODUCED if have["final_accuracy"] else NOT_HERE
     reason = ("every run records step time and peak memory; final accuracy only where a "
-              "labelled data set is trained (--workload resnet --dataset digits)")
+              "labelled data set is trained (--workload real --dataset digits)")
     runs = {f"without {f}": match.run_ids(r for r in recs if r.get(f) is None)
             for f in ("step_s", "peak_rss_mb") if have[f] < len(recs)}
     return Claim("C8", text, measured, None, "-", verdict, reason, runs=runs)

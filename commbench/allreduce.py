@@ -117,10 +117,11 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:
-        """The configuration ``as_dict`` gave (a record's ``config``, a parsed command line):
-        the strategies' settings by their field names."""
-        sync = StrategySettings(**flags.values_for(StrategySettings, d))
-        return cls(**flags.values_for(cls, d), sync=sync)
+        """The configuration ``as_dict`` gave (a record's ``config``, a parsed command line),
+        or ``dataclasses.asdict`` (the strategies' settings nested under ``sync``)."""
+        flat = {**d, **d["sync"]} if isinstance(d.get("sync"), dict) else d
+        sync = StrategySettings(**flags.values_for(StrategySettings, flat))
+        return cls(**flags.values_for(cls, flat), sync=sync)
 
 
 #: ``StrategySettings`` fields set per run, not by a flag of the job

@@ -163,18 +163,33 @@ def add_fields(group: argparse._ArgumentGroup, cls: type,
         group.add_argument(*spec.names, dest=f.name, default=field_default(f), **kwargs)
 
 
+def _nested(f: dataclasses.Field) -> bool:
+    """Whether ``f`` holds a dataclass of settings of its own (``allreduce.Config.sync``),
+    whose fields a flat dictionary gives by their own names."""
+    try:
+        return dataclasses.is_dataclass(field_default(f))
+    except TypeError:  # no default: a plain required field
+        return False
+
+
 def values_for(cls: type, ns: argparse.Namespace | dict) -> dict:
     """The values in ``ns`` of ``cls``'s fields (by field name), to build ``cls(**...)``."""
     d = vars(ns) if isinstance(ns, argparse.Namespace) else ns
     return {f.name: d[f.name] for f in dataclasses.fields(cls)
-            if f.name in d and f.init and not dataclasses.is_dataclass(f.type)}
+            if f.name in d and f.init and not _nested(f)}
+
+
+def float_text(value: float) -> str:
+    """``value`` as a flag's text: short where that reads back the same float, else exact."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 def _text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(_text(v) for v in value)
     if isinstance(value, float):
-        return f"{value:g}"
+        return float_text(value)
     if isinstance(value, dict):
         return json.dumps(value)
     return str(value)

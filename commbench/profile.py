@@ -144,7 +144,8 @@ def build_parser() -> flags.Parser:
                formatter_class=flags.help_formatter)
     flags.add_fields(p, ProfileConfig, ["model", "model_kwargs", "input_shape", "vocab",
                                   "batch_size", "image_size", "num_classes"])
-    flags.add_fields(p, ProfileConfig, ["device"], device={"choices": ("cpu", "cuda")})
+    flags.add_fields(p, ProfileConfig, ["device"], device={
+        "choices": None, "help": "where to profile: cpu, cuda or cuda:N"})
     flags.add_fields(p, ProfileConfig, ["iters", "warmup", "threads", "output"])
     return p
 

@@ -5,7 +5,7 @@ works; the loops are ``commbench.paramserver``. Launch it under mpirun (or
 horovodrun --mpi: it needs point-to-point messages) with at least 2 ranks::
 
     mpirun -np 4 python -m commbench.ps                                 # ResNet-50 gradients
-    mpirun -np 4 python -m commbench.ps --workload resnet --model smallcnn \\
+    mpirun -np 4 python -m commbench.ps --workload real --model smallcnn \\
         --dataset digits --image-size 32 --lr 0.01 --steps 120          # converges (~0.9)
     mpirun -np 4 python -m commbench.ps --compute-ms 300 --staleness-lr
 

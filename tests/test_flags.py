@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 
 import pytest
@@ -84,7 +85,8 @@ def test_a_flag_needs_a_default_or_a_factory_and_a_help():
 
 @pytest.mark.parametrize("cfg", [
     allreduce.Config(strategies=["flat", "bucketed"], algos=["ring"], model="resnet18",
-                     steps=4, warmup=1, compute_ms=12.5, slow_rank=(1, 2.0), quiet=True,
+                     steps=4, warmup=1, compute_ms=12.5, slow_rank=(1, 1.23456789),
+                     quiet=True, compute_scale=0.0123456789, step_timeout=1234567.5,
                      sync=StrategySettings(bucket_mb=5.0, staleness=2, staleness_lr=True,
                                            compression="fp16"),
                      model_kwargs={}, validate=False, trace="commbench"),
@@ -111,6 +113,21 @@ def test_to_argv_gives_back_the_other_tools_configurations(tmp_path):
     assert staleness.parse_study([*to_argv(study), *out]) == dataclasses.replace(
         study, output=out[1])
     assert to_argv(ToolConfig()) == []  # defaults are left out
+
+
+def test_a_configuration_from_a_record_reads_as_from_the_command_line(tmp_path):
+    """``Config.from_dict`` of a record's flat ``config`` (any schema) gives back the
+    configuration: the strategies' settings by name, the former workload name read as
+    today's, JSON lists as the tuples the flags give."""
+    cfg = allreduce.parse_config(["--slow-rank", "1:2", "--bucket-mb", "5", "--output",
+                                  str(tmp_path / "r.jsonl")])
+    record = json.loads(json.dumps(cfg.as_dict()))  # as a results file holds it
+    assert allreduce.Config.from_dict(record) == cfg
+    assert allreduce.Config.from_dict(dataclasses.asdict(cfg)).sync.bucket_mb == 5.0
+    old = {**record, "workload": "resnet"}  # schema 1 and 2
+    assert allreduce.Config.from_dict(old).workload == "real"
+    with pytest.raises(ValueError, match="--workload"):
+        allreduce.Config(workload="bert")
 
 
 def test_bucket_mb_reaches_the_buckets_by_field_name(tmp_path):

@@ -16,7 +16,7 @@ and only those backward reaches (``commbench.workloads.objective``).
 
 Example::
 
-    mpirun -np 4 python -m commbench.allreduce --workload resnet \\
+    mpirun -np 4 python -m commbench.allreduce --workload real \\
         --model mypkg.nets:transformer --model-kwargs '{"layers": 4}' \\
         --input-shape 512 --vocab 32000
 """

@@ -24,7 +24,7 @@
 The first s steps have nothing to apply yet: their gradients are set to
 zero, so the SGD step changes no parameter (momentum buffers start at zero
 and stay there). The last s all-reduces of a run are still in flight when it
-ends; ``end_run`` waits for them and their gradients are never applied.
+ends; ``finish_run`` waits for them and their gradients are never applied.
 A run of N steps therefore makes N - s updates, which is why a staleness
 larger than ``--steps`` is refused. ``close`` stops the engine.
 

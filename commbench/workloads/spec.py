@@ -22,6 +22,7 @@ from commbench.flags import (
     ConfigError,
     add_fields,
     flag,
+    float_text,
     nonneg_float,
     nonneg_int,
     positive_int,
@@ -34,7 +35,7 @@ from commbench.workloads.real import MIN_IMAGE_SIZE
 
 #: ``--workload``: replayed compute, or real forward and backward passes of any model
 WORKLOAD_NAMES = ("synthetic", "real")
-#: former ``--workload`` names, still accepted (records since schema 12 say ``real``)
+#: former ``--workload`` names, still accepted (records since schema 3 say ``real``)
 WORKLOAD_ALIASES = {"resnet": "real"}
 
 
@@ -155,7 +156,7 @@ class WorkloadSpec:
                                      "faster)")
     slow_rank: tuple[int, float] | None = flag(
         "--slow-rank", default=None, metavar="R:F", type=slow_rank,
-        render=lambda v: f"{v[0]}:{v[1]:g}",
+        render=lambda v: f"{v[0]}:{float_text(v[1])}",
         help="synthetic workload: a straggler on purpose, rank R's replayed compute takes F "
              "times as long")
     compute_jitter: float = flag(
@@ -164,6 +165,18 @@ class WorkloadSpec:
              "coefficient of variation (gamma, seeded per rank)")
     seed: int = flag("--seed", default=0, type=nonneg_int,
                      help="seed for gradient values (and the real workload's weights)")
+
+    def __post_init__(self) -> None:
+        """A configuration built in code or from a record reads as one from the command line
+        does: a former workload name as today's, sequences as the tuples the flags give."""
+        self.workload = WORKLOAD_ALIASES.get(self.workload, self.workload)
+        if self.workload not in WORKLOAD_NAMES:
+            raise ValueError(f"--workload must be one of {', '.join(WORKLOAD_NAMES)}, got "
+                             f"{self.workload!r}")
+        if self.slow_rank is not None:
+            self.slow_rank = (int(self.slow_rank[0]), float(self.slow_rank[1]))
+        if self.input_shape is not None:
+            self.input_shape = tuple(self.input_shape)
 
     def sample_shape(self) -> tuple[int, ...]:
         """One input sample's shape: ``--input-shape``, else a 3-channel image of
