@@ -39,7 +39,7 @@ from commbench.cores import started_busy
 #: ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
 #: ``straggler_rank``; 3 names the real workload ``real`` where 1 and 2 said ``resnet``
 #: (``analysis.match.REAL_WORKLOADS`` reads both)
-READABLE_SCHEMAS = frozenset({1, 2, 3})
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4})
 
 
 class LoadError(Exception):

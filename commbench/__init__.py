@@ -11,4 +11,7 @@ __version__ = "0.1.0"
 #   3: the real workload is called "real" (it runs any model), no longer "resnet";
 #      async's per-step fields are listed per rank under ranks; config.step_timeout in
 #      every tool's records.
-SCHEMA_VERSION = 3
+#   4: time dilation and the host's load: ``dilation`` in every record (every duration is
+#      emulated time, wall / dilation), ``host`` and ``bound`` (link-bound or host-bound)
+#      in summaries and microbenchmark rows; only added.
+SCHEMA_VERSION = 4

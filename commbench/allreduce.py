@@ -20,7 +20,7 @@ import argparse
 import sys
 from dataclasses import asdict, dataclass, field
 
-from commbench import flags
+from commbench import dilation, flags, hostload
 from commbench.buffers import BUFFER_RULES, BufferSync
 from commbench.comm import BACKENDS
 from commbench.comm.algos import ALGOS
@@ -34,6 +34,7 @@ from commbench.flags import (
     flag,
     positive_int,
 )
+from commbench.hostload import HostMonitor
 from commbench.lifecycle import run_job
 from commbench.output import Output, merge_rank_fields, rank_extras, summarize_extras
 from commbench.results import run_fields
@@ -273,17 +274,21 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
             first = window_start(cfg.warmup, cfg.steps, cfg.trace_steps)
             trace = TorchTrace(folder, first, cfg.trace_steps, comm.name, comm.rank,
                                comm.size, cuda=workload.device.type == "cuda")
+        host = HostMonitor()
         samples = run_steps(comm, workload, strategy, timer, cfg.steps, cfg.warmup,
                             accum_steps=cfg.sync.accum_steps, on_step=record_step,
-                            buffers=buffer_sync, trace=trace)
+                            buffers=buffer_sync, trace=trace, host=host)
         strategy.finish_run()  # completes what is still in flight (async)
         wrong, checked = count_wrong(strategy, workload.backward_order) if cfg.validate else (0, 0)
     buffer_sync.before_evaluation()
     extra = rank_extras(workload)
-    gathered = comm.gather_object((samples, wrong, checked, extra, timer.trace()))
+    gathered = comm.gather_object((samples, wrong, checked, extra, timer.trace(),
+                                   host.result and host.result.as_dict()))
     if comm.rank != 0:
         return None
-    summary = {**run.step_summary(cfg.batch_size * cfg.sync.accum_steps * comm.size),
+    steps = run.step_summary(cfg.batch_size * cfg.sync.accum_steps * comm.size)
+    summary = {**steps,
+               **hostload.record_fields([g[5] for g in gathered], steps.get("link_efficiency")),
                **strategy.record_fields("summary", run.steps),
                "wrong": sum(g[1] for g in gathered),
                "elements_checked": sum(g[2] for g in gathered),
@@ -376,6 +381,9 @@ def study(comm, cfg: Config) -> int:
                           "exposed = wait + transfer (+ packing buffers) only where nothing "
                           "overlapped (flat, hierarchical); n/a: no per-collective times "
                           "(horovod)",
+                          *hostload.footer_lines(
+                              summaries, lambda s: f"{s['strategy']}/{s['algo'] or '-'}",
+                              dilation.factor(), real_compute=cfg.workload != "synthetic"),
                           *accuracy_lines(summaries), *pipeline_lines(cfg),
                           *[f"torch.profiler traces: {s['torch_trace_dir']}" for s in summaries
                             if s.get("torch_trace_dir")],

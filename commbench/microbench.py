@@ -47,14 +47,13 @@ import importlib.util
 import math
 import os
 import sys
-import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from commbench import flags, watchdog
+from commbench import dilation, flags, hostload, linkstats, watchdog
 from commbench.comm import BACKENDS, detect_backend
 from commbench.comm.algos import ALGOS, TWO_LEVEL_ALGOS, check_algo, get_algo, wire_dtype
 from commbench.comm.base import Communicator
@@ -74,6 +73,7 @@ from commbench.metrics import algbw, busbw
 from commbench.output import Output
 from commbench.results import link_info
 from commbench.tables import Column, format_footer, format_header, format_row
+from commbench.timing import now
 
 PROG = "commbench.microbench"
 
@@ -242,6 +242,7 @@ def start_horovod_beside(cfg: MicroConfig, environ: MutableMapping[str, str]
     if cfg.horovod_cycle_ms is None:
         return None, {}
     environ["HOROVOD_CYCLE_TIME"] = f"{cfg.horovod_cycle_ms:g}"
+    dilation.apply_horovod_cycle(environ)  # x K under time dilation
     import horovod.torch as hvd  # optional extra (checked in parse_config); only with the flag
 
     hvd.init()
@@ -326,10 +327,12 @@ AllReduce = Callable[[Communicator, torch.Tensor], None]
 
 
 def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, iters: int,
-                  warmup: int, sync_each: bool = False) -> tuple[float, dict[str, float]]:
+                  warmup: int, sync_each: bool = False,
+                  monitor: hostload.HostMonitor | None = None) -> tuple[float, dict[str, float]]:
     """This rank's seconds per all-reduce (its own loop of ``iters``, after a barrier; with
     ``sync_each`` the mean of calls each started by an untimed barrier), and seconds per
-    call of each phase the algorithm reports (``commbench.comm.phases``)."""
+    call of each phase the algorithm reports (``commbench.comm.phases``). ``monitor`` reads
+    the host's counters around the timed calls (``commbench.hostload``)."""
     buf.zero_()
     for _ in range(warmup):
         allreduce(comm, buf)
@@ -339,19 +342,23 @@ def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, i
         phases[name] = phases.get(name, 0.0) + t1 - t0
 
     comm.barrier()  # a late rank's lateness is not transfer time
+    if monitor is not None:
+        monitor.start()
     if sync_each:
         total = 0.0
         for _ in range(iters):
             comm.barrier()
-            t0 = time.perf_counter()
+            t0 = now()
             allreduce(comm, buf, on_phase=on_phase)
-            total += time.perf_counter() - t0
+            total += now() - t0
         seconds = total / iters
     else:
-        start = time.perf_counter()
+        start = now()
         for _ in range(iters):
             allreduce(comm, buf, on_phase=on_phase)
-        seconds = (time.perf_counter() - start) / iters
+        seconds = (now() - start) / iters
+    if monitor is not None:
+        monitor.stop()
     return seconds, {k: v / iters for k, v in phases.items()}
 
 
@@ -384,12 +391,12 @@ def table_row(rec: dict) -> list:
 
 
 def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, algo: str,
-                per_rank: list[tuple[float, int, dict[str, float]]],
+                per_rank: list[tuple[float, int, dict[str, float], dict | None]],
                 beside: dict | None = None) -> dict:
     """One row's fields on rank 0 from every rank's (seconds per call, wrong elements,
-    seconds per call of each phase); ``beside``: the fields of what ran beside the sweep
-    (``start_horovod_beside``)."""
-    seconds = [s for s, _, _ in per_rank]
+    seconds per call of each phase, its host window); ``beside``: the fields of what ran
+    beside the sweep (``start_horovod_beside``)."""
+    seconds = [s for s, _, _, _ in per_rank]
     slowest = max(range(len(per_rank)), key=lambda r: seconds[r])
     avg_s = sum(seconds) / len(seconds)
     n = comm.size
@@ -412,17 +419,28 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         "time_us": {"min": min(seconds) * 1e6, "avg": avg_s * 1e6, "max": max(seconds) * 1e6},
         "algbw": algbw(size, avg_s),
         "busbw": busbw(size, avg_s, n),
-        "wrong": sum(w for _, w, _ in per_rank),
+        "wrong": sum(w for _, w, _, _ in per_rank),
         "iters": cfg.iters,
         "warmup": cfg.warmup_iters,
         "sync_each": cfg.sync_each,  # a barrier before each timed call (else back to back)
         # per phase: the slowest rank's time per call, so phases add up to its time;
         # every rank's under ranks
         "phases_us": {k: v * 1e6 for k, v in per_rank[slowest][2].items()},
-        "ranks": {"time_us": [s * 1e6 for s in seconds], "wrong": [w for _, w, _ in per_rank],
-                  "phases_us": [{k: v * 1e6 for k, v in ph.items()} for _, _, ph in per_rank]},
+        "ranks": {"time_us": [s * 1e6 for s in seconds], "wrong": [w for _, w, _, _ in per_rank],
+                  "phases_us": [{k: v * 1e6 for k, v in ph.items()} for _, _, ph, _ in per_rank]},
         **link_info(),  # the launcher's measured link, so busbw reads as a fraction of it
+        **host_fields(per_rank, avg_s * cfg.iters),
     }
+
+
+def host_fields(per_rank: list, timed_s: float) -> dict:
+    """The row's host load and verdict (``commbench.hostload``); the link's efficiency is the
+    busiest link's bytes over the timed calls at its measured rate, against their time."""
+    host = hostload.summarize([p[3] for p in per_rank], os.cpu_count())
+    link = link_info()
+    eff = linkstats.link_efficiency(host and host["link_bytes"],
+                                    link["link_wire_gbps"] or link["link_gbps"], timed_s)
+    return {"host": host, "link_efficiency": eff, "bound": hostload.verdict(host, eff)}
 
 
 def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path: Any) -> list:
@@ -436,6 +454,8 @@ def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path
     for algo, dtype, wire in widened:
         lines.append(f"note: {comm.name} {algo} has no {dtype} all-reduce here: it runs as "
                      f"{wire} on the wire (twice the bytes) and its time includes two casts")
+    lines += hostload.footer_lines(records, lambda r: f"{r['size']} B {r['dtype']} {r['algo']}",
+                                   dilation.factor())
     lines += [f"#wrong total : {n_wrong} {'OK' if n_wrong == 0 else 'FAILED'}",
               f"results: {path}"]
     combos = list(dict.fromkeys((r["dtype"], r["algo"]) for r in records))
@@ -455,6 +475,7 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
     run = out.run({})  # one run: every row shares its id and header
     algos = {name: get_algo(name) for name in cfg.algos}
     wd = watchdog.current()  # a deadline per row
+    monitor = hostload.HostMonitor(linkstats.link_iface() if comm.local_rank == 0 else None)
     records: list[dict] = []
     for dtype in cfg.dtypes:
         for size in cfg.sizes():
@@ -462,9 +483,10 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
             for name, allreduce in algos.items():
                 wd.begin_step(f"{size} B {dtype} {name}")
                 seconds, phases = time_per_call(comm, allreduce, buf, cfg.iters,
-                                                cfg.warmup_iters, cfg.sync_each)
+                                                cfg.warmup_iters, cfg.sync_each, monitor)
                 wrong = validate(comm, allreduce, buf)
-                per_rank = comm.gather_object((seconds, wrong, phases))
+                per_rank = comm.gather_object((seconds, wrong, phases,
+                                               monitor.result and monitor.result.as_dict()))
                 wd.end_step()
                 if comm.rank != 0:
                     continue

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from commbench import SCHEMA_VERSION, __version__
+from commbench import SCHEMA_VERSION, __version__, dilation
 from commbench.cores import ThreadPlan
 from commbench.linkstats import GBPS_ENV, SHAPING_ENV, WIRE_GBPS_ENV
 
@@ -200,6 +200,8 @@ def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
         "loadavg_start": loadavg_start,
         "loadavg_source": loadavg_source,
         "runnable_start": runnable_start,
+        # wall time / emulated time (``commbench.dilation``): every duration here is emulated
+        "dilation": dilation.factor(),
         "versions": vers,
         "argv": sys.argv,
         "config": config,
@@ -226,5 +228,9 @@ def run_fields(*, strategy: str, algo: str | None, workload, knobs: dict) -> dic
         "grad_bytes": workload.nbytes,
         "grad_tensors": len(workload.grads),
         **link_info(),
+        # under time dilation K, forward and backward passes that really run (not replayed)
+        # take 1/K of their wall time in emulated time: a node K times faster than this
+        # machine's share of it (1 for replayed compute, which is dilated with the rest)
+        "real_compute_speedup": 1.0 if workload.name == "synthetic" else dilation.factor(),
         "knobs": knobs,
     }

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from commbench import watchdog
 from commbench.buffers import BufferSync
 from commbench.comm.base import Communicator
+from commbench.hostload import HostMonitor
 from commbench.linkstats import link_iface, read_iface_bytes
 from commbench.strategies.base import Strategy
 from commbench.timing import NullTimer, StepSample, StepTimer, now
@@ -42,7 +43,8 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
               first_step: int = 0, accum_steps: int = 1,
               on_step: Callable[[StepSample], None] | None = None,
               buffers: BufferSync | None = None,
-              trace: NoTrace | None = None) -> list[StepSample]:
+              trace: NoTrace | None = None,
+              host: HostMonitor | None = None) -> list[StepSample]:
     """Run ``warmup + steps`` steps; return this rank's samples (empty for NullTimer).
 
     ``on_step`` gets each sample as its step ends, outside the timed region
@@ -60,12 +62,17 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
     ``trace`` (``commbench.torchtrace``, ``--trace torch``) puts a window of steps
     under ``torch.profiler``: it starts before a step's barrier and stops after its
     record, outside the timed region; each sample says whether its step was traced.
+
+    ``host`` (``commbench.hostload``) reads the host's counters from the first measured
+    step's barrier to the end of the last step.
     """
     samples = []
     trace = trace or NoTrace()
     iface = link_iface() if comm.local_rank == 0 and timer.enabled else None
     wd = watchdog.current()
     for k in range(first_step, first_step + warmup + steps):
+        if host is not None and k - first_step == warmup:
+            host.start()
         wd.begin_step(k)
         trace.before_step(k)
         t = now()
@@ -103,4 +110,6 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
                 on_step(sample)
         wd.end_step()
         trace.after_step(k, timer)
+    if host is not None:
+        host.stop()
     return samples

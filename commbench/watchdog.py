@@ -56,6 +56,7 @@ import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
+from commbench import dilation
 from commbench.comm.base import Communicator
 
 DEFAULT_STEP_TIMEOUT = 300.0  # seconds; see the module docstring and docs/faults.md
@@ -83,7 +84,7 @@ def horovod_stall_env(timeout: float | None, environ: MutableMapping[str, str] |
     the user set (or ``horovodrun --stall-check-*``) is kept. Returns what was set.
     """
     env = os.environ if environ is None else environ
-    deadline = DEFAULT_STEP_TIMEOUT if timeout is None else timeout
+    deadline = dilation.wall(DEFAULT_STEP_TIMEOUT if timeout is None else timeout)
     if deadline <= 0:
         return {}
     want = {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(1, int(deadline))),
@@ -136,7 +137,8 @@ class Watchdog:
         self.prog = prog
         self.comm = comm
         self.auto = timeout is None
-        self.timeout = DEFAULT_STEP_TIMEOUT if timeout is None else float(timeout)
+        # on the wall: under time dilation K (``commbench.dilation``) a step takes K times longer
+        self.timeout = dilation.wall(DEFAULT_STEP_TIMEOUT if timeout is None else float(timeout))
         self.enabled = self.timeout > 0
         self.grace = grace_s(self.timeout)
         self.poll = min(1.0, max(0.05, self.timeout / 20))

@@ -24,6 +24,13 @@ Usage::
     python -m launch.cluster status
     python -m launch.cluster run -- python -m commbench.allreduce   # mpirun across the nodes
     sudo python -m launch.cluster down
+
+Time dilation (``--dilation K``, ``commbench.dilation``): the links run at rate / K
+and every rank is told K, so that everything else on emulated time (replayed
+compute, pollers, Horovod's cycle, deadlines) runs K times slower and records
+hold emulated time; the link test is multiplied back by K. ``--rate`` stays the
+emulated rate. This machine then looks K times faster to the job: the way to take
+its cores out of a figure where ranks outnumber them.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from commbench import dilation as dil
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from launch import commands, links, linktest
 from launch.commands import LAUNCHERS, NodeSet, NodeSlots
@@ -141,7 +149,7 @@ class ClusterSpec(NodeSlots):
 
     nodes: int | None
     slots: list[int] | int | str
-    rate_gbps: float | None = None
+    rate_gbps: float | None = None  # emulated: the links run at rate_gbps / dilation
     subnet: str = DEFAULT_SUBNET
     name: str = DEFAULT_NAME
     node_list: list[Node] = field(default_factory=list)
@@ -149,6 +157,8 @@ class ClusterSpec(NodeSlots):
     bridge_addr: str = ""
     iptables_rule: list[str] | None = None
     created: float = 0.0
+    #: wall time / emulated time (``commbench.dilation``)
+    dilation: float = 1.0
 
     def __post_init__(self) -> None:
         self.slots = node_slots(self.nodes, self.slots)
@@ -309,8 +319,9 @@ def up(spec: ClusterSpec) -> ClusterSpec:
             _run(_in_ns(n.netns, "ip", "link", "set", "lo", "up"))
             _run(_in_ns(n.netns, "ip", "route", "add", "default", "via", spec.bridge_addr))
             if spec.rate_gbps is not None:  # node egress, and node ingress on the host side
-                _run(links.shape_argv("eth0", spec.rate_gbps, prefix=_in_ns(n.netns)))
-                _run(links.shape_argv(n.veth, spec.rate_gbps))
+                _run(links.shape_argv("eth0", spec.rate_gbps, prefix=_in_ns(n.netns),
+                                      dilation=spec.dilation))
+                _run(links.shape_argv(n.veth, spec.rate_gbps, dilation=spec.dilation))
         _write_exec(spec.agent, _agent_script(spec))
         (spec.folder / SSH_DIR).mkdir(parents=True, exist_ok=True)
         ssh = spec.folder / SSH_DIR / "ssh"
@@ -335,7 +346,9 @@ def on_node(spec: ClusterSpec, node: Node, argv: Sequence[str]) -> list[str]:
 
 
 def measure_link(spec: ClusterSpec, seconds: float = 2.0, port: int = 5299) -> dict:
-    """Achieved Gbit/s from node 2 to node 1 (launch.linktest), as the link reference."""
+    """Achieved Gbit/s from node 2 to node 1 (launch.linktest), as the link reference; under
+    dilation K the test runs K times longer and its rates are multiplied back by K
+    (emulated Gbit/s, the unit of ``--rate`` and of the records)."""
     if spec.nodes < 2:
         raise ClusterError("measuring a link needs at least 2 nodes")
     a, b = spec.node_list[0], spec.node_list[1]
@@ -344,11 +357,14 @@ def measure_link(spec: ClusterSpec, seconds: float = 2.0, port: int = 5299) -> d
     try:
         result = linktest.between(lambda argv: on_node(spec, a, argv),
                                   lambda argv: on_node(spec, b, argv), a.addr, port,
-                                  seconds, env=env)
+                                  seconds * spec.dilation, env=env)
     except linktest.LinkTestError as e:
         raise ClusterError(str(e)) from None
+    for key in ("gbps", "wire_gbps"):
+        if result.get(key):
+            result[key] *= spec.dilation
     result.update(method="launch.linktest tcp stream", src=b.name, dst=a.name,
-                  shaped_gbps=spec.rate_gbps)
+                  shaped_gbps=spec.rate_gbps, dilation=spec.dilation)
     return result
 
 
@@ -403,6 +419,10 @@ def status(name: str = DEFAULT_NAME) -> str:
     if spec is None:
         return f"cluster {name}: down"
     rate = f"{spec.rate_gbps:g} Gbit/s" if spec.rate_gbps else "unshaped"
+    if spec.dilation != 1:
+        rate += (f" emulated, dilation {dil.text(spec.dilation)} (on the wire "
+                 f"{spec.rate_gbps / spec.dilation:g} Gbit/s)" if spec.rate_gbps
+                 else f", dilation {dil.text(spec.dilation)}")
     lines = [f"cluster {spec.name}: {spec.layout}, links {rate}, "
              f"subnet {spec.subnet}, bridge {spec.bridge} ({spec.bridge_addr})"]
     pids = node_pids(spec)
@@ -415,11 +435,13 @@ def status(name: str = DEFAULT_NAME) -> str:
 
 @contextlib.contextmanager
 def cluster(nodes: int | None, slots: int | str | Sequence[int], rate: str | None = None,
-            subnet: str = DEFAULT_SUBNET, name: str = DEFAULT_NAME) -> Iterator[ClusterSpec]:
+            subnet: str = DEFAULT_SUBNET, name: str = DEFAULT_NAME,
+            dilation: float = 1.0) -> Iterator[ClusterSpec]:
     """Bring a cluster up for the ``with`` block; take it down on exit, failure or signal.
-    ``slots``: one number for every node, or one per node (``nodes`` may then be None)."""
+    ``slots``: one number for every node, or one per node (``nodes`` may then be None);
+    ``dilation``: time dilation K (the module's docstring)."""
     spec = up(ClusterSpec(nodes=nodes, slots=slots, rate_gbps=parse_rate(rate),
-                          subnet=subnet, name=name))
+                          subnet=subnet, name=name, dilation=dilation))
     previous = {}
 
     def on_signal(signum, frame):
@@ -455,14 +477,23 @@ def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str
     COMMBENCH_LOADAVG_BEFORE: the job's records then say how busy the machine was before
     the job itself loaded it; ``runnable_before``, the tasks running or runnable then
     (``commbench.cores.runnable_tasks``), goes as COMMBENCH_RUNNABLE_BEFORE and decides
-    whether the job started beside other work.
+    whether the job started beside other work. The cluster's dilation goes as
+    COMMBENCH_DILATION (``commbench.dilation``).
     """
-    env = links.link_env(spec.rate_gbps, "eth0", link)
+    env = {**links.link_env(spec.rate_gbps, "eth0", link), **dil.env(spec.dilation)}
     if load_before is not None:
         env[LOADAVG_ENV] = f"{load_before:.2f}"
     if runnable_before is not None:
         env[RUNNABLE_ENV] = f"{runnable_before:g}"
     return commands.on_nodes(spec.node_set, launcher, np, program, env)
+
+
+def dilation_arg(text: str) -> float:
+    """``--dilation``'s argparse type: a bad value exits 2 naming the flag."""
+    try:
+        return float(dil.parse(text))
+    except dil.DilationError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--dilation {text}: ")) from None
 
 
 def _cli(argv: list[str] | None = None) -> int:
@@ -480,6 +511,12 @@ def _cli(argv: list[str] | None = None) -> int:
         sp.add_argument("--rate", default="none",
                         help="link rate per node, tc syntax: 200mbit, 1gbit, 10gbit, none")
         sp.add_argument("--subnet", default=DEFAULT_SUBNET, help="private subnet for the nodes")
+        sp.add_argument("--dilation", type=dilation_arg, metavar="K",
+                        help="time dilation: links at rate / K, and everything else on "
+                             "emulated time (replayed compute, Horovod's cycle, deadlines) "
+                             "K times slower; records hold emulated time. Takes this "
+                             "machine's cores out of a figure where ranks outnumber them "
+                             "(default 1: none; run: the cluster's own)")
 
     for name in ("up", "down", "status", "run", "link"):
         sp = sub.add_parser(name)
@@ -492,14 +529,16 @@ def _cli(argv: list[str] | None = None) -> int:
             sp.add_argument("--launcher", choices=LAUNCHERS, default="mpirun")
             sp.add_argument("--no-link-test", action="store_true",
                             help="skip measuring the link before the job")
-            sp.add_argument("--timeout", type=float, default=3600.0, help="job deadline (s)")
+            sp.add_argument("--timeout", type=float, default=3600.0,
+                            help="job deadline (s, emulated: x K on the wall)")
             sp.add_argument("program", nargs=argparse.REMAINDER,
                             help="-- then the program, e.g. python -m commbench.allreduce")
     a = p.parse_args(argv)
     try:
         if a.cmd == "up":
             spec = ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
-                               subnet=a.subnet, name=a.name)  # checks before making anything
+                               subnet=a.subnet, name=a.name,
+                               dilation=a.dilation or 1.0)  # checks before making anything
             spec = up(spec)
             print(status(spec.name))
         elif a.cmd == "down":
@@ -533,12 +572,17 @@ def _cli_run(a) -> int:
     if existing and asked and asked != existing.slots:
         raise ClusterError(f"--slots {a.slots}: cluster {a.name} is up with {existing.layout}; "
                            f"leave --nodes/--slots out to use it, or take it down first")
+    if existing and a.dilation is not None and a.dilation != existing.dilation:
+        raise ClusterError(f"--dilation {dil.text(a.dilation)}: cluster {a.name} is up at "
+                           f"dilation {dil.text(existing.dilation)} (its links are shaped for "
+                           "it); leave --dilation out to use it, or take it down and bring it "
+                           "up at the dilation you want")
     if ephemeral and not a.slots:
         raise ClusterError(f"cluster {a.name} is not up: bring it up first or give "
                            "--nodes and --slots (or --slots per node, e.g. 3,1) for a cluster "
                            "that lives for this run")
     spec = existing or ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
-                                   subnet=a.subnet, name=a.name)
+                                   subnet=a.subnet, name=a.name, dilation=a.dilation or 1.0)
     np = a.np or spec.ranks
     if np > spec.ranks:
         raise ClusterError(f"--np {np} is more ranks than {spec.layout}")
@@ -546,7 +590,8 @@ def _cli_run(a) -> int:
         check_machine()
     load_before = load_average()  # before the link test and the job's start-up load it
     runnable_before = runnable_tasks()
-    ctx = (cluster(spec.nodes, spec.slots, a.rate, spec.subnet, spec.name) if ephemeral
+    ctx = (cluster(spec.nodes, spec.slots, a.rate, spec.subnet, spec.name, spec.dilation)
+           if ephemeral
            else contextlib.nullcontext(spec))
     with ctx as spec:
         link = None
@@ -554,12 +599,13 @@ def _cli_run(a) -> int:
             link = measure_link(spec)
             print(f"# link {link['src']} -> {link['dst']}: {link['gbps']:.3f} Gbit/s "
                   f"(shaped {a.rate if ephemeral else spec.rate_gbps})", flush=True)
+        deadline = a.timeout * spec.dilation  # the job runs K times longer on the wall
         res = run(launch_argv(spec, a.launcher, np, program, link, load_before, runnable_before),
-                  timeout=a.timeout)
+                  timeout=deadline)
         sys.stdout.write(res.stdout)
         sys.stderr.write(res.stderr)
         if res.timed_out:
-            print(f"launch.cluster: job timed out after {a.timeout:g} s", file=sys.stderr)
+            print(f"launch.cluster: job timed out after {deadline:g} s", file=sys.stderr)
             return 124
         return res.returncode
 

@@ -13,7 +13,7 @@ from commbench.linkstats import GBPS_ENV, IFACE_ENV, SHAPING_ENV, WIRE_GBPS_ENV
 # tbf as probed here (shared/DESIGN.md §7): at 1gbit iperf3 saw 962 Mbit/s; netem
 # (delay) is not in this kernel.
 TBF_BURST = "256kb"
-TBF_LATENCY = "50ms"
+TBF_LATENCY_MS = 50.0
 
 
 def tc_rate(gbps: float) -> str:
@@ -21,14 +21,21 @@ def tc_rate(gbps: float) -> str:
     return f"{int(round(gbps * 1e6))}kbit"
 
 
-def shape_argv(dev: str, gbps: float, prefix: Sequence[str] = ()) -> list[str]:
+def shape_argv(dev: str, gbps: float, prefix: Sequence[str] = (), dilation: float = 1.0
+               ) -> list[str]:
     """``tc`` command that limits what leaves ``dev`` to ``gbps`` (tbf as the root qdisc;
     ``replace`` also works when none is set). ``prefix`` runs it elsewhere, e.g. in a
-    network namespace (``ip netns exec NS``)."""
+    network namespace (``ip netns exec NS``).
+
+    Under time dilation K (``commbench.dilation``) ``gbps`` is the emulated rate: the link
+    runs at gbps / K, tbf's burst stays the same in bytes (a burst at line rate lasts the
+    same in emulated time) and its latency (the longest a packet may queue) is K times
+    longer on the wall, the same queue in bytes and in emulated time."""
     if gbps <= 0:
         raise ValueError(f"link rate must be > 0 Gbit/s, got {gbps}")
-    return [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", tc_rate(gbps),
-            "burst", TBF_BURST, "latency", TBF_LATENCY]
+    return [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+            tc_rate(gbps / dilation), "burst", TBF_BURST, "latency",
+            f"{TBF_LATENCY_MS * dilation:g}ms"]
 
 
 def shaping_text(gbps: float | None) -> str:

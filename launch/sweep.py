@@ -15,11 +15,13 @@ A sweep file (TOML or JSON) names the launcher, fixed arguments and a grid::
     model = ["resnet18", "resnet50"]
     # nodes/slots/rate run the point on an emulated cluster (launch.cluster);
     # slots = [4] is 4 on every node, slots = ["3,1"] one uneven layout (nodes then optional)
+    # dilation = [1, 4] runs each point at time dilation 1 and 4 (emulated clusters only)
 
 or the same from flags::
 
     python -m launch.sweep --set ranks=2,4 --set algo=native,ring -o results/s -- --steps 10
     python -m launch.sweep --set slots=3+1,2+2 --set rate=1gbit -o results/u   # two layouts
+    python -m launch.sweep --set slots=4 --set nodes=2 --set rate=1gbit --dilation 4 -o r/d
 
 In ``--set`` commas separate a key's values, so per-node slots there are
 joined with ``+`` (``slots=3+1``); in a file write ``"3,1"``, ``"3+1"`` or ``[3, 1]``.
@@ -50,6 +52,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commbench import dilation as dil
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from commbench.flags import MOVED_STRATEGIES
 from commbench.results import write_atomic
@@ -72,6 +75,7 @@ LAUNCH_KEYS: dict[str, type] = {
     "ranks": int, "nodes": int,
     "slots": int,  # or per node: "3,1" / "3+1" / [3, 1] (see _check_slots)
     "rate": str,
+    "dilation": float,  # time dilation K of the point's emulated cluster (commbench.dilation)
 }
 # grid keys the program takes, as the flag ``--key-with-dashes`` -> type of each value
 PROGRAM_KEYS: dict[str, type] = {
@@ -215,6 +219,16 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
                 parse_rate(p["rate"])
             except ClusterError as e:
                 raise SweepError(f"grid.rate: {e}") from None
+        if "dilation" in p:
+            try:
+                dil.parse(p["dilation"], "dilation")
+            except dil.DilationError as e:
+                raise SweepError(str(e)) from None
+            if p["dilation"] != 1 and (layout is None or s.hosts):
+                raise SweepError(f"dilation {dil.text(p['dilation'])}: time dilation applies to "
+                                 "emulated links only (points with nodes/slots, on "
+                                 "launch.cluster); this point runs on "
+                                 f"{'the hosts ' + s.hosts if s.hosts else 'this host, unshaped'}")
     if s.timeout <= 0 or any(p.get("timeout", 1) <= 0 for p in s.points()):
         raise SweepError("timeout: must be > 0")
     return s
@@ -291,13 +305,14 @@ class _Clusters:
         self.spec = None
         self.link = None
 
-    def get(self, slots: list[int], rate: str | None):
-        """The cluster with ``slots`` per node (a list, one per node) and links at ``rate``."""
-        key = (tuple(slots), rate)
+    def get(self, slots: list[int], rate: str | None, dilation: float = 1.0):
+        """The cluster with ``slots`` per node (a list, one per node), links at ``rate``, at
+        time dilation ``dilation``."""
+        key = (tuple(slots), rate, dilation)
         if key != self.key:
             self.close()
             self.spec = self.stack.enter_context(cluster(None, list(slots), rate,
-                                                         name=CLUSTER_NAME))
+                                                         name=CLUSTER_NAME, dilation=dilation))
             self.link = measure_link(self.spec) if len(slots) > 1 else None
             self.key = key
         return self.spec, self.link
@@ -315,7 +330,7 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> l
     prog = point_program(point, sweep, out)
     layout = layout_of(point)
     if layout is not None:
-        spec, link = clusters.get(layout, point.get("rate"))
+        spec, link = clusters.get(layout, point.get("rate"), point.get("dilation", 1.0))
         np = point.get("ranks", spec.ranks)
         return launch_argv(spec, sweep.launcher, np, prog, link, load_average(),
                            runnable_tasks())
@@ -369,7 +384,9 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
             t = time.time()
             try:
                 argv = launch_point(point, sweep, out, clusters)
-                res = run(argv, timeout=point.get("timeout", sweep.timeout))
+                # deadlines are emulated: a dilated point runs K times longer on the wall
+                res = run(argv, timeout=point.get("timeout", sweep.timeout)
+                          * point.get("dilation", 1.0))
                 ok = res.returncode == 0 and not res.timed_out
                 info = {"id": pid, "point": point, "argv": argv, "returncode": res.returncode,
                         "timed_out": res.timed_out, "seconds": time.time() - t}
@@ -406,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--program", help="module to run (default commbench.allreduce)")
     p.add_argument("--timeout", type=float, help="seconds per point")
     p.add_argument("-o", "--output", help="results directory")
+    p.add_argument("--dilation", metavar="K", help="time dilation of every point's emulated "
+                   "cluster (launch.cluster --dilation; the same as --set dilation=K)")
     p.epilog = "Arguments after -- are passed to every point's program."
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -413,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep_d, grid_d = load_file(a.file) if a.file else ({}, {})
         grid_d.update(parse_set(a.set))
+        if a.dilation is not None:
+            try:
+                grid_d["dilation"] = [float(dil.parse(a.dilation))]
+            except dil.DilationError as e:
+                raise SweepError(str(e)) from None
         for k in ("launcher", "program", "timeout", "output"):
             if getattr(a, k) is not None:
                 sweep_d[k] = getattr(a, k)

@@ -36,7 +36,7 @@ for the same reason.
      each message tested between sleeps of ``poll_s``: light on the CPU, at
      the price of up to ``poll_s`` of latency per segment. Needs
      point-to-point messages (``comm.supports_p2p``; not Horovod on Gloo).
-4. Every transfer is stamped on this rank's clock (``time.perf_counter``):
+4. Every transfer is stamped on this rank's clock (``commbench.timing.now``):
    ``queued`` when submitted, ``start`` when the engine began it (later than
    ``queued`` while earlier transfers still run), ``end`` when it finished.
    Durations only; clocks of two ranks are never compared.
@@ -61,12 +61,12 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from types import TracebackType
 from typing import Callable
 
 import torch
 
+from commbench import dilation
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.ring import ring_allreduce
 from commbench.timing import now
@@ -166,7 +166,7 @@ class TransferEngine:
 
     def _wait_polling(self, h: Handle) -> None:
         while not h.test():
-            time.sleep(self.poll_s)
+            dilation.sleep(self.poll_s)
 
     def _ring(self, tensor: torch.Tensor) -> None:
         ring_allreduce(self.comm, tensor, wait=self._wait_polling)

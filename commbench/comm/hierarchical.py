@@ -59,15 +59,16 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 import torch
 
+from commbench import dilation
 from commbench.comm.base import Communicator, Group, Handle
 from commbench.comm.phases import PhaseHook, Phases
 from commbench.comm.ring import POLL_S, block, chunk_bounds, poll, ring_allreduce
+from commbench.timing import now
 
 # 8 MiB: 8 segments for 64 MiB, so filling and draining the pipeline costs about
 # 1/8 of the intra-node phases; each local rank's share of a segment still goes
@@ -108,7 +109,7 @@ class _OneAtATime:
     def wait(self, h: Handle) -> None:
         """The ring's ``poll``, each test taken under the lock."""
         while not self.call(h.test):
-            time.sleep(POLL_S)
+            dilation.sleep(POLL_S)
 
     ring_wait = wait
 
@@ -332,21 +333,21 @@ class _Pipeline(Generic[T]):
                 out.append(self.first(k))
                 self._todo.put((k, out[k]))
                 if k == 0:
-                    handed = time.perf_counter()
+                    handed = now()
         finally:
             self._todo.put(None)
-        t1 = time.perf_counter()
+        t1 = now()
         for k in range(self.n):
             self._done[k].wait()
             if self._error is not None:
                 raise self._error
-            t = time.perf_counter()
+            t = now()
             if k == 0:
                 t2 = t
             self.last(k, out[k])
-        t3 = time.perf_counter()
+        t3 = now()
         worker.join()  # the thread's end is the inter-node phase's
-        self.spans = [(t0, t1), (handed, max(t, time.perf_counter())), (t2, t3)]
+        self.spans = [(t0, t1), (handed, max(t, now())), (t2, t3)]
 
     def report(self, names: tuple[str, str, str], hook: PhaseHook | None) -> None:
         if hook is not None:
@@ -394,7 +395,7 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
     """
     if comm.size == 1:
         return
-    t0 = time.perf_counter()
+    t0 = now()
     p = plan_for(comm)
     flat = tensor.view(-1)
     n = pipeline_segments(comm, flat.numel(), flat.element_size(), segment_bytes)
@@ -447,7 +448,7 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
     """
     if comm.size == 1:
         return
-    t0 = time.perf_counter()
+    t0 = now()
     p = plan_for(comm)
     flat = tensor.view(-1)
     crosses = p.leaders is not None and p.leaders.size > 1

@@ -36,6 +36,7 @@ from typing import Any
 import mpi4py
 import torch
 
+from commbench import dilation
 from commbench.comm import base
 from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
 from commbench.comm.mpi import (
@@ -158,6 +159,7 @@ class HorovodCommunicator(Communicator):
         import horovod.torch as hvd  # optional extra; loaded after MPI is initialised
 
         self.hvd = hvd
+        dilation.apply_horovod_cycle()  # its cycle is on emulated time
         hvd.init(process_sets="dynamic")  # two-level schemes add process sets later
         if self._mpi is not None and not hvd.mpi_enabled():
             self._mpi = None  # Gloo controller under mpirun: do not mix in MPI traffic

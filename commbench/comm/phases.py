@@ -1,15 +1,16 @@
 """Phases of one all-reduce (reduce-scatter, cross-node all-reduce, all-gather, ...).
 
 An algorithm made of consecutive phases reports each as it ends through
-``on_phase(name, start, end)`` (this rank's ``time.perf_counter`` clock), so
+``on_phase(name, start, end)`` (this rank's clock, ``commbench.timing.now``), so
 the step timer, the microbenchmark and the ``--timeline`` trace can show
 where its time went.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+
+from commbench.timing import now
 
 #: ``on_phase(name, start, end)``: told of each phase as it ends
 PhaseHook = Callable[[str, float, float], None]
@@ -22,10 +23,10 @@ class Phases:
 
     def __init__(self, hook: PhaseHook | None) -> None:
         self.hook = hook
-        self.t = time.perf_counter() if hook is not None else 0.0
+        self.t = now() if hook is not None else 0.0
 
     def end(self, name: str) -> None:
         if self.hook is not None:
-            t = time.perf_counter()
+            t = now()
             self.hook(name, self.t, t)
             self.t = t

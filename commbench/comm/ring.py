@@ -41,11 +41,11 @@ scratch buffer has the tensor's dtype and the additions are torch's, so a
 from __future__ import annotations
 
 import os
-import time
 from typing import Callable
 
 import torch
 
+from commbench import dilation
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.phases import PhaseHook, Phases
 
@@ -81,7 +81,7 @@ def block(h: Handle) -> None:
 def poll(h: Handle, poll_s: float = POLL_S) -> None:
     """Wait for ``h`` by testing it between sleeps of ``poll_s``, leaving the core free."""
     while not h.test():
-        time.sleep(poll_s)
+        dilation.sleep(poll_s)
 
 
 WAITS: dict[str, Callable[[Handle], None]] = {"block": block, "poll": poll}

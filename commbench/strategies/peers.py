@@ -47,7 +47,6 @@ import contextlib
 import inspect
 import os
 import socket
-import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -56,6 +55,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from commbench import dilation
 from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
 from commbench.flatbuf import FlatBuffer
@@ -143,6 +143,8 @@ class HorovodStrategy(Strategy):
 
     def knobs(self) -> dict:
         env = {k.lower(): os.environ.get(k, v) for k, v in HOROVOD_DEFAULTS.items()}
+        env["horovod_cycle_time"] = os.environ.get(dilation.HOROVOD_CYCLE_BASE_ENV,
+                                                   env["horovod_cycle_time"])  # emulated
         return {**super().knobs(), "backward_passes_per_step": self.accum_steps, **env,
                 "grads_hooked_in_backward": self._hooked}
 
@@ -263,7 +265,7 @@ class DDPStrategy(Strategy):
         """
         deadline = now() + timeout_s
         while len(self._callbacks) and now() < deadline:
-            time.sleep(0.001)
+            dilation.sleep(0.001)
 
     def knobs(self) -> dict:
         return {**super().knobs(), "bucket_cap_mb": self.bucket_mb,

@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from commbench import dilation
 from commbench.models import parameter_shapes
 from commbench.models.factory import is_factory
 from commbench.timing import now
@@ -64,7 +64,7 @@ def _wait_until(deadline: float, poll: Callable[[], None] | None) -> None:
         left = deadline - now()
         if left <= 0:
             return
-        time.sleep(left if poll is None else min(left, POLL_S))
+        dilation.sleep(left if poll is None else min(left, POLL_S))
 
 
 class ReplayClock:

@@ -1,0 +1,247 @@
+"""Host load over a run's measured steps: did the run measure the links, or this machine?
+
+Where ranks outnumber cores (the emulated cluster on one machine), part of a
+figure can be the host's: a rank that has its data but waits for a core, a
+poller that takes the core a copy needed. Fidelity monitors (Mininet-HiFi,
+Handigol et al., CoNEXT 2012) check invariants during the run and distrust a
+result when one fails. The signals kept here, per rank, over the measured
+steps only (``HostMonitor.start`` / ``stop``):
+
+- the rank's CPU time and its run-queue wait (runnable, not running), summed
+  over all its threads (``/proc/self/task/*/schedstat``: the scheduler's own
+  accounting, in ns), each as a share of the window's wall time;
+- the machine's idle share over the same window (``/proc/stat``).
+
+Run-queue wait is the signal that names the host: time a thread could have run
+and did not. Idle share alone cannot judge a run whose ranks busy-poll (Open
+MPI's blocking collectives spin, so its ranks are always runnable), which is
+why the verdict (``verdict``) reads run-queue wait where it is on a rank that
+has work, with the thresholds chosen from measurement (``docs/fidelity.md``).
+
+Not to be confused with ``benchmarks/replay_fidelity.py``, which checks that
+replayed compute stands for real compute.
+
+Only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from commbench.linkstats import read_iface_bytes
+
+LINK_BOUND = "link-bound"
+HOST_BOUND = "host-bound"
+
+
+def read_schedstat(task_dir: str = "/proc/self/task") -> tuple[float, float, int] | None:
+    """(CPU seconds, run-queue wait seconds, threads) summed over this process's threads;
+    None where the kernel keeps no schedstat (not Linux, or schedstats off)."""
+    cpu = wait = 0
+    threads = 0
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"{task_dir}/{tid}/schedstat") as f:
+                fields = f.read().split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        if len(fields) < 2:
+            continue
+        cpu += int(fields[0])
+        wait += int(fields[1])
+        threads += 1
+    if not threads:
+        return None
+    return cpu / 1e9, wait / 1e9, threads
+
+
+def read_cpu_times(path: str = "/proc/stat") -> tuple[float, float] | None:
+    """(idle jiffies incl. iowait, all jiffies) of the machine; None without /proc/stat."""
+    try:
+        with open(path) as f:
+            line = f.readline().split()
+    except OSError:
+        return None
+    if not line or line[0] != "cpu":
+        return None
+    values = [int(v) for v in line[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return float(idle), float(sum(values[:8]))  # guest time is already in user
+
+
+@dataclass
+class HostWindow:
+    """One rank's host signals over a window of wall time."""
+
+    window_s: float          # wall seconds (not emulated: the host works on the wall)
+    cpu_s: float | None      # this rank's CPU time, all threads
+    runq_s: float | None     # this rank's run-queue wait, all threads
+    threads: int | None
+    idle_share: float | None  # the machine's idle share over the window
+    link_bytes: int | None = None  # max(rx, tx) through this node's link (where read)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class HostMonitor:
+    """Reads the counters at ``start`` and ``stop``; ``window`` gives the difference."""
+
+    def __init__(self, iface: str | None = None) -> None:
+        self.iface = iface  # this node's link, read by one rank per node (linkstats)
+        self._l0 = None
+        self._t0 = None
+        self._s0 = None
+        self._c0 = None
+        self._result: HostWindow | None = None
+
+    def start(self) -> None:
+        self._s0 = read_schedstat()
+        self._c0 = read_cpu_times()
+        self._l0 = read_iface_bytes(self.iface) if self.iface else None
+        self._t0 = time.perf_counter()
+        self._result = None
+
+    def stop(self) -> HostWindow | None:
+        if self._t0 is None:
+            return None
+        t1 = time.perf_counter()
+        s1, c1 = read_schedstat(), read_cpu_times()
+        link = None
+        if self._l0 is not None:
+            rx, tx = read_iface_bytes(self.iface)
+            link = max(rx - self._l0[0], tx - self._l0[1])
+        s0, c0 = self._s0, self._c0
+        cpu = runq = None
+        threads = None
+        if s0 is not None and s1 is not None:
+            cpu, runq, threads = s1[0] - s0[0], s1[1] - s0[1], s1[2]
+        idle = None
+        if c0 is not None and c1 is not None and c1[1] > c0[1]:
+            idle = (c1[0] - c0[0]) / (c1[1] - c0[1])
+        self._result = HostWindow(window_s=t1 - self._t0, cpu_s=cpu, runq_s=runq,
+                                  threads=threads, idle_share=idle, link_bytes=link)
+        self._t0 = None
+        return self._result
+
+    @property
+    def result(self) -> HostWindow | None:
+        return self._result
+
+
+def summarize(windows: Sequence[dict | HostWindow | None], cores: int | None) -> dict | None:
+    """Every rank's window reduced for the record: per-rank shares of the wall window, and
+    their medians and maxima; None when no rank measured one."""
+    ws = [w.as_dict() if isinstance(w, HostWindow) else w for w in windows]
+    ws = [w for w in ws if w and w.get("window_s")]
+    if not ws:
+        return None
+
+    def share(key: str) -> list[float | None]:
+        return [None if w.get(key) is None else w[key] / w["window_s"] for w in ws]
+
+    cpu, runq = share("cpu_s"), share("runq_s")
+    idle = [w["idle_share"] for w in ws if w.get("idle_share") is not None]
+    known = [x for x in runq if x is not None]
+    known_cpu = [x for x in cpu if x is not None]
+    return {
+        "window_s": max(w["window_s"] for w in ws),
+        "cores": cores,
+        "ranks": len(ws),
+        "cpu_share": cpu,
+        "runq_share": runq,
+        "cpu_share_sum": sum(known_cpu) if known_cpu else None,
+        "runq_share_median": statistics.median(known) if known else None,
+        "runq_share_max": max(known) if known else None,
+        "idle_share": min(idle) if idle else None,
+        "link_bytes": max((w["link_bytes"] for w in ws if w.get("link_bytes") is not None),
+                          default=None),
+    }
+
+
+#: the verdict's thresholds, chosen from measurement (docs/fidelity.md): hier on 2 x 4 at
+#: 1 Gbit/s, 16 MiB, whose figure moved with K, had ranks waiting for a core 17 % of the
+#: window (median) at K = 1 (9 % above its K = 2 figure), 7 % at K = 2 (4 %), 4 % at K = 4
+#: (1.7 %) and 2 % at K = 8
+RUNQ_LIMIT = 0.05
+#: a rank on a core this share of the window does host work that dilation would shrink
+CPU_LIMIT = 0.5
+#: a rank runnable (on a core or waiting for one) this share of the window busy-polls
+BUSY_POLL = 0.9
+#: the busiest link carried this share of its measured rate while the collectives ran:
+#: the link was the bottleneck, whatever the cores did
+LINK_SATURATED = 0.9
+
+
+def record_fields(windows: Sequence[dict | HostWindow | None],
+                  link_efficiency: float | None = None) -> dict:
+    """What a record carries of its host windows: ``host`` (``summarize``) and ``bound``
+    (``verdict``, with the link's efficiency where the record has one)."""
+    host = summarize(windows, os.cpu_count())
+    return {"host": host, "bound": verdict(host, link_efficiency)}
+
+
+def verdict(host: dict | None, link_efficiency: float | None = None) -> str | None:
+    """``link-bound`` or ``host-bound (why)`` from a record's ``host``; None without one.
+
+    1. The busiest link ran at ``LINK_SATURATED`` of its rate or more: link-bound.
+    2. The ranks waited for a core more than ``RUNQ_LIMIT`` of the window (median over
+       ranks): host-bound. Ranks that busy-poll (runnable ``BUSY_POLL`` of the window) wait
+       for a core whenever they outnumber the cores, work or not: the verdict says so, and
+       only a run at twice the dilation tells (``benchmarks/dilation.py``).
+    3. A rank that does not busy-poll was on a core more than ``CPU_LIMIT`` of the window:
+       host-bound (its own work, which dilation would shrink).
+    4. Otherwise link-bound.
+    """
+    if not host or host.get("runq_share_median") is None:
+        return None
+    if link_efficiency is not None and link_efficiency >= LINK_SATURATED:
+        return LINK_BOUND
+    cpu = [c or 0.0 for c in host["cpu_share"]]
+    runq = [q or 0.0 for q in host["runq_share"]]
+    polling = [c + q >= BUSY_POLL for c, q in zip(cpu, runq)]
+    median = host["runq_share_median"]
+    if median > RUNQ_LIMIT:
+        why = (f"ranks waited for a core {median:.0%} of the window (median over ranks; limit "
+               f"{RUNQ_LIMIT:.0%})")
+        if any(polling):
+            why += (f"; {sum(polling)} of {len(polling)} ranks busy-poll, so part of it may be "
+                    "polling: a run at twice the dilation tells")
+        return f"{HOST_BOUND} ({why})"
+    busy = [r for r, (c, p) in enumerate(zip(cpu, polling)) if c > CPU_LIMIT and not p]
+    if busy:
+        return (f"{HOST_BOUND} (rank {busy[0]} was on a core {cpu[busy[0]]:.0%} of the window: "
+                "host work that dilation would shrink)")
+    return LINK_BOUND
+
+
+def is_link_bound(rec: dict) -> bool | None:
+    """A record's verdict: True link-bound, False host-bound, None not judged."""
+    b = rec.get("bound")
+    return None if not b else b == LINK_BOUND
+
+
+def footer_lines(records: Sequence[dict], label, dilation: float, real_compute: bool = False
+                 ) -> list[str]:
+    """A table's footer on the host: the dilation, and each record's verdict (``label(rec)``
+    names its row); one line when every row is link-bound."""
+    lines = []
+    if dilation != 1:
+        lines.append(f"time dilation {dilation:g}: links at rate / {dilation:g}, every time "
+                     f"emulated (wall / {dilation:g})"
+                     + (f"; real compute stands for a node {dilation:g}x faster than this "
+                        "machine's share" if real_compute else ""))
+    judged = [(label(r), r.get("bound")) for r in records if r.get("bound")]
+    if judged and all(b == LINK_BOUND for _, b in judged):
+        lines.append("host: every row link-bound (commbench.hostload)")
+    else:
+        lines += [f"host: {name}: {b}" for name, b in judged]
+    return lines
