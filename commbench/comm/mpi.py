@@ -26,6 +26,7 @@ import torch
 from commbench.comm import base
 from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
 from commbench.comm.ring import chunk_bounds
+from commbench.hostload import polled
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
 #: 2-byte floats numpy cannot reduce: sent as uint16 bits, summed by a user-defined op
@@ -79,6 +80,7 @@ class _MpiHandle(Handle):
             self._done = bool(self._req.Test())
         return self._done
 
+    @polled
     def wait(self) -> None:
         if not self._done:
             self._req.Wait()
@@ -204,6 +206,7 @@ class MpiCommunicator(Communicator, Group):
             self._half_ops[tensor.dtype] = _torch_sum_op(self._MPI, tensor.dtype)
         return [buf, self._half_type], self._half_ops[tensor.dtype]
 
+    @polled
     def allreduce(self, tensor: torch.Tensor) -> None:
         buf, op = self._reduce_args(tensor)
         self.comm.Allreduce(self._MPI.IN_PLACE, buf, op=op)
@@ -212,6 +215,7 @@ class MpiCommunicator(Communicator, Group):
         buf, op = self._reduce_args(tensor)
         return _MpiHandle(self.comm.Iallreduce(self._MPI.IN_PLACE, buf, op=op), buf)
 
+    @polled
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
                  tag: int = 0) -> None:
         self.comm.Sendrecv(as_buffer(send), dest, tag, as_buffer(recv), source, tag)
@@ -229,11 +233,13 @@ class MpiCommunicator(Communicator, Group):
         recv, _ = self._reduce_args(part)
         return part, send, recv, op
 
+    @polled
     def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         part, send, recv, op = self._scatter_args(tensor, counts)
         self.comm.Reduce_scatter(send, recv, counts, op=op)
         return part
 
+    @polled
     def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
         displs = _displacements(counts)
         self.comm.Allgatherv(as_buffer(part), [as_buffer(out), (counts, displs)])
@@ -251,6 +257,7 @@ class MpiCommunicator(Communicator, Group):
         send, recv = as_buffer(part), as_buffer(out)
         return _MpiHandle(self.comm.Iallgatherv(send, [recv, (counts, displs)]), (send, recv))
 
+    @polled
     def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
         buf, op = self._reduce_args(tensor)
         if self.comm.Get_rank() == root:
@@ -258,6 +265,7 @@ class MpiCommunicator(Communicator, Group):
         else:
             self.comm.Reduce(buf, None, op=op, root=root)
 
+    @polled
     def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
         self.comm.Bcast(as_buffer(tensor), root=root)
 
@@ -292,15 +300,19 @@ class MpiCommunicator(Communicator, Group):
     def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
         return p2p_irecv(self.comm, tensor, source, tag)
 
+    @polled
     def send(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> None:
         self.comm.Send(as_buffer(tensor), dest, tag)
 
+    @polled
     def recv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> None:
         self.comm.Recv(as_buffer(tensor), source, tag)
 
+    @polled
     def recv_any(self, tensor: torch.Tensor, tag: int = 0) -> int:
         return p2p_recv_any(self._MPI, self.comm, tensor, tag)
 
+    @polled
     def barrier(self) -> None:
         self.comm.Barrier()
 

@@ -1,0 +1,329 @@
+"""commbench.hostload: the scheduler's and the machine's counters, a run's host summary, and
+the link-bound / host-bound verdict on counters recorded from real runs. No process is
+started: the counters are read from this test process, fake /proc files and recorded
+windows."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from commbench import hostload
+from commbench.hostload import (
+    HOST_BOUND,
+    LINK_BOUND,
+    HostMonitor,
+    HostWindow,
+    footer_lines,
+    is_link_bound,
+    read_cpu_times,
+    read_schedstat,
+    record_fields,
+    summarize,
+    verdict,
+)
+
+HAS_SCHEDSTAT = Path("/proc/self/schedstat").exists()
+
+
+def spin(cpu_s: float, limit_s: float = 5.0) -> None:
+    """Keep this thread on a core until it has had ``cpu_s`` of CPU time (at most ``limit_s``
+    on the wall: the machine is shared)."""
+    t0, end = time.thread_time(), time.perf_counter() + limit_s
+    while time.thread_time() - t0 < cpu_s and time.perf_counter() < end:
+        pass
+
+
+# --- reading the counters ------------------------------------------------------------------
+
+def test_read_schedstat_sums_every_thread(tmp_path):
+    task = tmp_path / "task"
+    for tid, text in {"100": "1000000000 500000000 10\n", "101": "250000000 250000000 3\n",
+                      "102": "7\n"}.items():  # 102: too few fields, skipped
+        (task / tid).mkdir(parents=True)
+        (task / tid / "schedstat").write_text(text)
+    (task / "103").mkdir()  # a thread that ended between the listing and the read
+    assert read_schedstat(str(task)) == (1.25, 0.75, 2)
+
+
+def test_read_schedstat_none_without_counters(tmp_path):
+    assert read_schedstat(str(tmp_path / "absent")) is None
+    assert read_schedstat(str(tmp_path)) is None  # no threads
+    (tmp_path / "1").mkdir()
+    assert read_schedstat(str(tmp_path)) is None  # no schedstat (schedstats off)
+
+
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="the kernel keeps no schedstat")
+def test_read_schedstat_real_process_grows_with_work():
+    before = read_schedstat()
+    spin(0.05)
+    after = read_schedstat()
+    assert before is not None and after is not None
+    assert after[0] - before[0] >= 0.045  # the scheduler saw the busy loop
+    assert after[1] >= before[1] >= 0.0
+    assert after[2] >= 1
+
+
+STAT = """cpu  100 5 50 800 20 0 4 1 30 0
+cpu0 50 2 25 400 10 0 2 1 15 0
+intr 12345
+"""
+
+
+def test_read_cpu_times(tmp_path):
+    f = tmp_path / "stat"
+    f.write_text(STAT)
+    # idle + iowait; user..steal (guest time is already counted in user)
+    assert read_cpu_times(str(f)) == (820.0, 980.0)
+    f.write_text("cpu 10 0 5 85\n")  # a kernel without iowait and later fields
+    assert read_cpu_times(str(f)) == (85.0, 100.0)
+
+
+def test_read_cpu_times_none_without_the_machines_line(tmp_path):
+    assert read_cpu_times(str(tmp_path / "absent")) is None
+    f = tmp_path / "stat"
+    f.write_text("")
+    assert read_cpu_times(str(f)) is None
+    f.write_text("cpu0 1 2 3 4\n")
+    assert read_cpu_times(str(f)) is None
+
+
+def test_read_cpu_times_real():
+    times = read_cpu_times()
+    assert times is not None
+    idle, total = times
+    assert 0 <= idle <= total and total > 0
+
+
+# --- the monitor ---------------------------------------------------------------------------
+
+def test_monitor_stop_before_start():
+    monitor = HostMonitor()
+    assert monitor.stop() is None and monitor.result is None
+
+
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="the kernel keeps no schedstat")
+def test_monitor_window_over_work():
+    monitor = HostMonitor()
+    monitor.start()
+    spin(0.03)
+    w = monitor.stop()
+    assert isinstance(w, HostWindow) and monitor.result is w
+    assert w.window_s > 0 and 0.025 <= w.cpu_s <= w.window_s * (os.cpu_count() or 1) + 0.01
+    assert w.runq_s >= 0 and w.threads >= 1
+    assert w.idle_share is None or 0.0 <= w.idle_share <= 1.0
+    assert w.link_bytes is None  # no interface named
+    assert w.as_dict()["cpu_s"] == w.cpu_s
+    # stopped: a second stop measures nothing and keeps the result; start clears it
+    assert monitor.stop() is None and monitor.result is w
+    monitor.start()
+    assert monitor.result is None
+
+
+def test_monitor_reads_the_link_bytes():
+    received = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        received.bind(("127.0.0.1", 0))
+        monitor = HostMonitor("lo")
+        monitor.start()
+        for _ in range(10):
+            sender.sendto(b"x" * 1000, received.getsockname())
+        w = monitor.stop()
+    finally:
+        sender.close()
+        received.close()
+    assert w is not None and w.link_bytes >= 10 * 1000  # payload, plus headers and others'
+
+
+def test_monitor_names_a_missing_interface():
+    with pytest.raises(ValueError, match="COMMBENCH_LINK_IFACE=nosuch0"):
+        HostMonitor("nosuch0").start()
+
+
+# --- recorded runs -------------------------------------------------------------------------
+# Measured on a 2-core machine: the microbenchmark at 16 MiB on the emulated cluster, 2 nodes
+# x 4 ranks at 1 Gbit/s unless said otherwise. Per rank: the share of the window on a core and
+# waiting for one; the machine's idle share; the busiest link's efficiency.
+
+#: hier at K = 1: host-bound (its figure moved 9 % when K doubled)
+HIER_K1 = dict(cpu=[0.08, 0.05, 0.07, 0.06, 0.09, 0.05, 0.07, 0.06],
+               runq=[0.12, 0.16, 0.15, 0.19, 0.15, 0.22, 0.19, 0.22], idle=0.432)
+HIER_K1_EFF = 0.832
+#: hier at K = 4: link-bound
+HIER_K4 = dict(cpu=[0.03, 0.02, 0.02, 0.02, 0.03, 0.02, 0.03, 0.02],
+               runq=[0.03, 0.05, 0.03, 0.04, 0.03, 0.05, 0.04, 0.05], idle=0.748)
+HIER_K4_EFF = 0.956
+#: the project's ring (busy-polls in MPI_Wait) at K = 1: link-bound, the link saturated
+RING_K1 = dict(cpu=[0.25] * 8, runq=[0.75] * 8, idle=0.0)
+RING_K1_EFF = 1.008
+#: Open MPI's native all-reduce (busy-polls) at K = 4: host-bound
+NATIVE_K4 = dict(cpu=[0.25] * 8, runq=[0.75] * 8, idle=0.0)
+NATIVE_K4_EFF = 0.786
+#: 2 nodes x 1 rank, ring at 200 Mbit/s, K = 1: link-bound, no link efficiency recorded
+RING_2X1 = dict(cpu=[0.9936, 0.9920], runq=[0.0054, 0.0047], idle=0.0)
+
+
+def windows(cpu: list[float], runq: list[float], idle: float | None, window_s: float = 2.5,
+            link_bytes: int | None = None) -> list[dict]:
+    """Every rank's window (``HostWindow.as_dict``) with these shares of ``window_s``."""
+    return [{"window_s": window_s, "cpu_s": c * window_s, "runq_s": q * window_s, "threads": 3,
+             "idle_share": idle, "link_bytes": link_bytes} for c, q in zip(cpu, runq)]
+
+
+def host(run: dict, **kw) -> dict:
+    h = summarize(windows(**run, **kw), cores=2)
+    assert h is not None
+    return h
+
+
+def test_summarize_a_recorded_run():
+    h = host(HIER_K1, link_bytes=40_000_000)
+    assert h["cores"] == 2 and h["ranks"] == 8 and h["window_s"] == 2.5
+    assert h["cpu_share"] == pytest.approx(HIER_K1["cpu"])
+    assert h["runq_share"] == pytest.approx(HIER_K1["runq"])
+    assert h["cpu_share_sum"] == pytest.approx(0.53)
+    assert h["runq_share_median"] == pytest.approx(0.175)
+    assert h["runq_share_max"] == pytest.approx(0.22)
+    assert h["idle_share"] == 0.432 and h["link_bytes"] == 40_000_000
+
+
+def test_summarize_mixed_and_partial_windows():
+    ws = [HostWindow(window_s=2.0, cpu_s=0.5, runq_s=0.1, threads=3, idle_share=0.4,
+                     link_bytes=1000),
+          None,                                    # a rank that measured nothing
+          {"window_s": 0.0, "cpu_s": 1.0, "runq_s": 1.0, "threads": 1, "idle_share": 0.0},
+          {"window_s": 4.0, "cpu_s": None, "runq_s": None, "threads": None, "idle_share": 0.2,
+           "link_bytes": 3000},                    # no schedstat on this rank
+          {"window_s": 1.0, "cpu_s": 0.1, "runq_s": 0.3, "threads": 2, "idle_share": None}]
+    h = summarize(ws, cores=None)
+    assert h["ranks"] == 3 and h["cores"] is None and h["window_s"] == 4.0
+    assert h["cpu_share"] == [0.25, None, 0.1] and h["runq_share"] == [0.05, None, 0.3]
+    assert h["cpu_share_sum"] == pytest.approx(0.35)
+    assert h["runq_share_median"] == pytest.approx(0.175) and h["runq_share_max"] == 0.3
+    assert h["idle_share"] == 0.2  # the machine's least idle window
+    assert h["link_bytes"] == 3000
+
+
+def test_summarize_without_windows():
+    assert summarize([], cores=2) is None
+    assert summarize([None, None], cores=2) is None
+    assert summarize([{"window_s": 0.0, "cpu_s": 0.0, "runq_s": 0.0}], cores=2) is None
+
+
+def test_no_verdict_without_host_counters():
+    assert verdict(None) is None and verdict(None, 1.0) is None
+    assert verdict({}) is None
+    h = summarize([{"window_s": 1.0, "cpu_s": None, "runq_s": None, "threads": None,
+                    "idle_share": 0.5}], cores=2)
+    assert h is not None and h["runq_share_median"] is None
+    assert verdict(h, 1.0) is None  # no run-queue wait measured: not judged
+
+
+def test_hier_k1_is_host_bound():
+    b = verdict(host(HIER_K1), HIER_K1_EFF)
+    assert b == (f"{HOST_BOUND} (ranks waited for a core 18% of the window (median over ranks; "
+                 "limit 5%))")
+    assert "busy-poll" not in b  # its ranks sleep between polls
+    assert is_link_bound({"bound": b}) is False
+
+
+def test_hier_k4_is_link_bound():
+    assert verdict(host(HIER_K4), HIER_K4_EFF) == LINK_BOUND
+    # and without the link's efficiency: its ranks waited 4 % (median), under the limit
+    assert verdict(host(HIER_K4)) == LINK_BOUND
+
+
+def test_ring_k1_saturated_link_is_link_bound():
+    assert verdict(host(RING_K1), RING_K1_EFF) == LINK_BOUND
+    # the same counters with the link short of saturation: the busy-polling ranks' wait
+    # cannot be told from the host's, and the verdict says so
+    for eff in (None, 0.85):
+        b = verdict(host(RING_K1), eff)
+        assert b.startswith(f"{HOST_BOUND} (ranks waited for a core 75% of the window")
+        assert "8 of 8 ranks busy-poll" in b
+
+
+def test_native_k4_busy_polling_is_host_bound():
+    b = verdict(host(NATIVE_K4), NATIVE_K4_EFF)
+    assert b.startswith(f"{HOST_BOUND} (")
+    assert "busy-poll" in b and "a run at twice the dilation tells" in b
+    assert is_link_bound({"bound": b}) is False
+
+
+def test_busy_polling_ranks_on_their_own_cores_are_link_bound():
+    # each rank on a core 99 % of the window, but polling, not working: rule 3 leaves them
+    assert verdict(host(RING_2X1)) == LINK_BOUND
+
+
+def test_a_working_rank_on_a_core_is_host_bound():
+    run = dict(cpu=[0.10, 0.20, 0.70, 0.10], runq=[0.01, 0.02, 0.03, 0.01], idle=0.3)
+    assert verdict(host(run)) == (f"{HOST_BOUND} (rank 2 was on a core 70% of the window: "
+                                  "host work that dilation would shrink)")
+    # a saturated link decides first, whatever the cores did
+    assert verdict(host(run), 0.95) == LINK_BOUND
+    # the same rank runnable 90 % of the window busy-polls instead: not host work
+    run["runq"][2] = 0.25
+    assert verdict(host(run)) == LINK_BOUND
+
+
+def test_verdict_thresholds():
+    at = dict(cpu=[0.01] * 4, runq=[hostload.RUNQ_LIMIT] * 4, idle=0.5)
+    assert verdict(host(at, window_s=1.0)) == LINK_BOUND  # at the limit is not above it
+    above = dict(at, runq=[0.06] * 4)
+    assert verdict(host(above, window_s=1.0)).startswith(HOST_BOUND)
+    assert verdict(host(above, window_s=1.0), hostload.LINK_SATURATED) == LINK_BOUND
+    assert verdict(host(above, window_s=1.0), 0.89).startswith(HOST_BOUND)
+
+
+def test_record_fields():
+    fields = record_fields(windows(**HIER_K4), HIER_K4_EFF)
+    assert set(fields) == {"host", "bound"}
+    assert fields["host"] == summarize(windows(**HIER_K4), os.cpu_count())
+    assert fields["host"]["cores"] == os.cpu_count() and fields["bound"] == LINK_BOUND
+    assert record_fields(windows(**HIER_K1), HIER_K1_EFF)["bound"].startswith(HOST_BOUND)
+    assert record_fields([None]) == {"host": None, "bound": None}
+
+
+def test_is_link_bound():
+    assert is_link_bound({"bound": LINK_BOUND}) is True
+    assert is_link_bound({"bound": f"{HOST_BOUND} (why)"}) is False
+    assert is_link_bound({"bound": None}) is None and is_link_bound({}) is None
+
+
+# --- the table's footer --------------------------------------------------------------------
+
+def name(rec: dict) -> str:
+    return rec["algo"]
+
+
+def test_footer_every_row_link_bound_is_one_line():
+    recs = [{"algo": "hier", "bound": LINK_BOUND}, {"algo": "ring", "bound": LINK_BOUND},
+            {"algo": "flat"}]  # not judged
+    assert footer_lines(recs, name, 1.0) == ["host: every row link-bound (commbench.hostload)"]
+
+
+def test_footer_names_each_row_unless_all_link_bound():
+    hb = verdict(host(HIER_K1), HIER_K1_EFF)
+    recs = [{"algo": "hier", "bound": hb}, {"algo": "ring", "bound": LINK_BOUND},
+            {"algo": "flat", "bound": None}]
+    assert footer_lines(recs, name, 1) == [f"host: hier: {hb}", "host: ring: link-bound"]
+
+
+def test_footer_without_verdicts_is_empty():
+    assert footer_lines([], name, 1.0) == []
+    assert footer_lines([{"algo": "hier"}], name, 1.0) == []
+
+
+def test_footer_says_the_dilation():
+    recs = [{"algo": "ring", "bound": LINK_BOUND}]
+    assert footer_lines(recs, name, 4.0) == [
+        "time dilation 4: links at rate / 4, every time emulated (wall / 4)",
+        "host: every row link-bound (commbench.hostload)"]
+    lines = footer_lines([], name, 2.5, real_compute=True)
+    assert lines == ["time dilation 2.5: links at rate / 2.5, every time emulated (wall / 2.5); "
+                     "real compute stands for a node 2.5x faster than this machine's share"]
