@@ -4,6 +4,13 @@
     python -m launch.study --quick               # fewer steps and points, ResNet-18 (~10 min)
     python -m launch.study --claims C2,C4 --dry-run      # list the jobs, run nothing
     python -m launch.study --hosts a:8,b:8 --launcher horovodrun   # a real cluster
+    python -m launch.study --quick --dilation 4        # every emulated job at dilation 4
+
+On the emulated cluster every job runs time-dilated (``commbench.dilation``):
+``--dilation auto``, the default there, probes each cluster (layout and link
+rate) with its largest job, shortened, at K = 1, 2, 4, 8 and runs all of that
+cluster's jobs at the smallest K whose probe is link-bound (``launch.sweep``'s
+``Dilations``), so runs compared with one another share K.
 
 Each claim of shared/DESIGN.md §1 gets its runs as one matched set-up
 (``analysis.match``): the same cluster, ranks, model, replayed compute and
@@ -44,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from commbench import dilation as dil
 from commbench import metrics
 from commbench.allreduce import Config, runs_of
 from commbench.cores import BUSY_LOAD_FRACTION
@@ -139,6 +147,7 @@ class Cluster(commands.NodeSlots):
     slots: int | tuple[int, ...]  # every node's, or one per node (3 + 1: (3, 1))
     launcher: str = "mpirun"
     hosts: str | None = None  # a real cluster; None: emulated
+    dilation: float | str = 1.0  # time dilation of the emulated cluster, or "auto"
 
     @property
     def node_slots(self) -> list[int]:
@@ -186,6 +195,8 @@ class Job:
         if cluster.emulated:
             slots = cluster.slots if isinstance(cluster.slots, int) else list(cluster.slots)
             p.update(nodes=cluster.nodes, slots=slots, rate=self.rate or "none")
+            if cluster.dilation != 1:
+                p["dilation"] = cluster.dilation
         p.update(program=self.program, args=self.args, estimate_s=round(self.estimate_s),
                  timeout=float(max(600, round(4 * self.estimate_s))))
         return p
@@ -389,7 +400,15 @@ def parse_hosts(hosts: str | None, hostfile: str | None) -> str | None:
 
 def make_cluster(a: argparse.Namespace) -> Cluster:
     hosts = parse_hosts(a.hosts, a.hostfile)
+    try:
+        k = dil.parse(a.dilation, allow_auto=True) if a.dilation is not None else None
+    except dil.DilationError as e:
+        raise StudyError(str(e)) from None
     if hosts:
+        if k not in (None, 1.0):
+            raise StudyError(f"--dilation {a.dilation}: time dilation applies to emulated links "
+                             f"only, and --{'hostfile' if a.hostfile else 'hosts'} names a real "
+                             "cluster; leave --dilation out")
         slots = commands.NodeSet.parse(hosts).node_slots
         return Cluster(len(slots), slots[0] if len(set(slots)) == 1 else tuple(slots),
                        a.launcher, hosts)
@@ -401,7 +420,7 @@ def make_cluster(a: argparse.Namespace) -> Cluster:
     except ClusterError as e:
         raise StudyError(str(e)) from None
     slots = per_node[0] if not listed else tuple(per_node)
-    return Cluster(len(per_node), slots, a.launcher)
+    return Cluster(len(per_node), slots, a.launcher, dilation="auto" if k is None else k)
 
 
 def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
@@ -465,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a real cluster's hosts and slots (no link shaping: one link rate)")
     g.add_argument("--hostfile", default=None, help="or an Open MPI host file (HOST slots=N)")
     g.add_argument("--launcher", choices=commands.LAUNCHERS, default="mpirun")
+    g.add_argument("--dilation", default=None, metavar="K|auto",
+                   help="time dilation of the emulated cluster (launch.cluster --dilation): "
+                        "auto, the default there, runs each cluster's jobs at the smallest of "
+                        "1, 2, 4, 8 at which a short probe of its largest job is link-bound; "
+                        "1: none. Emulated clusters only")
     g = p.add_argument_group("scale (smaller for a smoke test; verdicts then rest on less)")
     g.add_argument("--steps", type=int, default=None, metavar="N",
                    help="measured steps of each replayed-compute job (default 20; --quick 6)")
@@ -492,15 +516,20 @@ def launch_command(point: dict, sweep: sweeps.Sweep, out: Path) -> list[str]:
     if "slots" not in point:
         return sweeps.launch_point(point, sweep, out, sweeps._Clusters())
 
+    k = point.get("dilation", 1.0)
     spec = ClusterSpec(nodes=point.get("nodes"), slots=point["slots"],
-                       rate_gbps=parse_rate(point["rate"]), name=sweeps.CLUSTER_NAME)
+                       rate_gbps=parse_rate(point["rate"]), name=sweeps.CLUSTER_NAME,
+                       dilation=1.0 if k == "auto" else k)
     return launch_argv(spec, sweep.launcher, point["ranks"],
                        sweeps.point_program(point, sweep, out))
 
 
 def _describe(job: Job, cluster: Cluster) -> str:
-    where = (f"{job.ranks} ranks on {cluster.layout} emulated, link "
-             f"{job.rate}" if cluster.emulated else f"{job.ranks} ranks on {cluster.hosts}")
+    k = cluster.dilation
+    where = (f"{job.ranks} ranks on {cluster.layout} emulated, link {job.rate}"
+             + ("" if k == 1 else ", dilation auto (probed first)" if k == "auto"
+                else f", dilation {dil.text(k)}")
+             if cluster.emulated else f"{job.ranks} ranks on {cluster.hosts}")
     return (f"{','.join(sorted(job.claims)):<12} {job.name:<22} {where}, "
             f"~{_fmt(job.estimate_s)}")
 

@@ -15,7 +15,8 @@ A sweep file (TOML or JSON) names the launcher, fixed arguments and a grid::
     model = ["resnet18", "resnet50"]
     # nodes/slots/rate run the point on an emulated cluster (launch.cluster);
     # slots = [4] is 4 on every node, slots = ["3,1"] one uneven layout (nodes then optional)
-    # dilation = [1, 4] runs each point at time dilation 1 and 4 (emulated clusters only)
+    # dilation = [1, 4] runs each point at time dilation 1 and 4 (emulated clusters only);
+    # "auto" probes each cluster for the smallest K in 1, 2, 4, 8 that is link-bound
 
 or the same from flags::
 
@@ -55,7 +56,8 @@ from pathlib import Path
 from commbench import dilation as dil
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from commbench.flags import MOVED_STRATEGIES
-from commbench.results import write_atomic
+from commbench.hostload import LINK_BOUND
+from commbench.results import read_records, write_atomic
 from launch import commands
 from launch.cluster import (
     ClusterError,
@@ -75,7 +77,8 @@ LAUNCH_KEYS: dict[str, type] = {
     "ranks": int, "nodes": int,
     "slots": int,  # or per node: "3,1" / "3+1" / [3, 1] (see _check_slots)
     "rate": str,
-    "dilation": float,  # time dilation K of the point's emulated cluster (commbench.dilation)
+    "dilation": float,  # time dilation K of the point's emulated cluster (commbench.dilation),
+    # or "auto" (``Dilations``)
 }
 # grid keys the program takes, as the flag ``--key-with-dashes`` -> type of each value
 PROGRAM_KEYS: dict[str, type] = {
@@ -142,6 +145,12 @@ def _grid_value(name: str, key: str, value):
     """``value`` of grid key ``key`` checked (``name`` says where it was given)."""
     if key == "slots":
         return _check_slots(name, value)
+    if key == "dilation":
+        try:
+            k = dil.parse(value, name, allow_auto=True)
+        except dil.DilationError as e:
+            raise SweepError(str(e)) from None
+        return k if k == "auto" else float(k)
     return _check_value(name, value, GRID_KEYS[key])
 
 
@@ -220,12 +229,8 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
             except ClusterError as e:
                 raise SweepError(f"grid.rate: {e}") from None
         if "dilation" in p:
-            try:
-                dil.parse(p["dilation"], "dilation")
-            except dil.DilationError as e:
-                raise SweepError(str(e)) from None
             if p["dilation"] != 1 and (layout is None or s.hosts):
-                raise SweepError(f"dilation {dil.text(p['dilation'])}: time dilation applies to "
+                raise SweepError(f"dilation {p['dilation']}: time dilation applies to "
                                  "emulated links only (points with nodes/slots, on "
                                  "launch.cluster); this point runs on "
                                  f"{'the hosts ' + s.hosts if s.hosts else 'this host, unshaped'}")
@@ -261,7 +266,7 @@ def parse_set(items: list[str]) -> dict:
             raise SweepError(f"--set {item!r}: use KEY=V1,V2 with KEY one of "
                              f"{', '.join(GRID_KEYS)}")
         typ = GRID_KEYS[key]
-        if key == "slots":  # checked with the grid; "3+1" is one per-node layout
+        if key in ("slots", "dilation"):  # checked with the grid ("3+1": one layout; "auto")
             grid[key] = [v for v in values.split(",") if v]
             continue
         try:
@@ -299,11 +304,12 @@ def point_program(point: dict, sweep: Sweep, out: Path) -> list[str]:
 class _Clusters:
     """Keeps one emulated cluster up across consecutive points that share its shape."""
 
-    def __init__(self) -> None:
+    def __init__(self, dilations: Dilations | None = None) -> None:
         self.key = None
         self.stack = contextlib.ExitStack()
         self.spec = None
         self.link = None
+        self.dilations = dilations
 
     def get(self, slots: list[int], rate: str | None, dilation: float = 1.0):
         """The cluster with ``slots`` per node (a list, one per node), links at ``rate``, at
@@ -321,6 +327,20 @@ class _Clusters:
         self.stack.close()
         self.key = None
 
+    def dilation_of(self, point: dict) -> float:
+        """The point's K; an ``auto`` not yet chosen takes the cluster down first (its probes
+        bring up clusters of the same name)."""
+        if point.get("dilation") == "auto" and self.dilations is not None \
+                and not self.dilations.known(point):
+            self.close()
+        return point_dilation(point, self.dilations)
+
+    def __enter__(self) -> _Clusters:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> list[str]:
     """The point's command. The machine's load and its running tasks are read here, just
@@ -330,7 +350,7 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> l
     prog = point_program(point, sweep, out)
     layout = layout_of(point)
     if layout is not None:
-        spec, link = clusters.get(layout, point.get("rate"), point.get("dilation", 1.0))
+        spec, link = clusters.get(layout, point.get("rate"), clusters.dilation_of(point))
         np = point.get("ranks", spec.ranks)
         return launch_argv(spec, sweep.launcher, np, prog, link, load_average(),
                            runnable_tasks())
@@ -342,6 +362,101 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> l
     env = [f"{k}={v:g}" for k, v in ((LOADAVG_ENV, load), (RUNNABLE_ENV, runnable))
            if v is not None]
     return ["env", *env, *argv] if env else argv
+
+
+def point_dilation(point: dict, dilations: Dilations | None) -> float:
+    """The time dilation a point runs at: its own, or the one ``auto`` chose for its cluster."""
+    k = point.get("dilation", 1.0)
+    if k != "auto":
+        return k
+    if dilations is None:
+        raise SweepError("dilation auto: nothing to probe with (no sweep)")
+    return dilations.resolve(point)
+
+
+#: what ``--dilation auto`` probes with: the group's largest point, this short (after its
+#: own arguments: the last value of a flag wins); a program not named here judges nothing
+PROBE_ARGS = {"commbench.allreduce": ["--steps", "2", "--warmup", "1", "--quiet"],
+              "commbench.microbench": ["-n", "3", "-w", "1", "--quiet"]}
+
+
+class Dilations:
+    """``dilation = "auto"``: one K per emulated cluster (layout and link rate), so that runs
+    compared with one another always share it. Before the cluster's first point runs, its
+    largest point (most ranks; the first such) is run shortened (``PROBE_ARGS``) at K = 1,
+    2, 4, 8 until every run of it comes out link-bound (``commbench.hostload``); that K is
+    the cluster's, printed and kept in ``<output>/dilation.json`` (a resumed sweep reuses
+    it). A probe that is host-bound even at 8 runs at 8 and says why; one whose program
+    judges nothing (no ``bound`` in its records) at 1."""
+
+    FILE = "dilation.json"
+
+    def __init__(self, sweep: Sweep, outdir: Path, log) -> None:
+        self.sweep = sweep
+        self.outdir = outdir
+        self.log = log
+        path = outdir / self.FILE
+        self.chosen: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
+
+    @staticmethod
+    def key(point: dict) -> str:
+        return f"{_show(layout_of(point))}@{point.get('rate')}"
+
+    def known(self, point: dict) -> bool:
+        return self.key(point) in self.chosen
+
+    def resolve(self, point: dict) -> float:
+        key = self.key(point)
+        if key not in self.chosen:
+            group = [p for p in self.sweep.points()
+                     if p.get("dilation") == "auto" and self.key(p) == key]
+            probe = max(group, key=lambda p: p.get("ranks", sum(layout_of(p))))
+            self.chosen[key] = self.probe(key, probe)
+            write_atomic(self.outdir / self.FILE, json.dumps(self.chosen, indent=1))
+        return self.chosen[key]["dilation"]
+
+    def probe(self, key: str, point: dict) -> dict:
+        tried: list[dict] = []
+        folder = self.outdir / "probes"
+        short = PROBE_ARGS.get(point.get("program", self.sweep.program))
+        if short is None:
+            return {"dilation": 1.0, "why": "the probe's program judges no host load",
+                    "tried": tried}
+        for k in dil.AUTO_FACTORS:
+            pt = {**point, "dilation": float(k), "args": [*point.get("args", []), *short]}
+            out = folder / f"{key.replace('@', '-')}-k{k}.jsonl"
+            out.unlink(missing_ok=True)
+            with _Clusters() as clusters:
+                res = run(launch_point(pt, self.sweep, out, clusters),
+                          timeout=pt.get("timeout", self.sweep.timeout) * k)
+            verdicts = [r["bound"] for r in _records(out) if r.get("bound")]
+            host = [v for v in verdicts if v != LINK_BOUND]
+            tried.append({"dilation": k, "returncode": res.returncode, "verdicts": verdicts})
+            print(f"[sweep] dilation auto, {key}: probe {point.get('name') or ''} at K = {k}: "
+                  + (f"failed (exit {res.returncode})" if res.returncode or res.timed_out
+                     else "no verdict" if not verdicts
+                     else f"{len(host)} of {len(verdicts)} runs host-bound" if host
+                     else "link-bound"), file=self.log, flush=True)
+            if res.returncode or res.timed_out:
+                raise SweepError(f"dilation auto: the probe at K = {k} failed (exit "
+                                 f"{res.returncode}): {res.stderr[-800:]}")
+            if not verdicts:
+                return {"dilation": 1.0, "why": "the probe's program judges no host load",
+                        "tried": tried}
+            if not host:
+                return {"dilation": float(k), "why": "smallest K whose probe is link-bound",
+                        "tried": tried}
+        print(f"[sweep] dilation auto, {key}: still host-bound at K = {k} ({host[0]}); "
+              f"running at {k}", file=self.log, flush=True)
+        return {"dilation": float(k), "why": f"host-bound at every K tried: {host[0]}",
+                "tried": tried}
+
+
+def _records(path: Path) -> list[dict]:
+    try:
+        return read_records(path)
+    except (OSError, ValueError):
+        return []
 
 
 def _fmt_s(s: float) -> str:
@@ -372,7 +487,8 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
     if counts["skipped"]:
         print(f"[sweep] {counts['skipped']} of {len(points)} points already done; skipping them",
               file=log, flush=True)
-    clusters = _Clusters()
+    dilations = Dilations(sweep, outdir, log)
+    clusters = _Clusters(dilations)
     t0 = time.time()
     try:
         for k, (pid, point) in enumerate(todo, 1):
@@ -386,9 +502,10 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
                 argv = launch_point(point, sweep, out, clusters)
                 # deadlines are emulated: a dilated point runs K times longer on the wall
                 res = run(argv, timeout=point.get("timeout", sweep.timeout)
-                          * point.get("dilation", 1.0))
+                          * point_dilation(point, dilations))
                 ok = res.returncode == 0 and not res.timed_out
                 info = {"id": pid, "point": point, "argv": argv, "returncode": res.returncode,
+                        "dilation": point_dilation(point, dilations),
                         "timed_out": res.timed_out, "seconds": time.time() - t}
                 if not ok:
                     info["stderr_tail"] = res.stderr[-4000:]
@@ -423,8 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--program", help="module to run (default commbench.allreduce)")
     p.add_argument("--timeout", type=float, help="seconds per point")
     p.add_argument("-o", "--output", help="results directory")
-    p.add_argument("--dilation", metavar="K", help="time dilation of every point's emulated "
-                   "cluster (launch.cluster --dilation; the same as --set dilation=K)")
+    p.add_argument("--dilation", metavar="K|auto", help="time dilation of every point's "
+                   "emulated cluster (launch.cluster --dilation; the same as --set "
+                   "dilation=K); auto: the smallest of 1, 2, 4, 8 at which a short probe of "
+                   "each cluster's largest point is link-bound")
     p.epilog = "Arguments after -- are passed to every point's program."
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -434,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         grid_d.update(parse_set(a.set))
         if a.dilation is not None:
             try:
-                grid_d["dilation"] = [float(dil.parse(a.dilation))]
+                k = dil.parse(a.dilation, allow_auto=True)
+                grid_d["dilation"] = [k if k == "auto" else float(k)]
             except dil.DilationError as e:
                 raise SweepError(str(e)) from None
         for k in ("launcher", "program", "timeout", "output"):
