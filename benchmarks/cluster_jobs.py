@@ -14,6 +14,11 @@ the cluster it runs on); nothing here runs a rank or reads a file its own way:
   would run once its cluster is up). Given the ``--outdir`` of an interrupted
   run, finished jobs are skipped (``launch.sweep`` resumes).
 - ``records`` reads a job's results with ``commbench.results.read_records``.
+
+Every benchmark takes ``--dilation K|auto`` (``add_output_flags``): its jobs run
+time-dilated (``commbench.dilation``; ``launch.sweep``'s ``auto`` probes each
+cluster), so figures that ranks outnumbering cores would otherwise bend can be
+taken with this machine's cores out of them. A job that names its own K keeps it.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from commbench import dilation as dil
 from commbench.flags import to_argv
 from commbench.results import read_records
 from launch import sweep as sweeps
@@ -71,8 +77,21 @@ def print_load(when: str) -> float:
     return load
 
 
+def dilation_arg(text: str) -> float | str:
+    """``--dilation``'s type: a number from 1 to 64, or ``auto``; anything else exits 2."""
+    try:
+        return dil.parse(text, allow_auto=True)
+    except dil.DilationError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--dilation {text}: ")) from None
+
+
 def add_output_flags(p: argparse.ArgumentParser, stem: str) -> None:
-    """``--outdir`` (default ``results/<stem>-<time>``) and ``--dry-run``."""
+    """``--outdir`` (default ``results/<stem>-<time>``), ``--dry-run`` and ``--dilation``."""
+    p.add_argument("--dilation", type=dilation_arg, default=None, metavar="K|auto",
+                   help="run every job time-dilated by K (launch.cluster --dilation: links at "
+                        "rate / K, everything else on emulated time K times slower; records "
+                        "and figures in emulated time); auto: the smallest of 1, 2, 4, 8 whose "
+                        "short probe is link-bound, per cluster (default: 1)")
     p.add_argument("--outdir", type=Path, default=None,
                    help=f"where the jobs' records go (default: results/{stem}-<time>); the "
                         "folder of an interrupted run resumes it")
@@ -102,7 +121,8 @@ class ToolJob:
     slots: int | tuple[int, ...]  # ranks per node: one number for every node, or one each
     rate: str = "none"  # link rate per node (tc syntax), or none
     launcher: str = "mpirun"
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # emulated: the sweep multiplies it by the dilation
+    dilation: float | str | None = None  # time dilation K, "auto", or None: the command line's
 
     @property
     def program(self) -> str:
@@ -117,7 +137,8 @@ class ToolJob:
         return {"name": self.name, "ranks": self.ranks, "nodes": self.nodes,
                 "slots": self.slots if isinstance(self.slots, int) else list(self.slots),
                 "rate": self.rate, "program": self.program, "args": to_argv(self.config),
-                "timeout": float(self.timeout_s)}
+                "timeout": float(self.timeout_s),
+                **({} if self.dilation in (None, 1, 1.0) else {"dilation": self.dilation})}
 
 
 class Planned:
@@ -164,13 +185,18 @@ def output_of(job: ToolJob, sweep_dir: Path) -> Path:
 
 def describe(job: ToolJob) -> str:
     slots = job.slots if isinstance(job.slots, int) else "+".join(map(str, job.slots))
-    return f"{job.name}: {job.launcher}, {job.nodes} nodes x {slots} ranks, link {job.rate}"
+    k = "" if job.dilation in (None, 1, 1.0) else f", dilation {job.dilation}"
+    return (f"{job.name}: {job.launcher}, {job.nodes} nodes x {slots} ranks, link "
+            f"{job.rate}{k}")
 
 
 def execute(jobs: Sequence[ToolJob], args: argparse.Namespace, stem: str) -> Planned | None:
     """Print the jobs' commands (``args.dry_run``: return None), or run them between two
     load readings, in ``args.outdir`` (``outdir_of``); the returned plan says where each
     job's results are (``outdir``) and how many failed."""
+    k = getattr(args, "dilation", None)
+    if k is not None:
+        jobs = [j if j.dilation is not None else replace(j, dilation=k) for j in jobs]
     planned = Planned(list(jobs), outdir_of(args, stem))
     if args.dry_run:
         for job, argv in planned.commands():
