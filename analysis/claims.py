@@ -12,6 +12,15 @@ matched sets hold the comparison, the verdict comes from the largest
 (``match.scale``: most ranks, then nodes) and the others' figures are listed
 beside it; where none does, the claim is "not reproducible here". Every figure
 names the runs behind it (``Claim.runs``).
+
+Every matched set is shown with its time dilation and host verdict
+(``match.host_words``, ``Claim.host``). Claims that compare comm times (C1-C4, C7)
+prefer sets whose runs were all link-bound (``match.host_rank``, before size): a
+host-bound run's figure holds this machine's scheduling, polling and copying as
+well as the links (shared/DESIGN.md §10). Where the chosen set still has
+host-bound runs, the reason says so and why; records without a verdict (before
+schema 4) are judged as before, and the reason says their host load was not
+judged. Claims of compute (C5, C6, C8) state the verdict without preferring.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from analysis.alphabeta import Scenario, predict, sync_share
 from analysis.costmodel import ModelResult, error_by_algorithm
 from analysis.load import get, knob, num, stat
 from commbench import metrics
+from commbench.hostload import is_link_bound
 
 REPRODUCED, REFUTED, NOT_HERE = "reproduced", "refuted", "not reproducible here"
 
@@ -47,6 +57,8 @@ class Claim:
     runs: dict[str, list[str]] = field(default_factory=dict)
     #: the figures of the other matched set-ups, each with its set-up and runs
     others: list[str] = field(default_factory=list)
+    #: the verdict's runs' time dilation and host verdict, in words (``match.host_words``)
+    host: str | None = None
 
 
 def _summaries(records: Sequence[dict]) -> list[dict]:
@@ -62,19 +74,45 @@ def _global_batch(r: dict) -> float:
     return num(r.get("world_size")) * num(r.get("batch_size")) * (num(get(r, "accum_steps")) or 1)
 
 
+def _setup(g: Sequence[dict], vary: Sequence[str] = ()) -> str:
+    """A matched set's set-up in words, less its dilation (``Claim.host`` gives it)."""
+    return match.describe(g[0], (*vary, "dilation"))
+
+
 def _choose(groups: list[list[dict]], figure: Callable[[list[dict]], tuple[str, dict]],
-            vary: Sequence[str], key=match.scale) -> tuple[list[dict], str, dict, list[str]]:
-    """The matched set a verdict comes from (the largest by ``key``), its figure text and
-    runs, and one line per other set: its set-up, figure and runs."""
-    ordered = sorted(groups, key=key, reverse=True)
+            vary: Sequence[str], key=match.scale, link_bound: bool = True
+            ) -> tuple[list[dict], str, dict, list[str]]:
+    """The matched set a verdict comes from (with ``link_bound``, the most link-bound by
+    ``match.host_rank``; then the largest by ``key``), its figure text and runs, and one
+    line per other set: its set-up, host verdict, figure and runs."""
+    rank = (lambda g: (match.host_rank(g), *key(g))) if link_bound else key
+    ordered = sorted(groups, key=rank, reverse=True)
     chosen = ordered[0]
     text, runs = figure(chosen)
     others = []
     for g in ordered[1:]:
         t, rs = figure(g)
-        others.append(f"{match.describe(g[0], vary)}: {t} ("
+        others.append(f"{_setup(g, vary)} ({match.host_words(g)}): {t} ("
                       + "; ".join(f"{k}: {', '.join(v)}" for k, v in rs.items()) + ")")
     return chosen, text, runs, others
+
+
+def _host_note(g: Sequence[dict], links: bool = True) -> str:
+    """What a verdict's reason adds on its runs' host load: nothing when every run was
+    link-bound; that some were host-bound, and why (with ``links``, a comparison of comm
+    times, and runs across nodes: rerun with time dilation); or that it was not judged."""
+    rank = match.host_rank(g)
+    if rank == 2:
+        return ""
+    if rank == 1:
+        unjudged = sum(is_link_bound(r) is None for r in g)
+        return "; host load not judged" + ("" if unjudged == len(g) else
+                                           f" for {unjudged} of {len(g)} runs")
+    note = f"; its runs were {match.host_verdict(g)}"
+    if links and max(num(r.get("nodes")) for r in g) > 1:
+        note += (": the figure holds this machine's scheduling as well as the links, rerun "
+                 "with --dilation (launch.cluster, launch.sweep)")
+    return note
 
 
 def _scenario(model: ModelResult | None) -> Scenario:
@@ -128,24 +166,31 @@ def c1(records, model) -> Claim:
     if not recs:
         return Claim("C1", text, "no allreduce summaries", None, pred, NOT_HERE,
                      "no runs with a sync share")
-    big = max(recs, key=_global_batch)
+    # a link-bound run first (match.host_rank), then the largest global batch
+    big = max(recs, key=lambda r: (match.host_rank([r]), _global_batch(r)))
     gb, share = _global_batch(big), stat(big, "sync_share")
     k = num(get(big, "accum_steps"))
     accum = f" x {k:g} accumulated" if k > 1 else ""
-    measured = (f"largest global batch here {gb:.0f} ({big.get('world_size')} ranks x "
+    among = ""  # where a larger run was passed over for its host verdict, say among which
+    if max(map(_global_batch, recs)) > gb:
+        among = (" among link-bound runs" if match.host_rank([big]) == 2 else
+                 " among runs not judged host-bound")
+    measured = (f"largest global batch{among} here {gb:.0f} ({big.get('world_size')} ranks x "
                 f"{big.get('batch_size')}{accum}): sync share {share:.0%} ({_scheme(big)}; "
                 f"run {big.get('run_id')})")
-    found = {"setup": match.describe(big), "runs": {"sync share": match.run_ids([big])}}
+    found = {"setup": _setup([big]), "runs": {"sync share": match.run_ids([big])},
+             "host": match.host_words([big])}
+    note = _host_note([big])
     if gb <= 2048:
         # the model decides at the claim's scale: within 10 points of 35% counts as agreement
         verdict = REPRODUCED if abs(flat - 0.35) <= 0.10 else REFUTED
         return Claim("C1", text, measured, "sync_share_vs_ranks", pred, NOT_HERE,
                      f"global batch > 2048 needs more ranks than this machine has; the model "
                      f"{verdict} it at 256 ranks, 100 Gbit/s (flat ring, no overlap: {flat:.0%} vs "
-                     "35%), and the share depends mostly on the link speed", **found)
+                     "35%), and the share depends mostly on the link speed" + note, **found)
     verdict = REPRODUCED if abs(share - 0.35) <= 0.10 else REFUTED
     return Claim("C1", text, measured, "sync_share_vs_ranks", pred, verdict,
-                 f"measured {share:.0%} vs 35% (agreement: within 10 points)", **found)
+                 f"measured {share:.0%} vs 35% (agreement: within 10 points){note}", **found)
 
 
 _scheme = match.scheme_words
@@ -241,7 +286,7 @@ def c2(records, model) -> Claim:
     verdict = REPRODUCED if ratios[best] <= 0.70 else REFUTED  # a cut of at least 30 %
     return Claim("C2", text, measured, "overlap", pred, verdict,
                  f"best variant ({best}) cuts {1 - ratios[best]:.0%} (reproduced when at least "
-                 "30%)", match.describe(g[0], vary), runs, others)
+                 f"30%){_host_note(g)}", _setup(g, vary), runs, others, match.host_words(g))
 
 
 # -- C3: bucketed ---------------------------------------------------------------------
@@ -280,9 +325,11 @@ def c3(records, model) -> Claim:
     if model is not None:
         checks, _ = overlap.check_runs(records, model.params)
         if checks:
-            pred += (f"; the overlap model's median error on {len(checks)} bucketed runs here: "
-                     f"exposed sync {overlap.median_abs([c.exposed_err for c in checks]):.0%}, "
-                     f"step {overlap.median_abs([c.step_err for c in checks]):.0%}")
+            used, which = overlap.judged_on(checks)
+            pred += (f"; the overlap model's median error on {len(used)} bucketed runs here: "
+                     f"exposed sync {overlap.median_abs([c.exposed_err for c in used]):.0%}, "
+                     f"step {overlap.median_abs([c.step_err for c in used]):.0%} (judged on "
+                     f"{which})")
     if not buck:
         return Claim("C3", text, "no bucketed runs", None, pred, NOT_HERE, "no data")
     groups = match.matched_sets(buck)  # repeats of one set-up and bucket size
@@ -293,9 +340,9 @@ def c3(records, model) -> Claim:
     fewer = calls is not None and tensors is not None and calls < tensors
     verdict = REPRODUCED if fewer and ov > 0.1 else REFUTED
     return Claim("C3", text, measured, "overlap", pred, verdict,
-                 "fewer calls than tensors and overlap > 0.1" if verdict == REPRODUCED else
-                 f"calls fewer than tensors: {fewer}; overlap {ov:.2f} (needs > 0.1)",
-                 match.describe(g[0]), runs, others)
+                 ("fewer calls than tensors and overlap > 0.1" if verdict == REPRODUCED else
+                  f"calls fewer than tensors: {fewer}; overlap {ov:.2f} (needs > 0.1)")
+                 + _host_note(g), _setup(g), runs, others, match.host_words(g))
 
 
 # -- C4: asynchronous updates ----------------------------------------------------------
@@ -405,7 +452,7 @@ def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, lis
                "as convergence-digits)" if not conv else
                "no convergence runs at s = 0 and s > 0 (without mitigation) of one set-up")
         return NOT_HERE, "", why, {}, []
-    g, text, runs, others = _choose(groups, _c4_accuracy_figure, vary)
+    g, text, runs, others = _choose(groups, _c4_accuracy_figure, vary, link_bound=False)
     ref, worst, _, _ = _c4_accuracy(g)
     top = max(num(knob(r, "staleness")) for r in g if _plain_stale(r))
     drop = ref - worst
@@ -453,8 +500,9 @@ def c4(records, model) -> Claim:
     speed_verdict = REPRODUCED if speed >= 2.5 else REFUTED  # within a sixth of 3x
     return Claim("C4", text, measured + accuracy, "staleness", pred,
                  _both(speed_verdict, acc_verdict),
-                 f"speed-up {speed:.2f}x vs ~3x (reproduced from 2.5x); accuracy: {acc_reason}",
-                 match.describe(g[0], vary), {**runs, **acc_runs}, others + acc_others)
+                 f"speed-up {speed:.2f}x vs ~3x (reproduced from 2.5x){_host_note(g)}; "
+                 f"accuracy: {acc_reason}", _setup(g, vary), {**runs, **acc_runs},
+                 others + acc_others, match.host_words(g))
 
 
 # -- C5-C7: sweeps of one setting ---------------------------------------------------------
@@ -500,14 +548,15 @@ def c5(records, model) -> Claim:
                      NOT_HERE, _not_matched("runs at two batch sizes", "batch",
                                             ((a, b) for a, b in product(recs, recs)
                                              if _batch(a) < _batch(b))))
-    g, measured, runs, others = _choose(groups, _c5_figure, vary)
+    g, measured, runs, others = _choose(groups, _c5_figure, vary, link_bound=False)
     ratio = _c5_ratio(g)[2]
     acc = any(r.get("final_accuracy") is not None for r in g)
     verdict = REPRODUCED if ratio > 1.1 else REFUTED
     return Claim("C5", text, measured, "batch_size", pred, verdict,
                  ("throughput rose >10%" if ratio > 1.1 else "throughput did not rise >10%")
-                 + ("" if acc else "; accuracy not measured (needs --dataset digits)"),
-                 match.describe(g[0], vary), runs, others)
+                 + ("" if acc else "; accuracy not measured (needs --dataset digits)")
+                 + _host_note(g, links=False), _setup(g, vary), runs, others,
+                 match.host_words(g))
 
 
 def _memory_field(g: list[dict]) -> str:
@@ -548,12 +597,14 @@ def c6(records, model) -> Claim:
                      "needs --workload real at >= 3 batch sizes of one set-up; the synthetic "
                      "workload has no activations")
     g, measured, runs, others = _choose(
-        groups, _c6_figure, vary, key=lambda g: (_c6_batches(g), *match.scale(g)))
+        groups, _c6_figure, vary, key=lambda g: (_c6_batches(g), *match.scale(g)),
+        link_bound=False)
     slope, _, r2, _ = _c6_fit(g)
     verdict = REPRODUCED if r2 >= 0.95 and slope > 0 else REFUTED
     return Claim("C6", text, measured, "batch_size", pred, verdict,
-                 "linear when R^2 >= 0.95; absolute GB need ResNet-50 at 224 px on a GPU",
-                 match.describe(g[0], vary), runs, others)
+                 "linear when R^2 >= 0.95; absolute GB need ResNet-50 at 224 px on a GPU"
+                 + _host_note(g, links=False), _setup(g, vary), runs, others,
+                 match.host_words(g))
 
 
 def _k(r: dict) -> float:
@@ -592,8 +643,8 @@ def c7(records, model) -> Claim:
     s1, sk = _c7_shares(g)[2:4]
     verdict = REPRODUCED if sk < s1 else REFUTED
     return Claim("C7", text, measured, "accumulation", pred, verdict,
-                 "sync share fell with k" if sk < s1 else "sync share did not fall with k",
-                 match.describe(g[0], vary), runs, others)
+                 ("sync share fell with k" if sk < s1 else "sync share did not fall with k")
+                 + _host_note(g), _setup(g, vary), runs, others, match.host_words(g))
 
 
 def c8(records, model) -> Claim:
@@ -610,7 +661,8 @@ def c8(records, model) -> Claim:
               "labelled data set is trained (--workload real --dataset digits)")
     runs = {f"without {f}": match.run_ids(r for r in recs if r.get(f) is None)
             for f in ("step_s", "peak_rss_mb") if have[f] < len(recs)}
-    return Claim("C8", text, measured, None, "-", verdict, reason, runs=runs)
+    return Claim("C8", text, measured, None, "-", verdict, reason, runs=runs,
+                 host=match.host_words(recs))
 
 
 CHECKS = (c1, c2, c3, c4, c5, c6, c7, c8)

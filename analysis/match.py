@@ -10,16 +10,22 @@ comparison never pools runs of different clusters, models or compute.
 A set-up is read from what the records carry (``commbench/results.py``): the
 header (ranks, nodes, local sizes, backend, thread rule), the run fields
 (model, workload, batch, link shaping and the measured link rate) and the job's
-``config`` for the workload's settings (compute, straggler). A field may be read
-otherwise when a variable is free (``FREE_WITH``): with the batch free, two runs'
-compute profiles agree when they were recorded on the same model and device, each
-at its run's batch (the file names differ: ``h200-resnet50-b256.json``,
-``...-b1024.json``). Strategy knobs
+``config`` for the workload's settings (compute, straggler). The emulated cluster's
+time dilation K (shared/DESIGN.md §10) is a field too: a host-bound run's figures
+move with K, so runs at two K are never pooled (records before schema 4 ran at
+K = 1). A field may be read otherwise when a variable is free (``FREE_WITH``):
+with the batch free, two runs' compute profiles agree when they were recorded on
+the same model and device, each at its run's batch (the file names differ:
+``h200-resnet50-b256.json``, ``...-b1024.json``). Strategy knobs
 count only where the strategy acts on them (``analysis.load.knob``): a flat run
 of a ``--staleness 1`` job is no less synchronous than one of a job without it.
 A hierarchical algorithm is hierarchical whichever flag chose it
 (``--strategy hierarchical --algo hier`` and ``--strategy flat --algo hier``
 run the same code).
+
+Wherever a matched set is printed, ``host_words`` goes beside it: its K and the
+host verdict of its runs (``commbench.hostload``: link-bound, or host-bound and
+why), and ``host_rank`` lets a comparison across nodes prefer link-bound sets.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.load import KNOB_STRATEGIES, get, knob, num
+from commbench.hostload import HOST_BOUND, LINK_BOUND, is_link_bound
 
 #: the committed compute profiles (``commbench.profile`` files)
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
@@ -98,6 +105,12 @@ def _link_shaping(r: dict) -> str | None:
 def _link_rate(r: dict) -> float | None:
     rate = num(r.get("link_gbps"))
     return None if math.isnan(rate) else rate
+
+
+def dilation(r: dict) -> float:
+    """A run's time dilation K: wall time / emulated time (its durations are emulated);
+    records before schema 4 carry none and ran at K = 1."""
+    return r.get("dilation") or 1.0
 
 
 #: the real workload's name in records: ``real`` since schema 3, ``resnet`` before
@@ -194,6 +207,7 @@ FIELDS: dict[str, Callable[[dict], Any]] = {
     "local_sizes": _local_sizes,
     "link_shaping": _link_shaping,
     "link_rate": _link_rate,
+    "dilation": dilation,
     "model": lambda r: r.get("model"),
     "workload": _workload,
     "device": lambda r: r.get("device"),
@@ -227,8 +241,9 @@ FREE_WITH: dict[str, dict[str, Callable[[dict], Any]]] = {
 
 #: each field in words, for messages
 WORDS = {"ranks": "ranks", "nodes": "nodes", "local_sizes": "ranks per node",
-         "link_shaping": "link shaping", "link_rate": "measured link rate", "model": "model",
-         "workload": "workload", "device": "device", "compute": "compute",
+         "link_shaping": "link shaping", "link_rate": "measured link rate",
+         "dilation": "time dilation", "model": "model", "workload": "workload",
+         "device": "device", "compute": "compute",
          "batch": "batch size", "accumulation": "accumulation steps",
          "compression": "compression", "backend": "backend", "launcher": "launcher",
          "threads": "thread rule", "straggler": "straggler settings", "sync": "sync scheme"}
@@ -299,6 +314,8 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
         rate = _link_rate(rec)
         link = _link_shaping(rec) or "unshaped"
         parts.append(f"link {link}" + (f" ({rate:.3g} Gbit/s measured)" if rate else ""))
+    if "dilation" not in skip and dilation(rec) != 1:
+        parts.append(f"dilation {dilation(rec):g}")
     if "model" not in skip and rec.get("model") is not None:
         name, dataset, image, classes = _workload(rec)
         parts.append(f"{name} {rec.get('model')}"
@@ -328,6 +345,64 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
         parts.append("straggler" + (f" rank {slow[0]} x {slow[1]:g}" if slow else "")
                      + (f" jitter cv {jitter:g}" if jitter else ""))
     return ", ".join(parts)
+
+
+#: a run's host verdict (``commbench.hostload.is_link_bound``) in words
+VERDICT_WORDS = {True: LINK_BOUND, False: HOST_BOUND, None: "not judged"}
+
+
+def host_rank(group: Sequence[dict]) -> int:
+    """How far a matched set's figures are the links' and not this machine's, for choosing
+    the set a verdict comes from (``commbench.hostload``): 2 when every run was link-bound,
+    1 when none was judged host-bound (records before schema 4 carry no verdict), 0 when
+    some run was host-bound."""
+    judged = [is_link_bound(r) for r in group]
+    if all(judged):
+        return 2
+    return 0 if False in judged else 1
+
+
+def run_label(r: dict) -> str:
+    """A run's strategy and algorithm, ``flat/ring``; a microbenchmark row's algorithm and
+    message size."""
+    if r.get("kind") == "microbench":
+        return f"{r.get('algo')} {num(r.get('size')):.0f} B"
+    return "/".join(str(x) for x in (r.get("strategy"), r.get("algo")) if x)
+
+
+def host_why(rec: dict) -> str:
+    """Why a host-bound run was judged so: its verdict's reason, without the word."""
+    why = str(rec.get("bound") or "").removeprefix(HOST_BOUND).strip()
+    return why[1:-1] if why.startswith("(") and why.endswith(")") else why
+
+
+def host_verdict(group: Sequence[dict]) -> str:
+    """A matched set's host verdict in words: ``link-bound``, ``host-bound: 2 of 3 runs
+    (flat/ring, flat/native: ranks waited for a core ...)`` with the host-bound runs'
+    reasons, or ``host load not judged``."""
+    judged = [is_link_bound(r) for r in group]
+    n, unjudged = len(group), judged.count(None)
+    if unjudged == n:
+        return "host load not judged"
+    rest = f", host load of {unjudged} not judged" if unjudged else ""
+    host = [r for r, j in zip(group, judged) if j is False]
+    if not host:
+        return LINK_BOUND + (f": {n - unjudged} of {n} runs{rest}" if unjudged else "")
+    whys: dict[str, list[str]] = {}  # each reason once, with the runs it was given for
+    for r in host:
+        labels = whys.setdefault(host_why(r), [])
+        if run_label(r) not in labels:
+            labels.append(run_label(r))
+    return (HOST_BOUND + ("" if len(host) == n else f": {len(host)} of {n} runs") + " ("
+            + "; ".join(", ".join(labels) + (f": {why}" if why else "")
+                        for why, labels in whys.items()) + f"){rest}")
+
+
+def host_words(group: Sequence[dict]) -> str:
+    """A matched set's time dilation and host verdict, shown beside it wherever it is
+    printed: ``dilation 4, link-bound``."""
+    ks = ", ".join(f"{k:g}" for k in sorted({dilation(r) for r in group}))
+    return f"dilation {ks}, {host_verdict(group)}"
 
 
 def run_ids(runs: Iterable[dict]) -> list[str]:

@@ -3,11 +3,14 @@
     python -m analysis.report results/ -o report/       # report/README.md + report/figures/
 
 The page flags the runs that started on a busy machine (``analysis.load``),
-then holds every figure ``analysis.plot`` can draw from the results (and
-says which it skipped), the fitted cost model with its prediction errors and
-its extrapolation (when microbenchmark records are present), and a table of
-the seed claims (shared/DESIGN.md §1): what was measured here, what the model
-predicts at the claim's scale, and a verdict with its reason.
+gives the runs' time dilation and host verdicts (``commbench.hostload``: was a
+figure the links', or this machine's), then holds every figure
+``analysis.plot`` can draw from the results (and says which it skipped), the
+fitted cost model with its prediction errors and its extrapolation (when
+microbenchmark records are present), and a table of the seed claims
+(shared/DESIGN.md §1): what was measured here, what the model predicts at the
+claim's scale, and a verdict with its reason; every matched set a claim names
+is shown with its dilation and host verdict (``match.host_words``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 from pathlib import Path
 
 from analysis import costmodel as cost
-from analysis import overlap
+from analysis import match, overlap
 from analysis.alphabeta import ModelError, a100_scenario
 from analysis.claims import check_all
 from analysis.cli import entry, output_dir, parser, warn
@@ -25,6 +28,7 @@ from analysis.figures import FIGURES, save
 from analysis.load import busy_runs, load, mark_machine_load
 from analysis.plot import build as build_figures
 from commbench.cores import BUSY_LOAD_FRACTION
+from commbench.hostload import is_link_bound
 
 PROG = "analysis.report"
 
@@ -74,16 +78,46 @@ def machine_load_lines(records: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def host_load_lines(records: list[dict]) -> list[str]:
+    """The runs' time dilation and host verdicts (``commbench.hostload``): rows per dilation
+    and verdict, then every host-bound row with its reason."""
+    rows = [r for r in records if r.get("kind") in ("summary", "microbench")]
+    lines = ["## Host load", "",
+             "Summaries and microbenchmark rows of schema 4 carry their time dilation K "
+             "(durations are emulated: wall ÷ K) and a verdict over their measured steps: "
+             "link-bound, or host-bound with the reason (`commbench.hostload`). Claims that "
+             "compare comm times prefer matched sets whose runs were all link-bound.", ""]
+    if not rows:
+        return [*lines, "No summaries or microbenchmark rows.", ""]
+    lines += ["| dilation | rows | " + " | ".join(match.VERDICT_WORDS.values()) + " |",
+              "|---:|---:|---:|---:|---:|"]
+    for k in sorted({match.dilation(r) for r in rows}):
+        at = [is_link_bound(r) for r in rows if match.dilation(r) == k]
+        lines.append(f"| {k:g} | {len(at)} | " + " | ".join(
+            str(sum(v is j for v in at)) for j in match.VERDICT_WORDS) + " |")
+    host = [r for r in rows if is_link_bound(r) is False]
+    if host:
+        lines += ["", f"**{len(host)} host-bound rows**: their figures hold this machine's "
+                  "scheduling as well as the links; across nodes, rerun them with `--dilation` "
+                  "(`launch.cluster`, `launch.sweep`).", "",
+                  "| file | run | what | dilation | why |", "|---|---|---|---:|---|"]
+        lines += [f"| `{_cell(r.get('_file'))}` | {_cell(r.get('run_id'))} | "
+                  f"{_cell(match.run_label(r))} | {match.dilation(r):g} | "
+                  f"{_cell(match.host_why(r))} |" for r in host]
+    return [*lines, ""]
+
+
 def claim_runs_lines(claims: list) -> list[str]:
-    """Per claim: the set-up its verdict comes from, the runs behind each figure, and the
-    figures of the other matched set-ups."""
+    """Per claim: the set-up its verdict comes from with its dilation and host verdict, the
+    runs behind each figure, and the figures of the other matched set-ups."""
     lines = ["### Runs behind each claim", ""]
     for c in claims:
         if not c.runs and not c.others:
             lines.append(f"- **{c.id}**: no runs behind a figure ({c.verdict})")
             continue
-        where = f" — set-up: {c.setup}" if c.setup else ""
-        lines.append(f"- **{c.id}**{where}")
+        where = "; ".join(x for x in (c.setup and f"set-up: {c.setup}",
+                                      c.host and f"host: {c.host}") if x)
+        lines.append(f"- **{c.id}**" + (f" — {where}" if where else ""))
         lines += [f"  - {label}: " + ", ".join(f"`{i}`" for i in ids)
                   for label, ids in c.runs.items()]
         if c.others:
@@ -155,6 +189,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         lines += [f"Results: {', '.join(f'`{s}`' for s in sources)} "
                   f"({len(records)} records).", ""]
     lines += machine_load_lines(records)
+    lines += host_load_lines(records)
     lines += ["## Figures", ""]
     for name, fig in drawn.items():
         save(fig, figdir / name)
@@ -199,13 +234,17 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
               "A claim that compares runs compares only runs of one matched set-up: runs "
               "that differ in the claim's own variable alone (`analysis/match.py`). Where "
               "several set-ups hold the comparison, the verdict comes from the largest (most "
-              "ranks, then nodes) and the others are listed below it.", "",
-              "| # | claim | measured here | model at the claim's scale | verdict | reason |",
-              "|---|---|---|---|---|---|"]
+              "ranks, then nodes) and the others are listed below it. Claims that compare "
+              "comm times (C1-C4, C7) prefer sets whose runs were all link-bound, and say so "
+              "where the set they judge on was host-bound; the host column gives the "
+              "verdict's runs' time dilation and host verdict.", "",
+              "| # | claim | measured here | model at the claim's scale | host | verdict | "
+              "reason |", "|---|---|---|---|---|---|---|"]
     for c in claims:
         fig = f" ([figure](figures/{c.figure}.png))" if c.figure in drawn else ""
         lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(c.measured)}{fig} | "
-                     f"{_cell(c.model)} | **{c.verdict}** | {_cell(c.reason)} |")
+                     f"{_cell(c.model)} | {_cell(c.host or '—')} | **{c.verdict}** | "
+                     f"{_cell(c.reason)} |")
     lines += ["", *claim_runs_lines(claims)]
     page = out / "README.md"
     page.write_text("\n".join(lines), encoding="utf-8")

@@ -488,12 +488,18 @@ def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str
     return commands.on_nodes(spec.node_set, launcher, np, program, env)
 
 
-def dilation_arg(text: str) -> float:
-    """``--dilation``'s argparse type: a bad value exits 2 naming the flag."""
+def parse_dilation(text: str | None) -> float | None:
+    """``--dilation`` as given (None: not given); a bad value is a ClusterError naming it."""
+    if text is None:
+        return None
+    if text.strip().lower() == "auto":
+        raise ClusterError("--dilation auto: launch.cluster runs one program it cannot probe; "
+                           "give K (1, 2, 4, 8, ...), or use launch.sweep or launch.study, "
+                           "whose --dilation auto probes each cluster first")
     try:
         return float(dil.parse(text))
     except dil.DilationError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--dilation {text}: ")) from None
+        raise ClusterError(str(e)) from None
 
 
 def _cli(argv: list[str] | None = None) -> int:
@@ -511,7 +517,7 @@ def _cli(argv: list[str] | None = None) -> int:
         sp.add_argument("--rate", default="none",
                         help="link rate per node, tc syntax: 200mbit, 1gbit, 10gbit, none")
         sp.add_argument("--subnet", default=DEFAULT_SUBNET, help="private subnet for the nodes")
-        sp.add_argument("--dilation", type=dilation_arg, metavar="K",
+        sp.add_argument("--dilation", metavar="K",
                         help="time dilation: links at rate / K, and everything else on "
                              "emulated time (replayed compute, Horovod's cycle, deadlines) "
                              "K times slower; records hold emulated time. Takes this "
@@ -535,6 +541,8 @@ def _cli(argv: list[str] | None = None) -> int:
                             help="-- then the program, e.g. python -m commbench.allreduce")
     a = p.parse_args(argv)
     try:
+        if hasattr(a, "dilation"):
+            a.dilation = parse_dilation(a.dilation)
         if a.cmd == "up":
             spec = ClusterSpec(nodes=a.nodes, slots=a.slots, rate_gbps=parse_rate(a.rate),
                                subnet=a.subnet, name=a.name,

@@ -375,7 +375,7 @@ def point_dilation(point: dict, dilations: Dilations | None) -> float:
 
 
 #: what ``--dilation auto`` probes with: the group's largest point, this short (after its
-#: own arguments: the last value of a flag wins); a program not named here judges nothing
+#: own arguments: the last value of a flag wins); a program not named here runs as it is
 PROBE_ARGS = {"commbench.allreduce": ["--steps", "2", "--warmup", "1", "--quiet"],
               "commbench.microbench": ["-n", "3", "-w", "1", "--quiet"]}
 
@@ -418,10 +418,7 @@ class Dilations:
     def probe(self, key: str, point: dict) -> dict:
         tried: list[dict] = []
         folder = self.outdir / "probes"
-        short = PROBE_ARGS.get(point.get("program", self.sweep.program))
-        if short is None:
-            return {"dilation": 1.0, "why": "the probe's program judges no host load",
-                    "tried": tried}
+        short = PROBE_ARGS.get(point.get("program", self.sweep.program), [])
         for k in dil.AUTO_FACTORS:
             pt = {**point, "dilation": float(k), "args": [*point.get("args", []), *short]}
             out = folder / f"{key.replace('@', '-')}-k{k}.jsonl"

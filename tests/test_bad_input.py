@@ -154,6 +154,23 @@ BAD = [
     case("launch.cluster", [*CLUSTER_RUN, "--nodes", "2", "--slots", "2", "--rate", "fast",
                             "--", "python", "-c", "pass"], "--rate"),
     case("launch.cluster", [*CLUSTER_RUN, "--", "python", "-c", "pass"], "not up"),
+    # -- time dilation: 0, negative, not a number; where nothing is emulated ------------
+    *(case("launch.cluster", [*CLUSTER_RUN, "--nodes", "2", "--slots", "1", "--dilation", v,
+                              "--", "python", "-c", "pass"], "--dilation")
+      for v in ("0", "-2", "fast", "auto")),
+    case("launch.cluster", ["up", "--name", "cbt", "--slots", "1,1", "--dilation", "0.5"],
+         "--dilation"),
+    *(case("launch.sweep", ["--set", "slots=1", "--set", "nodes=2", "--dilation", v],
+           "dilation") for v in ("0", "-1", "x")),
+    case("launch.sweep", ["--set", "ranks=2", "--dilation", "4"],
+         "applies to emulated links only"),
+    case("launch.sweep", ["--set", "ranks=2", "--dilation", "auto"],
+         "applies to emulated links only"),
+    *(case("launch.study", [*STUDY, "--dilation", v], "--dilation") for v in ("0", "-4", "x")),
+    case("launch.study", [*STUDY, "--hosts", "a:4,b:4", "--dilation", "4"],
+         "applies to emulated links only"),
+    case("benchmarks.dilation", ["--factors", "1,0", "--dry-run"], "--factors"),
+    case("benchmarks.hier_bound", ["--dilation", "0", "--dry-run"], "--dilation"),
     # -- analysis ---------------------------------------------------------------------
     *(case(m, ["{tmp}/missing", "-o", "{tmp}/o"], "missing", "no such file") for m in ANALYSIS),
     *(case(m, ["{tmp}", "--no-such-flag", "-o", "{tmp}/o"], "--no-such-flag")
@@ -165,7 +182,7 @@ BAD = [
 
 #: tools whose argparse choices still print argparse's usage block (a line "usage: ..." and
 #: its indented continuation lines) above the error line; every other tool says one line
-USAGE_BLOCK = {"launch.sweep"}
+USAGE_BLOCK = {"launch.sweep", "benchmarks.dilation", "benchmarks.hier_bound"}
 
 
 def _stderr_lines(module: str, stderr: str) -> list[str]:

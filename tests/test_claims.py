@@ -118,6 +118,7 @@ ONE_FIELD = {
     "local_sizes": _top(local_sizes=[5, 3]),
     "link_shaping": _top(link_shaping="200mbit"),
     "link_rate": _top(link_gbps=0.19),
+    "dilation": _top(dilation=4.0),
     "model": _top(model="resnet18"),
     "workload": _cfg(dataset="digits"),
     "device": _top(device="cuda:0"),

@@ -173,6 +173,56 @@ def test_shaped_link_measures_within_ten_percent():
     assert link["gbps"] == pytest.approx(0.2, rel=0.10), link
 
 
+def test_dilated_job_agrees_with_undilated_and_k_reaches_the_ranks(tmp_path):
+    """A 2 x 1 job (ranks do not outnumber the cores) at K = 1 and K = 4: its de-dilated
+    all-reduce times agree, the link test is multiplied back by K, the records carry K, and
+    K reaches Horovod's cycle time in every rank."""
+    size = 4 << 20
+    got = {}
+    for k in (1, 4):
+        out = tmp_path / f"k{k}.jsonl"
+        res = subprocess.run(
+            [PY, "-m", "launch.cluster", "run", "--name", NAME, "--nodes", "2", "--slots", "1",
+             "--rate", "200mbit", "--dilation", str(k), "--", PY, "-m", "commbench.microbench",
+             "-b", str(size), "-e", str(size), "--algo", "ring", "--sync-each", "-n", "3",
+             "-w", "1", "--horovod-cycle-ms", "2", "--output", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        [rec] = [r for r in read_jsonl(out) if r["kind"] == "microbench"]
+        got[k] = rec
+        assert rec["dilation"] == k
+        assert rec["link_gbps"] == pytest.approx(0.19, rel=0.15), rec["link_gbps"]
+        assert rec["horovod_cycle_ms"] == 2  # emulated; Horovod itself was given 2 x K
+        assert rec["bound"] is not None and rec["host"]["ranks"] == 2
+    t1, t4 = (got[k]["time_us"]["avg"] for k in (1, 4))
+    assert t4 == pytest.approx(t1, rel=0.25), (t1, t4)
+    assert "time dilation 4" in res.stdout
+
+
+def test_horovod_cycle_is_dilated_in_the_ranks():
+    probe = ("import os, commbench.comm.horovod as h; c = h.HorovodCommunicator(); "
+             "print('cycle', os.environ['HOROVOD_CYCLE_TIME'], "
+             "os.environ['COMMBENCH_HOROVOD_CYCLE_MS']); c.close()")
+    res = subprocess.run([PY, "-m", "launch.cluster", "run", "--name", NAME, "--nodes", "2",
+                          "--slots", "1", "--dilation", "8", "--no-link-test", "--", PY, "-c",
+                          probe], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.count("cycle 8 1") == 2, res.stdout  # 1 ms (Horovod's own) x 8, each rank
+
+
+def test_run_at_another_dilation_than_the_cluster_is_refused():
+    def cli(*a):
+        return subprocess.run([PY, "-m", "launch.cluster", *a, "--name", NAME], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    try:
+        assert cli("up", "--slots", "1,1", "--rate", "1gbit", "--dilation", "4").returncode == 0
+        assert "dilation 4" in cli("status").stdout
+        r = cli("run", "--dilation", "2", "--", "python", "-c", "pass")
+        assert r.returncode == 2 and "up at dilation 4" in r.stderr, r.stderr
+    finally:
+        cli("down")
+
+
 def test_failed_job_leaves_nothing():
     with cluster(2, 1, rate="1gbit", name=NAME) as spec:
         res = run(launch_argv(spec, "mpirun", 2, [PY, "-c", "import sys; sys.exit(3)"]),

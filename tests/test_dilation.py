@@ -210,3 +210,36 @@ def test_horovod_cycle_defaults_to_this_process(k, monkeypatch):
     k(2)
     assert dilation.apply_horovod_cycle() == 3.0
     assert os.environ["HOROVOD_CYCLE_TIME"] == "6" and os.environ[BASE] == "3"
+
+
+# --- deadlines ------------------------------------------------------------------------------
+
+def test_watchdog_and_horovod_stall_deadlines_are_k_times_longer(k):
+    from commbench import watchdog
+
+    class OneRank:
+        rank, size = 0, 1
+
+    k(4.0)
+    wd = watchdog.Watchdog("t", OneRank(), 10)
+    try:
+        assert wd.deadline() == 40.0  # 10 s of emulated time is 40 s on the wall
+    finally:
+        wd.stop()
+    env: dict[str, str] = {}
+    watchdog.horovod_stall_env(10, env)
+    assert env["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "40"
+    k(1.0)
+    env = {}
+    watchdog.horovod_stall_env(10, env)
+    assert env["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "10"
+
+
+def test_tbf_shaping_under_dilation():
+    from launch import links
+
+    argv = links.shape_argv("eth0", 1.0, dilation=4)
+    # the link at rate / K; the burst the same in bytes; the queue's latency K times longer
+    assert argv[argv.index("rate") + 1] == "250000kbit"
+    assert argv[argv.index("burst") + 1] == links.TBF_BURST
+    assert argv[argv.index("latency") + 1] == f"{links.TBF_LATENCY_MS * 4:g}ms"

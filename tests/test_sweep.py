@@ -139,3 +139,29 @@ def test_point_on_emulated_cluster(tmp_path):
     assert recs[-1]["link_shaping"] == "1gbit"
     assert recs[-1]["loadavg_source"] == "launcher, before the job"
     assert recs[-1]["runnable_start"] is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root")
+def test_dilation_auto_probes_the_largest_point_once_and_runs_every_point_at_its_k(tmp_path):
+    """``--dilation auto`` on a real emulated cluster: the probe (a stand-in program that is
+    link-bound from K = 4 on) runs at K = 1, 2, 4 and stops; every point then runs at 4;
+    a resumed sweep reuses the choice without probing again."""
+    out = tmp_path / "s"
+    args = ["--program", "tests.dilation_probe", "--set", "nodes=2", "--set", "slots=1",
+            "--set", "ranks=1,2", "--dilation", "auto", "-o", str(out), "--",
+            "--needs", "4"]
+    res = sweep_cli(*args, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    chosen = json.loads((out / "dilation.json").read_text())
+    [(key, pick)] = chosen.items()
+    assert key == "1+1@None" and pick["dilation"] == 4.0, chosen
+    assert [t["dilation"] for t in pick["tried"]] == [1, 2, 4]
+    assert "probe" in res.stderr and "at K = 4: link-bound" in res.stderr
+    runs = [r for f in sorted(out.glob("*.jsonl")) for r in read_jsonl(f)]
+    assert len(runs) == 2 and {r["dilation"] for r in runs} == {4.0}, runs
+    for f in out.glob("*.done.json"):
+        assert json.loads(f.read_text())["dilation"] == 4.0
+    for f in out.glob("*.done.json"):
+        f.unlink()  # both points again: the choice is reused, no probe runs
+    again = sweep_cli(*args, timeout=300)
+    assert again.returncode == 0 and "probe" not in again.stderr, again.stderr[-2000:]
