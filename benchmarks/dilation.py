@@ -30,7 +30,7 @@ import sys
 from benchmarks.cluster_jobs import ToolJob, add_output_flags, execute, records
 from commbench import dilation as dil
 from commbench.allreduce import Config
-from commbench.hostload import LINK_BOUND
+from commbench.hostload import LINK_BOUND, verdict
 from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
 
@@ -96,6 +96,19 @@ def run_label(s: dict) -> str:
     return s["strategy"]
 
 
+def bound(s: dict) -> str | None:
+    """A run's verdict as today's criteria read its recorded host counters (so runs recorded
+    before a change of the criteria are judged alike), else the one it recorded."""
+    return verdict(s["host"]) if s.get("host") else s.get("bound")
+
+
+def spread(s: dict) -> float:
+    """A run's step-to-step spread: (p95 - p5) / median of its measured steps."""
+    st = s.get("stats", {}).get("step_s", {})
+    med = st.get("median") or s["step_s"]
+    return (st.get("p95", med) - st.get("p5", med)) / med
+
+
 def converged_at(times: dict[float, float]) -> float | None:
     """The smallest K whose figure is within ``CONVERGED`` of the next K's (2K where run)."""
     ks = sorted(times)
@@ -116,17 +129,20 @@ def table(args: argparse.Namespace, runs: dict[str, dict[float, dict]]) -> tuple
         for k in ks:
             s = by_k.get(k)
             row += [s["step_s"] * 1e3 if s else None,
-                    ("link" if s.get("bound") == LINK_BOUND else "host" if s.get("bound")
-                     else "-") if s else "-"]
+                    ("link" if bound(s) == LINK_BOUND else "host" if bound(s) else "-")
+                    if s else "-"]
         at = converged_at(times)
         row.append(dil.text(at) if at else "no")
+        row.append(max(spread(s) for s in by_k.values()))
         rows.append(row)
         for a, b in zip(ks, ks[1:]):
-            if a in times and b in times and by_k[a].get("bound") == LINK_BOUND:
+            if a in times and b in times and bound(by_k[a]) == LINK_BOUND:
                 off = times[a] / times[b] - 1
+                noise = max(spread(by_k[a]), spread(by_k[b]))
                 checks.append(f"{name}: link-bound at K = {dil.text(a)}, {off:+.1%} against "
                               f"K = {dil.text(b)}: "
-                              + ("agrees" if abs(off) <= CONVERGED else "DISAGREES"))
+                              + ("agrees" if abs(off) <= CONVERGED else
+                                 f"DISAGREES (its steps spread {noise:.0%})"))
     return rows, checks
 
 
@@ -145,12 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     columns = [Column("run", "", 18)]
     for k in args.factors:
         columns += [Column(f"K={dil.text(k)}", "ms", 9, ".1f"), Column("", "", 4)]
-    columns.append(Column("conv K", "", 6))
+    columns += [Column("conv K", "", 6), Column("spread", "", 6, ".0%")]
     print(format_table(columns, rows, title=f"dilation  ResNet-50 replayed (x "
                                             f"{args.compute_scale:g}), link {args.rate}, "
                                             f"{args.steps} steps (+{args.warmup} warm-up)",
                        footer=["step time: median over measured steps, emulated time (wall / "
-                               "K); link/host: the run's verdict (commbench.hostload)",
+                               "K); link/host: the run's verdict, today's criteria "
+                               "(commbench.hostload.verdict) on its recorded host counters",
+                               "spread: the largest (p95 - p5) / median of the run's steps "
+                               "over its K",
                                f"conv K: the smallest K within {CONVERGED:.0%} of the next "
                                "K's figure", *checks, f"records: {done.outdir}"]))
     return 1 if done.failed or any("DISAGREES" in c for c in checks) else 0

@@ -288,7 +288,7 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
         return None
     steps = run.step_summary(cfg.batch_size * cfg.sync.accum_steps * comm.size)
     summary = {**steps,
-               **hostload.record_fields([g[5] for g in gathered], steps.get("link_efficiency")),
+               **hostload.record_fields([g[5] for g in gathered]),
                **strategy.record_fields("summary", run.steps),
                "wrong": sum(g[1] for g in gathered),
                "elements_checked": sum(g[2] for g in gathered),

@@ -434,13 +434,13 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
 
 
 def host_fields(per_rank: list, timed_s: float) -> dict:
-    """The row's host load and verdict (``commbench.hostload``); the link's efficiency is the
-    busiest link's bytes over the timed calls at its measured rate, against their time."""
+    """The row's host load and verdict (``commbench.hostload``), and the link's efficiency:
+    the busiest link's bytes over the timed calls at its measured rate, against their time."""
     host = hostload.summarize([p[3] for p in per_rank], os.cpu_count())
     link = link_info()
     eff = linkstats.link_efficiency(host and host["link_bytes"],
                                     link["link_wire_gbps"] or link["link_gbps"], timed_s)
-    return {"host": host, "link_efficiency": eff, "bound": hostload.verdict(host, eff)}
+    return {"host": host, "link_efficiency": eff, "bound": hostload.verdict(host)}
 
 
 def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path: Any) -> list:
