@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.cores import started_busy
+from commbench.dilation import PROBE_DIR
 
 #: the versions this reader reads, each named rather than taken from the writer's
 #: ``SCHEMA_VERSION`` (a writer that moves to 3 must not make this reader drop 2, nor claim
@@ -65,7 +66,9 @@ def result_files(paths: Iterable[str | Path]) -> list[Path]:
         if not p.exists():
             raise LoadError(f"{p}: no such file or directory")
         if p.is_dir():
-            found = sorted(p.rglob("*.jsonl"))
+            # --dilation auto's probes are shortened copies of real runs: never results
+            found = [f for f in sorted(p.rglob("*.jsonl"))
+                     if PROBE_DIR not in f.relative_to(p).parts]
             if not found:
                 raise LoadError(f"{p}: no *.jsonl result files in this directory")
             out += found

@@ -41,6 +41,9 @@ from collections.abc import Mapping, MutableMapping
 DILATION_ENV = "COMMBENCH_DILATION"
 #: the factors ``--dilation auto`` tries, smallest first
 AUTO_FACTORS = (1, 2, 4, 8)
+#: where ``--dilation auto`` keeps its probes' records, inside a results folder; the analysis
+#: skips it when it searches a folder (a probe is a shortened copy of a real run)
+PROBE_DIR = "dilation-probes"
 #: the largest factor accepted (the links then run at rate / K)
 MAX_FACTOR = 64.0
 #: Horovod's cycle time when the user sets none (ms; Horovod's own default since 0.20)

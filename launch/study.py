@@ -503,6 +503,7 @@ def scaled(scale: Scale, steps: int | None, compute_scale: float | None) -> Scal
     """``scale`` with the command line's ``--steps`` and ``--compute-scale``."""
     if steps is not None and steps < 1:
         raise StudyError(f"--steps {steps}: must be at least 1")
+
     if compute_scale is not None and not compute_scale > 0:
         raise StudyError(f"--compute-scale {compute_scale:g}: must be > 0")
     return replace(scale, steps=scale.steps if steps is None else steps,
@@ -539,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scale = scaled(QUICK if a.quick else FULL, a.steps, a.compute_scale)
         claims = parse_claims(a.claims)
+        if "C4" in claims and scale.steps < max(scale.staleness):
+            raise StudyError(f"--steps {scale.steps}: C4's async runs go up to staleness "
+                             f"{max(scale.staleness)}, which needs at least that many steps "
+                             "(or leave C4 out of --claims)")
         ranks = None
         if a.ranks:
             try:

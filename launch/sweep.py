@@ -417,7 +417,7 @@ class Dilations:
 
     def probe(self, key: str, point: dict) -> dict:
         tried: list[dict] = []
-        folder = self.outdir / "probes"
+        folder = self.outdir / dil.PROBE_DIR
         short = PROBE_ARGS.get(point.get("program", self.sweep.program), [])
         for k in dil.AUTO_FACTORS:
             pt = {**point, "dilation": float(k), "args": [*point.get("args", []), *short]}

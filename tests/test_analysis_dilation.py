@@ -232,3 +232,17 @@ def test_report_gives_the_host_verdict_of_every_row_and_beside_every_claims_set(
     c2_runs = details[details.index("**C2**"):details.index("**C3**")]
     assert c2_runs.splitlines()[0].endswith("; host: dilation 4, link-bound")
     assert "(dilation 1, host-bound (" in c2_runs  # the other set, beside its figure
+
+
+def test_a_searched_folder_skips_dilation_probes(tmp_path):
+    """``--dilation auto``'s probes are shortened copies of real runs: a folder searched for
+    results leaves them out; a probe file named on its own is still read."""
+    from analysis.load import result_files
+    from commbench.dilation import PROBE_DIR
+
+    (tmp_path / "run.jsonl").write_text("{}\n")
+    (tmp_path / PROBE_DIR).mkdir()
+    probe = tmp_path / PROBE_DIR / "4+4-1gbit-k1.jsonl"
+    probe.write_text("{}\n")
+    assert result_files([tmp_path]) == [tmp_path / "run.jsonl"]
+    assert result_files([probe]) == [probe]

@@ -148,6 +148,7 @@ BAD = [
          "C4 needs point-to-point"),
     case("launch.study", ["--quick", "-o", "/dev/null"], "/dev/null is not a directory"),
     case("launch.study", [*STUDY, "--steps", "0"], "--steps 0: must be at least 1"),
+    case("launch.study", [*STUDY, "--steps", "3"], "--steps 3", "staleness 4"),
     case("launch.study", [*STUDY, "--compute-scale", "0"], "--compute-scale 0: must be > 0"),
     case("launch.cluster", [*CLUSTER_RUN, "--nodes", "2", "--slots", "2", "--np", "5", "--",
                             "python", "-c", "pass"], "more ranks than"),

@@ -248,7 +248,7 @@ def test_tiny_study_on_the_emulated_cluster(tmp_path):
     the report finds them one matched set."""
     out = tmp_path / "s"
     res = study_cli("--quick", *SMOKE, "--claims", "C7", "--nodes", "2", "--slots", "1",
-                    "--ranks", "2", "-o", str(out), timeout=900)
+                    "--ranks", "2", "--dilation", "1", "-o", str(out), timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     recs = _summaries(out)
     assert {r["nodes"] for r in recs} == {2} and {r["link_shaping"] for r in recs} == {"1gbit"}
