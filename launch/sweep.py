@@ -418,6 +418,9 @@ class Dilations:
     def probe(self, key: str, point: dict) -> dict:
         tried: list[dict] = []
         folder = self.outdir / dil.PROBE_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        label = point.get("name") or " ".join(f"{a}={_show(b)}" for a, b in point.items()
+                                              if a in GRID_KEYS and a != "dilation")
         short = PROBE_ARGS.get(point.get("program", self.sweep.program), [])
         for k in dil.AUTO_FACTORS:
             pt = {**point, "dilation": float(k), "args": [*point.get("args", []), *short]}
@@ -429,7 +432,7 @@ class Dilations:
             verdicts = [r["bound"] for r in _records(out) if r.get("bound")]
             host = [v for v in verdicts if v != LINK_BOUND]
             tried.append({"dilation": k, "returncode": res.returncode, "verdicts": verdicts})
-            print(f"[sweep] dilation auto, {key}: probe {point.get('name') or ''} at K = {k}: "
+            print(f"[sweep] dilation auto, {key}: probe {label} at K = {k}: "
                   + (f"failed (exit {res.returncode})" if res.returncode or res.timed_out
                      else "no verdict" if not verdicts
                      else f"{len(host)} of {len(verdicts)} runs host-bound" if host

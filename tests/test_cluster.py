@@ -201,8 +201,8 @@ def test_dilated_job_agrees_with_undilated_and_k_reaches_the_ranks(tmp_path):
 
 def test_horovod_cycle_is_dilated_in_the_ranks():
     probe = ("import os, commbench.comm.horovod as h; c = h.HorovodCommunicator(); "
-             "print('cycle', os.environ['HOROVOD_CYCLE_TIME'], "
-             "os.environ['COMMBENCH_HOROVOD_CYCLE_MS']); c.close()")
+             "e = os.environ; print(f\"cycle {e['HOROVOD_CYCLE_TIME']} "
+             "{e['COMMBENCH_HOROVOD_CYCLE_MS']}\", flush=True); c.close()")
     res = subprocess.run([PY, "-m", "launch.cluster", "run", "--name", NAME, "--nodes", "2",
                           "--slots", "1", "--dilation", "8", "--no-link-test", "--", PY, "-c",
                           probe], cwd=ROOT, capture_output=True, text=True, timeout=180)
@@ -211,8 +211,8 @@ def test_horovod_cycle_is_dilated_in_the_ranks():
 
 
 def test_run_at_another_dilation_than_the_cluster_is_refused():
-    def cli(*a):
-        return subprocess.run([PY, "-m", "launch.cluster", *a, "--name", NAME], cwd=ROOT,
+    def cli(cmd, *a):
+        return subprocess.run([PY, "-m", "launch.cluster", cmd, "--name", NAME, *a], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
     try:
         assert cli("up", "--slots", "1,1", "--rate", "1gbit", "--dilation", "4").returncode == 0

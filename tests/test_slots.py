@@ -121,14 +121,17 @@ def test_sweep_bad_layouts(grid, message):
 def test_sweep_point_on_uneven_cluster_goes_to_its_launcher(tmp_path):
     """launch_point asks for the cluster by its per-node slots and fills its ranks."""
     class FakeClusters:
-        def get(self, slots, rate):
-            self.asked = (slots, rate)
-            return ClusterSpec(nodes=None, slots=slots, name=NAME), None
+        def dilation_of(self, point):
+            return point.get("dilation", 1.0)
+
+        def get(self, slots, rate, dilation=1.0):
+            self.asked = (slots, rate, dilation)
+            return ClusterSpec(nodes=None, slots=slots, name=NAME, dilation=dilation), None
 
     sweep = make_sweep({}, {"slots": ["2+1"], "rate": ["1gbit"]})
     fake = FakeClusters()
     argv = launch_point(sweep.points()[0], sweep, tmp_path / "p.jsonl", fake)
-    assert fake.asked == ([2, 1], "1gbit")
+    assert fake.asked == ([2, 1], "1gbit", 1.0)
     assert argv[argv.index("-np") + 1] == "3"
 
 
@@ -140,9 +143,11 @@ def _study_args(**kw) -> argparse.Namespace:
 def test_study_cluster_uneven():
     c = study.make_cluster(_study_args(slots="3,1"))
     assert (c.nodes, c.node_slots, c.ranks, c.layout) == (2, [3, 1], 4, "2 nodes (3+1 slots)")
-    assert study.make_cluster(_study_args()) == study.Cluster(2, 4)
-    assert study.make_cluster(_study_args(nodes=3)) == study.Cluster(3, 4)
-    assert study.make_cluster(_study_args(slots=2)) == study.Cluster(2, 2)
+    # the emulated cluster runs time-dilated, K chosen by probing, unless told otherwise
+    assert study.make_cluster(_study_args()) == study.Cluster(2, 4, dilation="auto")
+    assert study.make_cluster(_study_args(nodes=3)) == study.Cluster(3, 4, dilation="auto")
+    assert study.make_cluster(_study_args(slots=2, dilation=4)) == study.Cluster(2, 2,
+                                                                                dilation=4.0)
     real = study.make_cluster(_study_args(hosts="a:3,b:1"))
     assert real.node_slots == [3, 1] and not real.emulated
     with pytest.raises(study.StudyError, match="--nodes 3 does not match --slots 3,1"):
