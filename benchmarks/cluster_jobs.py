@@ -165,10 +165,10 @@ class Planned:
                 self._where[job.name] = (sweep, pt)
 
     def output(self, job: ToolJob) -> Path:
-        """The results file the sweep gives ``job`` (``output_of``), as planned: with the
-        dilation ``execute`` gave it."""
-        planned = next(j for j in self.jobs if j.name == job.name)
-        return output_of(planned, Path(self._where[job.name][0].output))
+        """The results file the sweep gives ``job``: named by its planned point's id (the
+        point as planned, with the dilation ``execute`` gave it)."""
+        sweep, pt = self._where[job.name]
+        return Path(sweep.output) / f"{sweeps.point_id(pt, sweep)}.jsonl"
 
     def commands(self) -> list[tuple[ToolJob, list[str]]]:
         """Each job's command, as the sweep will run it on its cluster."""

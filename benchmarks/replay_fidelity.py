@@ -67,8 +67,11 @@ class Repeat:
         return [self.profile, self.real, self.replay]
 
 
-def one_rank(name: str, config: object) -> ToolJob:
-    return ToolJob(name, config, nodes=1, slots=1, rate="none", timeout_s=JOB_TIMEOUT_S)
+def one_rank(name: str, config: object, dilation: float | str | None = None) -> ToolJob:
+    """A job on one rank; ``dilation`` is set here, not by ``execute``, because the replay
+    names the profile job's results file (``output_of``), whose id includes it."""
+    return ToolJob(name, config, nodes=1, slots=1, rate="none", timeout_s=JOB_TIMEOUT_S,
+                   dilation=dilation)
 
 
 def plan(args: argparse.Namespace, outdir: Path) -> list[Repeat]:
@@ -79,12 +82,12 @@ def plan(args: argparse.Namespace, outdir: Path) -> list[Repeat]:
         for model in args.models:
             profile = one_rank(f"{model}-{rep}-profile", ProfileConfig(
                 model=model, batch_size=args.batch_size, iters=args.steps,
-                warmup=args.warmup, threads=threads))
+                warmup=args.warmup, threads=threads), args.dilation)
             run = Config(model=model, batch_size=args.batch_size, strategies=["flat"],
                          algos=["native"], steps=args.steps, warmup=args.warmup, quiet=True)
-            real = one_rank(f"{model}-{rep}-real", replace(run, workload="real"))
+            real = one_rank(f"{model}-{rep}-real", replace(run, workload="real"), args.dilation)
             replay = one_rank(f"{model}-{rep}-replay", replace(
-                run, compute_profile=str(output_of(profile, outdir))))
+                run, compute_profile=str(output_of(profile, outdir))), args.dilation)
             out.append(Repeat(model, rep, profile, real, replay))
     return out
 
