@@ -59,15 +59,16 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 import torch
 
 from commbench import dilation
 from commbench.comm.base import Communicator, Group, Handle
 from commbench.comm.phases import PhaseHook, Phases
-from commbench.comm.ring import POLL_S, block, chunk_bounds, poll, ring_allreduce
+from commbench.comm.ring import POLL_S, block, chunk_bounds, poll, ring_allreduce, ring_steps
 from commbench.timing import now
 
 # 8 MiB: 8 segments for 64 MiB, so filling and draining the pipeline costs about
@@ -77,91 +78,16 @@ SEGMENT_BYTES = int(os.environ.get("COMMBENCH_HIER_SEGMENT_BYTES", 8 << 20))
 T = TypeVar("T")
 
 
-class _OneAtATime:
-    """Lets one of the pipeline's two threads into the communication library at a time.
-
-    With both inside Open MPI 4.1 at once (``MPI_THREAD_MULTIPLE``: the calling thread
-    in the node's blocking reduce, the cross-node thread testing the ring's messages),
-    a node leader aborted in CI with heap corruption ("double free or corruption")
-    freeing the pipelined ``MPI_Reduce``'s scratch buffer, in a few percent of runs;
-    never reproduced on demand (0 of ~90 runs), so it is avoided rather than explained.
-    Every call of either thread goes through this lock, and neither blocks inside the
-    library: the intra-node phases are non-blocking collectives and both threads test
-    their handles between sleeps of ``ring.POLL_S``. Locked out of a blocking
-    collective, the cross-node thread could not post the ring's next messages (leader
-    variant 947 ms against 724 ms on 2 emulated nodes x 4 ranks, 1 Gbit/s, 64 MiB);
-    polled, both variants ran faster than before (2 x 4: hier 590 ms against 705, leader
-    660 against 724; 2 x 2: hier 583, leader 630, against 937 and 766 in the issue's
-    runs; bound 561 ms at the measured 0.956 Gbit/s; one run of 7 iterations each).
+def _one_thread(p: Plan) -> bool:
+    """Whether the pipeline runs on the calling thread alone (``_Interleaved``): where it
+    is the library's only caller and the node's collectives are non-blocking (the mpi
+    backend). Else (Horovod's process sets, whose background thread moves the bytes and,
+    under its MPI controller, is in MPI too) on two threads (``_Pipeline``): testing
+    handles between sleeps beside Horovod's thread starved them (ResNet-50's gradient on
+    2 emulated nodes x 4 ranks at 1 Gbit/s took 6.4 s a step, one step 43.8 s, against
+    2.3 s for Horovod's flat all-reduce), where waiting inside the call runs at the link.
     """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def call(self, fn: Callable[..., T], *args) -> T:
-        with self.lock:
-            return fn(*args)
-
-    def start(self, group: Group, name: str, *args) -> Any:
-        """``group``'s non-blocking collective ``name``, started under the lock."""
-        return self.call(getattr(group, name), *args)
-
-    def wait(self, h: Handle) -> None:
-        """The ring's ``poll``, each test taken under the lock."""
-        while not self.call(h.test):
-            dilation.sleep(POLL_S)
-
-    ring_wait = wait
-
-    def group(self, group: Group) -> Group:
-        return _SerializedGroup(group, self)
-
-
-class _Concurrent:
-    """The pipeline's threads where the node's collectives are another library's
-    (Horovod process sets, whose own background thread moves the bytes): they start
-    and end inside ``start``; the cross-node thread waits for the ring's messages with
-    ``ring_wait``, as before the lock (``hier``: block, ``hier-leader``: poll)."""
-
-    def __init__(self, ring_wait: Callable[[Handle], None]) -> None:
-        self.ring_wait = ring_wait
-
-    def start(self, group: Group, name: str, *args) -> Any:
-        return getattr(group, name)(*args)
-
-    def wait(self, h: Handle) -> None:
-        h.wait()
-
-    def group(self, group: Group) -> Group:
-        return group
-
-
-def _threads(p: Plan, ring_wait: Callable[[Handle], None]) -> _OneAtATime | _Concurrent:
-    """How the pipeline's two threads share the library: one at a time where they are
-    its only callers and the node's collectives are non-blocking (the mpi backend), else
-    as they come. Under Horovod's MPI controller its background thread is in MPI too, so
-    no lock of ours keeps the library to one thread; and testing handles between sleeps
-    beside that thread starved them: ResNet-50's gradient on 2 emulated nodes x 4 ranks
-    at 1 Gbit/s took 6.4 s a step (one step 43.8 s, nearly all in the inter-node ring)
-    against 2.3 s for Horovod's flat all-reduce, where waiting inside MPI (``block``)
-    runs at the link."""
-    if p.local.nonblocking_collectives and not p.library_thread:
-        return _OneAtATime()
-    return _Concurrent(ring_wait)
-
-
-class _SerializedGroup:
-    """The ring's view of a group (size, rank, isend, irecv), each call under the lock."""
-
-    def __init__(self, group: Group, serial: _OneAtATime) -> None:
-        self.size, self.rank = group.size, group.rank
-        self._group, self._serial = group, serial
-
-    def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
-        return self._serial.call(self._group.isend, tensor, dest, tag)
-
-    def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
-        return self._serial.call(self._group.irecv, tensor, source, tag)
+    return p.local.nonblocking_collectives and not p.library_thread
 
 
 def owned_shards(i: int, n_local: int, L: int) -> range:
@@ -354,6 +280,130 @@ class _Pipeline(Generic[T]):
             for name, (a, b) in zip(names, self.spans):
                 hook(name, a, b)
 
+    @classmethod
+    def of_steps(cls, n: int, steps: _Steps[T], wait: Callable[[Handle], None],
+                 ring_wait: Callable[[Handle], None]) -> _Pipeline[T]:
+        """The two-thread pipeline of ``steps``: each intra-node handle completed with
+        ``wait``, each of the ring's messages with ``ring_wait``."""
+        def first(k: int) -> T:
+            h, x = steps.first(k)
+            if h is not None:
+                wait(h)
+            return x
+
+        def inter(k: int, x: T) -> None:
+            for h in steps.inter(k, x):
+                ring_wait(h)
+
+        def last(k: int, x: T) -> None:
+            h = steps.last(k, x)
+            if h is not None:
+                wait(h)
+
+        return cls(n, first, inter, last)
+
+
+@dataclass
+class _Steps(Generic[T]):
+    """One two-level all-reduce's phases, each started and left for its caller to
+    complete: ``first(k)`` starts segment ``k``'s intra-node phase and returns its handle
+    (None: nothing to wait for) and what the inter-node phase works on; ``inter(k, x)``
+    is a generator over the messages of segment ``k``'s inter-node phase
+    (``ring.ring_steps``); ``last(k, x)`` starts its last phase (handle or None)."""
+
+    first: Callable[[int], tuple[Handle | None, T]]
+    inter: Callable[[int, T], Iterator[Handle]]
+    last: Callable[[int, T], Handle | None]
+
+
+class _Interleaved(Generic[T]):
+    """The pipeline of ``_Pipeline`` on the calling thread alone.
+
+    The node's collectives run one at a time in the same order as there (every first
+    phase, then every last phase, each last phase once its segment's inter-node phase is
+    done); the inter-node phases run one segment at a time as their first phases finish.
+    Each turn tests the running collective and the ring's pending message, moves on
+    whichever is complete, and sleeps ``ring.POLL_S`` when neither was. Why one thread:
+    with two in Open MPI 4.1 (``MPI_THREAD_MULTIPLE``), even one at a time under a lock
+    of ours, a node's rank aborted in CI with heap corruption inside libnbc's progress
+    ("double free or corruption", after "MPI Error in NBC subrequest: 15",
+    ``MPI_ERR_TRUNCATE``) in a few percent of runs, never on demand; on one thread nothing
+    of the library runs from two threads.
+
+    Spans as ``_Pipeline``'s: first phases from the call's start to the last one's end,
+    the inter-node phase from the first segment's hand-off to the last segment's end,
+    the last phases from the first one's start to the call's end.
+    """
+
+    def __init__(self, n: int, steps: _Steps[T]) -> None:
+        self.n, self.steps = n, steps
+        self.spans: list[tuple[float, float]] = []
+
+    def run(self, t0: float) -> None:
+        n, steps = self.n, self.steps
+        out: list[T] = []
+        inter_done = 0  # segments whose inter-node phase has ended
+        ring: Iterator[Handle] | None = None
+        msg: Handle | None = None  # the ring's message it waits for
+        handed = t1 = t2 = t_inter = t0
+        firsts = lasts = 0  # intra-node phases started, of each kind
+        coll: Handle | None = None  # the node's collective in flight
+        busy = False  # a collective is in flight (its handle may be None: nothing to do)
+        pending: T | None = None  # the first phase in flight's result
+        while lasts < n or busy:
+            moved = False
+            # the node's collectives, one at a time, in their fixed order
+            if not busy:
+                if firsts < n:
+                    coll, pending = steps.first(firsts)
+                    firsts += 1
+                    busy = True
+                elif lasts < inter_done:
+                    if lasts == 0:
+                        t2 = now()
+                    coll = steps.last(lasts, out[lasts])
+                    lasts += 1
+                    busy = True
+            if busy and (coll is None or coll.test()):
+                busy, coll, moved = False, None, True
+                if len(out) < firsts:  # a first phase ended
+                    out.append(pending)  # type: ignore[arg-type]
+                    pending = None
+                    if len(out) == 1:
+                        handed = now()
+                    if len(out) == n:
+                        t1 = now()
+            # the inter-node phase of the oldest segment not yet across
+            if ring is None and inter_done < len(out):
+                ring, msg = steps.inter(inter_done, out[inter_done]), None
+            while ring is not None and (msg is None or msg.test()):
+                moved = True
+                try:
+                    msg = next(ring)
+                except StopIteration:
+                    ring, msg = None, None
+                    inter_done += 1
+                    t_inter = now()
+                    if inter_done < len(out):
+                        ring = steps.inter(inter_done, out[inter_done])
+            if not moved:
+                dilation.sleep(POLL_S)
+        self.spans = [(t0, t1), (handed, t_inter), (t2, now())]
+
+    report = _Pipeline.report
+
+
+def _run_pipeline(p: Plan, n: int, steps: _Steps[T], ring_wait: Callable[[Handle], None],
+                  t0: float, names: tuple[str, str, str], on_phase: PhaseHook | None) -> None:
+    """Run ``steps`` in ``n`` segments, on one thread or two (``_one_thread``)."""
+    pipe: _Interleaved[T] | _Pipeline[T]
+    if _one_thread(p):
+        pipe = _Interleaved(n, steps)
+    else:
+        pipe = _Pipeline.of_steps(n, steps, lambda h: h.wait(), ring_wait)
+    pipe.run(t0)
+    pipe.report(names, on_phase)
+
 
 def _shard_regions(numel: int, p: Plan) -> tuple[list[tuple[int, int]], list[int]]:
     """Shard bounds of a ``numel``-element tensor, and each local rank's element count
@@ -367,20 +417,30 @@ def _shard_regions(numel: int, p: Plan) -> tuple[list[tuple[int, int]], list[int
 
 
 def _cross_allreduce(p: Plan, flat: torch.Tensor, part: torch.Tensor,
-                     shard: list[tuple[int, int]], start: int,
-                     serial: _OneAtATime | _Concurrent | None = None) -> None:
+                     shard: list[tuple[int, int]], start: int) -> None:
     """All-reduce across nodes every shard this rank owns (``part`` holds them, from
-    element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node).
-    With ``serial`` (pipelined: the cross groups run the ring), by its threads' rule."""
+    element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node)."""
+    for g, x in _cross_shards(p, flat, part, shard, start):
+        _inter_node_allreduce(g, x)
+
+
+def _cross_shards(p: Plan, flat: torch.Tensor, part: torch.Tensor,
+                  shard: list[tuple[int, int]], start: int) -> list[tuple[Group, torch.Tensor]]:
+    """Each shard this rank all-reduces across nodes, with the group it does so in."""
+    out = []
     for j in p.my_shards:
         g = p.cross[j]
         if g is not None and g.size > 1:
             a, b = shard[j]
-            x = part[a - start:b - start] if p.local_size > 1 else flat[a:b]
-            if serial is None:
-                _inter_node_allreduce(g, x)
-            else:
-                ring_allreduce(serial.group(g), x, wait=serial.ring_wait)
+            out.append((g, part[a - start:b - start] if p.local_size > 1 else flat[a:b]))
+    return out
+
+
+def _cross_ring(p: Plan, flat: torch.Tensor, part: torch.Tensor,
+                shard: list[tuple[int, int]], start: int) -> Iterator[Handle]:
+    """``_cross_allreduce`` on the ring, as a generator of its messages (``ring_steps``)."""
+    for g, x in _cross_shards(p, flat, part, shard, start):
+        yield from ring_steps(g, x)
 
 
 def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
@@ -416,26 +476,22 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
                                                  segment_bytes)]
     layout = [_shard_regions(s.numel(), p) for s in segs]
 
-    serial = _threads(p, block)  # how the two threads share the library
-
-    def first(k: int) -> torch.Tensor:
+    def first(k: int) -> tuple[Handle | None, torch.Tensor]:
         if p.local_size == 1:
-            return segs[k]
-        part, h = serial.start(p.local, "ireduce_scatter_v", segs[k], layout[k][1])
-        serial.wait(h)
-        return part
+            return None, segs[k]
+        part, h = p.local.ireduce_scatter_v(segs[k], layout[k][1])
+        return h, part
 
-    def inter(k: int, part: torch.Tensor) -> None:
+    def inter(k: int, part: torch.Tensor) -> Iterator[Handle]:
         shard, counts = layout[k]
-        _cross_allreduce(p, segs[k], part, shard, sum(counts[:p.local_index]), serial)
+        return _cross_ring(p, segs[k], part, shard, sum(counts[:p.local_index]))
 
-    def last(k: int, part: torch.Tensor) -> None:
-        if p.local_size > 1:
-            serial.wait(serial.start(p.local, "iallgather_v", part, layout[k][1], segs[k]))
+    def last(k: int, part: torch.Tensor) -> Handle | None:
+        if p.local_size == 1:
+            return None
+        return p.local.iallgather_v(part, layout[k][1], segs[k])
 
-    pipe = _Pipeline(n, first, inter, last)
-    pipe.run(t0)
-    pipe.report(HIER_PHASES, on_phase)
+    _run_pipeline(p, n, _Steps(first, inter, last), block, t0, HIER_PHASES, on_phase)
 
 
 def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
@@ -469,22 +525,14 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
     segs = [flat[a:b] for a, b in segment_bounds(flat.numel(), flat.element_size(),
                                                  segment_bytes)]
 
-    serial = _threads(p, poll)  # how the leader's two threads share the library
-    leaders = serial.group(p.leaders) if crosses else None
+    def first(k: int) -> tuple[Handle | None, torch.Tensor]:
+        return (p.local.ireduce(segs[k], 0) if p.local_size > 1 else None), segs[k]
 
-    def first(k: int) -> torch.Tensor:
-        if p.local_size > 1:
-            serial.wait(serial.start(p.local, "ireduce", segs[k], 0))
-        return segs[k]
-
-    def inter(k: int, seg: torch.Tensor) -> None:
+    def inter(k: int, seg: torch.Tensor) -> Iterator[Handle]:
         if crosses:  # the node's leader; the others have nothing to do across nodes
-            ring_allreduce(leaders, seg, wait=serial.ring_wait)
+            yield from ring_steps(p.leaders, seg)
 
-    def last(k: int, seg: torch.Tensor) -> None:
-        if p.local_size > 1:
-            serial.wait(serial.start(p.local, "ibcast", seg, 0))
+    def last(k: int, seg: torch.Tensor) -> Handle | None:
+        return p.local.ibcast(seg, 0) if p.local_size > 1 else None
 
-    pipe = _Pipeline(n, first, inter, last)
-    pipe.run(t0)
-    pipe.report(LEADER_PHASES, on_phase)
+    _run_pipeline(p, n, _Steps(first, inter, last), poll, t0, LEADER_PHASES, on_phase)

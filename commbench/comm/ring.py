@@ -41,6 +41,7 @@ scratch buffer has the tensor's dtype and the additions are torch's, so a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Callable
 
 import torch
@@ -97,10 +98,21 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
     ``on_phase`` is told of each of ``RING_PHASES`` as it ends; ``wait(handle)``
     completes one message (default: ``handle.wait()``).
     """
+    wait = DEFAULT_WAIT if wait is None else wait
+    for h in ring_steps(comm, tensor, tag, segment_bytes, on_phase):
+        wait(h)
+
+
+def ring_steps(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
+               segment_bytes: int = SEGMENT_BYTES,
+               on_phase: PhaseHook | None = None) -> Iterator[Handle]:
+    """``ring_allreduce`` as a generator: it yields each message it must see complete
+    before it goes on, and the caller resumes it once that message has (by waiting, or
+    by testing it between other work: the two-level pipeline runs a ring and its node's
+    collectives on one thread this way)."""
     p, r = comm.size, comm.rank
     if p == 1:
         return
-    wait = DEFAULT_WAIT if wait is None else wait
     phases = Phases(on_phase)
     flat = tensor.view(-1)
     bounds = chunk_bounds(flat.numel(), p)
@@ -133,7 +145,7 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
         nxt_recvs: list[Handle] = []
         forwarded: list[Handle] = []
         for j, (a, b) in enumerate(cur):
-            wait(recvs[j])
+            yield recvs[j]
             flat[a:b].add_(slot(j, a, b))
             if not last:
                 forwarded.append(comm.isend(flat[a:b], right, tag))  # forward at once
@@ -154,20 +166,19 @@ def ring_allreduce(comm: Communicator, tensor: torch.Tensor, tag: int = 7,
     steps = [segments(r - s) for s in range(p - 1)]
     recvs_by_step: list[list[Handle]] = []
 
-    def post(s: int) -> None:  # step s's receives, two steps ahead of their data
+    def post(s: int) -> Iterator[Handle]:  # step s's receives, two steps ahead of their data
         if s < len(steps):
-            for h in rs_sends[s]:
-                wait(h)
+            yield from rs_sends[s]
             recvs_by_step.append([comm.irecv(flat[a:b], left, ag_tag) for a, b in steps[s]])
 
-    post(0)
-    post(1)
+    yield from post(0)
+    yield from post(1)
     for s, segs in enumerate(steps):
-        post(s + 2)
+        yield from post(s + 2)
         for (a, b), h in zip(segs, recvs_by_step[s]):
-            wait(h)
+            yield h
             if s < p - 2:
                 sends.append(comm.isend(flat[a:b], right, ag_tag))
     for h in sends:
-        wait(h)
+        yield h
     phases.end("allgather")
