@@ -44,6 +44,7 @@ from benchmarks.cluster_jobs import (
     parse_layout,
     records,
 )
+from commbench import hostload
 from commbench.flags import csv_list, parse_size
 from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
@@ -151,9 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     outdir = done.outdir
     for case, job in zip(args.cases, jobs):
-        rows, gbps, names = case_rows(case, records(done.output(job), "microbench"))
+        recs = records(done.output(job), "microbench")
+        rows, gbps, names = case_rows(case, recs)
+        host = hostload.footer_lines([r for r in recs if r["size"] == case.size],
+                                     lambda r: r["algo"],
+                                     next((r["dilation"] for r in recs if "dilation" in r), 1))
         print(format_table(TABLE, rows, title=f"hier_bound  {case.label}  link {gbps} Gbit/s",
-                           footer=[*[f"phases {n}" for n in names],
+                           footer=[*[f"phases {n}" for n in names], *host,
                                    "link eff = link bytes / link rate / time (1.0 = at the "
                                    "link); bound = link bytes / link rate (the cost model's "
                                    "bytes: analysis.costmodel.link_bytes)",

@@ -6,7 +6,13 @@ import os
 
 import pytest
 
-from commbench.comm.hierarchical import _Pipeline, owned_shards, segment_bounds
+from commbench.comm.hierarchical import (
+    _Interleaved,
+    _Pipeline,
+    _Steps,
+    owned_shards,
+    segment_bounds,
+)
 from commbench.metrics import union_length
 from tests.conftest import PY, ROOT, of_kind, read_jsonl, run_check, run_tool
 
@@ -56,6 +62,78 @@ def test_pipeline_overlaps_and_keeps_the_node_order():
     assert events.index(("inter", 0)) < events.index(("first", 3))  # overlapped
     assert took < 4 * 0.035  # less than the phases one after another
     assert union_length(pipe.spans) >= 0.95 * took
+
+
+class _Timed:
+    """A handle that completes ``seconds`` after it was made (``test`` only)."""
+
+    def __init__(self, seconds: float) -> None:
+        import time
+        self.at = time.perf_counter() + seconds
+
+    def test(self) -> bool:
+        import time
+        return time.perf_counter() >= self.at
+
+
+def test_interleaved_keeps_the_node_order_on_one_thread_and_overlaps():
+    """The one-thread pipeline starts the node's collectives in _Pipeline's order (every
+    first phase, then every last phase once its segment is across), one at a time; runs
+    each segment's ring messages between its first and last phases, oldest segment first;
+    overlaps the phases; and its spans cover the call."""
+    import threading
+    import time
+
+    events: list[tuple[str, int]] = []
+    threads = set()
+    in_flight = []
+
+    def first(k: int):
+        threads.add(threading.get_ident())
+        events.append(("first", k))
+        in_flight.append(_Timed(0.01))
+        return in_flight[-1], k
+
+    def inter(k: int, x: int):
+        assert x == k
+        for m in range(2):
+            threads.add(threading.get_ident())
+            events.append(("inter", k))
+            yield _Timed(0.01)
+
+    def last(k: int, x: int):
+        assert all(h.test() for h in in_flight)  # one node collective at a time
+        events.append(("last", k))
+        in_flight.append(_Timed(0.005))
+        return in_flight[-1]
+
+    pipe = _Interleaved(4, _Steps(first, inter, last))
+    t0 = time.perf_counter()
+    pipe.run(t0)
+    took = time.perf_counter() - t0
+    assert threads == {threading.get_ident()}
+    kinds = [kind for kind, _ in events if kind != "inter"]
+    assert kinds == ["first"] * 4 + ["last"] * 4
+    assert [k for kind, k in events if kind != "inter"] == [0, 1, 2, 3] * 2
+    assert [k for kind, k in events if kind == "inter"] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for k in range(4):
+        assert (events.index(("first", k)) < events.index(("inter", k))
+                < events.index(("last", k)))
+    assert took < 0.04 + 0.08 + 0.02  # less than the phases one after another
+    assert union_length(pipe.spans) >= 0.95 * took
+
+
+def test_interleaved_with_nothing_to_wait_for():
+    """One-rank nodes (no node collectives: handles None) and ranks with nothing across
+    nodes (an empty ring): every segment still runs, in order."""
+    done = []
+
+    def inter(k, x):
+        return iter(())
+
+    pipe = _Interleaved(3, _Steps(lambda k: (None, k), inter, lambda k, x: done.append(k)))
+    pipe.run(0.0)
+    assert done == [0, 1, 2]
 
 
 def test_pipeline_reraises_the_inter_node_error():

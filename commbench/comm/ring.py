@@ -30,8 +30,10 @@ How the ring waits for a message is the caller's (``WAITS``): ``block``,
 ``Handle.wait``, by default (Open MPI busy-polls inside it;
 COMMBENCH_RING_WAIT=poll changes the default, for measuring); ``poll``
 tests the handle between short sleeps, so a background ring leaves the
-cores to compute (``commbench.comm.engine``, the leader variant's
-cross-node thread in ``commbench.comm.hierarchical``).
+cores to compute (``commbench.comm.engine``). ``ring_steps`` is the same ring
+as a generator of the messages it waits for, so a caller can advance it
+between other work on one thread (the two-level pipeline in
+``commbench.comm.hierarchical``).
 
 Any dtype the communicator can move works (float32, float16, bfloat16): the
 scratch buffer has the tensor's dtype and the additions are torch's, so a
