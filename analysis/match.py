@@ -13,7 +13,10 @@ header (ranks, nodes, local sizes, backend, thread rule), the run fields
 ``config`` for the workload's settings (compute, straggler). The emulated cluster's
 time dilation K (shared/DESIGN.md §10) is a field too: a host-bound run's figures
 move with K, so runs at two K are never pooled (records before schema 4 ran at
-K = 1). A field may be read otherwise when a variable is free (``FREE_WITH``):
+K = 1); so is the code's revision (``revision``). Repeats of a point
+(``launch.sweep --repeats``) differ in nothing here but their ``repeat``, so they
+fall in one set and are one sample of its figure. A field may be read otherwise
+when a variable is free (``FREE_WITH``):
 with the batch free, two runs' compute profiles agree when they were recorded on
 the same model and device, each at its run's batch (the file names differ:
 ``h200-resnet50-b256.json``, ``...-b1024.json``). Strategy knobs
@@ -220,6 +223,9 @@ FIELDS: dict[str, Callable[[dict], Any]] = {
     "threads": lambda r: (r.get("thread_rule"), r.get("torch_threads")),
     "straggler": _straggler,
     "sync": sync_scheme,
+    # the code that ran (``results.code_revision``): two revisions are two set-ups; records
+    # before it (schema 4 without it) read None, one revision among themselves
+    "revision": lambda r: r.get("revision"),
 }
 
 
@@ -246,7 +252,8 @@ WORDS = {"ranks": "ranks", "nodes": "nodes", "local_sizes": "ranks per node",
          "device": "device", "compute": "compute",
          "batch": "batch size", "accumulation": "accumulation steps",
          "compression": "compression", "backend": "backend", "launcher": "launcher",
-         "threads": "thread rule", "straggler": "straggler settings", "sync": "sync scheme"}
+         "threads": "thread rule", "straggler": "straggler settings", "sync": "sync scheme",
+         "revision": "code revision"}
 
 
 def _same(name: str, a: Any, b: Any) -> bool:
@@ -344,6 +351,8 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
     if "straggler" not in skip and (slow or jitter):
         parts.append("straggler" + (f" rank {slow[0]} x {slow[1]:g}" if slow else "")
                      + (f" jitter cv {jitter:g}" if jitter else ""))
+    if "revision" not in skip and rec.get("revision"):
+        parts.append(f"code {rec['revision']}")
     return ", ".join(parts)
 
 

@@ -16,10 +16,12 @@ host names, model, batch, dtype and the full configuration.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 import warnings
@@ -169,6 +171,43 @@ def write_atomic(path: str | Path, text: str) -> None:
         os.close(fd)
 
 
+#: which repeat of its point a job is (0, 1, ...), set by ``launch.sweep --repeats``
+REPEAT_ENV = "COMMBENCH_REPEAT"
+
+
+def repeat_index(environ: dict | None = None) -> int:
+    """The job's repeat of its point (``REPEAT_ENV``; 0 when not set). A bad value is a
+    ValueError naming the variable."""
+    raw = (os.environ if environ is None else environ).get(REPEAT_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{REPEAT_ENV}={raw!r}: expected an integer >= 0") from None
+    if value < 0:
+        raise ValueError(f"{REPEAT_ENV}={raw!r}: expected an integer >= 0")
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def code_revision() -> str:
+    """The code that ran: the git commit of the tree this package runs from, with
+    ``-dirty`` when tracked files differ from it; where there is no git tree (an installed
+    package, a container without git) the package version and ``unknown``."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode == 0 and head.stdout.strip():
+            dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD"],
+                                   capture_output=True, timeout=30).returncode != 0
+            return head.stdout.strip()[:12] + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"{__version__} unknown"
+
+
 def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
                torch_threads: int, config: dict, job_id: str | None = None,
                threads: ThreadPlan | None = None, cores: int | None = None,
@@ -202,6 +241,10 @@ def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
         "runnable_start": runnable_start,
         # wall time / emulated time (``commbench.dilation``): every duration here is emulated
         "dilation": dilation.factor(),
+        # which repeat of its point this job is (launch.sweep --repeats), and the code's
+        # revision: repeats of one set-up are one sample, two revisions two set-ups
+        "repeat": repeat_index(),
+        "revision": code_revision(),
         "versions": vers,
         "argv": sys.argv,
         "config": config,

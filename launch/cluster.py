@@ -466,7 +466,8 @@ def cluster(nodes: int | None, slots: int | str | Sequence[int], rate: str | Non
 
 def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str],
                 link: dict | None = None, load_before: float | None = None,
-                runnable_before: float | None = None) -> list[str]:
+                runnable_before: float | None = None,
+                extra_env: dict[str, str] | None = None) -> list[str]:
     """The command that runs ``program`` on ``np`` ranks of the cluster with ``launcher``
     (``commands.on_nodes`` on the cluster's ``node_set``).
 
@@ -478,9 +479,10 @@ def launch_argv(spec: ClusterSpec, launcher: str, np: int, program: Sequence[str
     the job itself loaded it; ``runnable_before``, the tasks running or runnable then
     (``commbench.cores.runnable_tasks``), goes as COMMBENCH_RUNNABLE_BEFORE and decides
     whether the job started beside other work. The cluster's dilation goes as
-    COMMBENCH_DILATION (``commbench.dilation``).
+    COMMBENCH_DILATION (``commbench.dilation``); ``extra_env`` as it is (a sweep's repeat).
     """
-    env = {**links.link_env(spec.rate_gbps, "eth0", link), **dil.env(spec.dilation)}
+    env = {**links.link_env(spec.rate_gbps, "eth0", link), **dil.env(spec.dilation),
+           **(extra_env or {})}
     if load_before is not None:
         env[LOADAVG_ENV] = f"{load_before:.2f}"
     if runnable_before is not None:

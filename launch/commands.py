@@ -164,12 +164,16 @@ def horovodrun(np: int, program: Sequence[str], *, hosts: str | None = None,
 
 
 def launcher_argv(launcher: str, np: int, program: Sequence[str], *,
-                  hosts: str | None = None) -> list[str]:
+                  hosts: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
     """``program`` on ``np`` ranks with ``launcher`` (one of LAUNCHERS), on this machine or
-    on ``hosts`` (``a:8,b:8``) that need nothing but the launcher's defaults."""
+    on ``hosts`` (``a:8,b:8``) that need nothing but the launcher's defaults; ``env`` goes
+    to every rank (set in front of the launcher; mpirun forwards it with ``-x``, horovodrun
+    forwards its whole environment)."""
     if launcher == "mpirun":
-        return mpirun(np, program, hosts=hosts)
-    return horovodrun(np, program, hosts=hosts, controller=controller(launcher))
+        argv = mpirun(np, program, hosts=hosts, env=list(env or ()))
+    else:
+        argv = horovodrun(np, program, hosts=hosts, controller=controller(launcher))
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
 
 
 def srun(ntasks: int, program: Sequence[str], *, nodes: int | None = None,

@@ -47,6 +47,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import random
 import signal
 import sys
 import time
@@ -57,7 +58,7 @@ from commbench import dilation as dil
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from commbench.flags import MOVED_STRATEGIES
 from commbench.hostload import LINK_BOUND
-from commbench.results import read_records, write_atomic
+from commbench.results import REPEAT_ENV, read_records, write_atomic
 from launch import commands
 from launch.cluster import (
     ClusterError,
@@ -88,7 +89,8 @@ PROGRAM_KEYS: dict[str, type] = {
 }
 GRID_KEYS: dict[str, type] = {**LAUNCH_KEYS, **PROGRAM_KEYS}
 SWEEP_KEYS: dict[str, type] = {"launcher": str, "program": str, "args": list, "timeout": float,
-                               "output": str, "hosts": str}
+                               "output": str, "hosts": str, "repeats": int,
+                               "shuffle_seed": int}
 # keys a point of an explicit list (``points=``) may carry besides the grid keys
 POINT_KEYS: dict[str, type] = {"program": str, "args": list, "name": str, "timeout": float,
                                "estimate_s": float}
@@ -113,12 +115,45 @@ class Sweep:
     grid: dict[str, list] = field(default_factory=dict)
     #: explicit points (grid keys plus ``POINT_KEYS``) instead of the grid's combinations
     point_list: list[dict] | None = None
+    #: jobs per point (``jobs``): each repeat its own job, shuffled within its cluster
+    repeats: int = 1
+    #: the shuffle's seed: the same sweep runs its repeats in the same order
+    shuffle_seed: int = 0
 
     def points(self) -> list[dict]:
         if self.point_list is not None:
             return [dict(p) for p in self.point_list]
         keys = list(self.grid)
         return [dict(zip(keys, combo)) for combo in itertools.product(*self.grid.values())]
+
+    def jobs(self) -> list[tuple[str, dict, int]]:
+        """Every job of the sweep, in the order it runs: (id, point, repeat).
+
+        One repeat: the points in order, each with its ``point_id``. With ``repeats`` N,
+        every point runs N times, each repeat a job of its own (repeat 0 keeps the point's
+        id, repeat r > 0 adds ``-r<r>``, so raising N later runs only the new repeats).
+        Points are grouped by the cluster they run on (layout, link rate and dilation;
+        points on this host or real hosts are one group), groups in the order of their
+        first point, so each cluster comes up once; within a group the jobs are shuffled
+        (``random.Random(shuffle_seed)``), so that the machine's drift over the sweep spreads
+        over every point rather than favouring the first repeats (Hoefler & Belli 2015)."""
+        points = self.points()
+        ids = [point_id(p, self) for p in points]
+        if self.repeats == 1:
+            return [(i, p, 0) for i, p in zip(ids, points)]
+        groups: dict[tuple, list[tuple[str, dict, int]]] = {}
+        for i, p in zip(ids, points):
+            layout = layout_of(p)
+            key = (None,) if layout is None else (tuple(layout), p.get("rate"),
+                                                  str(p.get("dilation", 1.0)))
+            groups.setdefault(key, []).extend(
+                (i if r == 0 else f"{i}-r{r}", p, r) for r in range(self.repeats))
+        rng = random.Random(self.shuffle_seed)
+        out = []
+        for jobs in groups.values():
+            rng.shuffle(jobs)
+            out += jobs
+        return out
 
 
 def _check_value(key: str, value, typ: type):
@@ -236,6 +271,8 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
                                  f"{'the hosts ' + s.hosts if s.hosts else 'this host, unshaped'}")
     if s.timeout <= 0 or any(p.get("timeout", 1) <= 0 for p in s.points()):
         raise SweepError("timeout: must be > 0")
+    if s.repeats < 1:
+        raise SweepError(f"repeats: must be >= 1, got {s.repeats}")
     return s
 
 
@@ -342,25 +379,28 @@ class _Clusters:
         self.close()
 
 
-def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters) -> list[str]:
+def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters,
+                 repeat: int = 0) -> list[str]:
     """The point's command. The machine's load and its running tasks are read here, just
     before the point runs (after its cluster's link test), and go to the ranks, so the
     records say how busy the machine was before this job loaded it (``commbench.cores``);
-    read by rank 0 at start-up they would include the job's own start-up."""
+    read by rank 0 at start-up they would include the job's own start-up. ``repeat``
+    (above 0) goes to the ranks as ``REPEAT_ENV``, which the records carry."""
     prog = point_program(point, sweep, out)
     layout = layout_of(point)
+    extra = {REPEAT_ENV: str(repeat)} if repeat else {}
     if layout is not None:
         spec, link = clusters.get(layout, point.get("rate"), clusters.dilation_of(point))
         np = point.get("ranks", spec.ranks)
         return launch_argv(spec, sweep.launcher, np, prog, link, load_average(),
-                           runnable_tasks())
-    argv = commands.launcher_argv(sweep.launcher, point.get("ranks", 1), prog,
-                                  hosts=sweep.hosts)
+                           runnable_tasks(), extra)
     if sweep.hosts:  # other machines: this one's load says nothing of theirs
-        return argv
+        return commands.launcher_argv(sweep.launcher, point.get("ranks", 1), prog,
+                                      hosts=sweep.hosts, env=extra or None)
+    argv = commands.launcher_argv(sweep.launcher, point.get("ranks", 1), prog)
     load, runnable = load_average(), runnable_tasks()
     env = [f"{k}={v:g}" for k, v in ((LOADAVG_ENV, load), (RUNNABLE_ENV, runnable))
-           if v is not None]
+           if v is not None] + [f"{k}={v}" for k, v in extra.items()]
     return ["env", *env, *argv] if env else argv
 
 
@@ -463,10 +503,10 @@ def _fmt_s(s: float) -> str:
     return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.0f}s"
 
 
-def _eta(todo: list[tuple[str, dict]], k: int, elapsed: float) -> float:
+def _eta(todo: list[tuple[str, dict, int]], k: int, elapsed: float) -> float:
     """Seconds left after ``k`` of ``todo``: by the points' ``estimate_s`` where every point
     has one (scaled by how the finished ones compared), else by the mean so far."""
-    est = [p.get("estimate_s") for _, p in todo]
+    est = [p.get("estimate_s") for _, p, _ in todo]
     if all(e for e in est):
         return sum(est[k:]) * elapsed / sum(est[:k])
     return elapsed / k * (len(todo) - k)
@@ -477,34 +517,40 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
     outdir.mkdir(parents=True, exist_ok=True)
     points = sweep.points()
     ids = [point_id(p, sweep) for p in points]
+    jobs = sweep.jobs()
     write_atomic(outdir / "sweep.json", json.dumps(
         {"sweep": {k: v for k, v in vars(sweep).items() if k not in ("grid", "point_list")},
          "grid": sweep.grid,
-         "points": [{"id": i, **p} for i, p in zip(ids, points)]}, indent=1))
+         "points": [{"id": i, **p} for i, p in zip(ids, points)],
+         "jobs": [{"id": i, "repeat": r} for i, _, r in jobs]}, indent=1))
     counts = {"done": 0, "failed": 0, "skipped": 0}
-    todo = [(i, p) for i, p in zip(ids, points) if not (outdir / f"{i}.done.json").exists()]
-    counts["skipped"] = len(points) - len(todo)
+    todo = [j for j in jobs if not (outdir / f"{j[0]}.done.json").exists()]
+    counts["skipped"] = len(jobs) - len(todo)
+    what = "points" if sweep.repeats == 1 else "jobs"
     if counts["skipped"]:
-        print(f"[sweep] {counts['skipped']} of {len(points)} points already done; skipping them",
+        print(f"[sweep] {counts['skipped']} of {len(jobs)} {what} already done; skipping them",
               file=log, flush=True)
     dilations = Dilations(sweep, outdir, log)
     clusters = _Clusters(dilations)
     t0 = time.time()
     try:
-        for k, (pid, point) in enumerate(todo, 1):
+        for k, (pid, point, repeat) in enumerate(todo, 1):
             out = outdir / f"{pid}.jsonl"
             for stale in (out, outdir / f"{pid}.failed.json"):
                 stale.unlink(missing_ok=True)  # interrupted or failed before: start clean
             label = point.get("name") or " ".join(f"{a}={_show(b)}" for a, b in point.items()
                                                   if a in GRID_KEYS)
+            if sweep.repeats > 1:
+                label += f" repeat {repeat + 1}/{sweep.repeats}"
             t = time.time()
             try:
-                argv = launch_point(point, sweep, out, clusters)
+                argv = launch_point(point, sweep, out, clusters, repeat)
                 # deadlines are emulated: a dilated point runs K times longer on the wall
                 res = run(argv, timeout=point.get("timeout", sweep.timeout)
                           * point_dilation(point, dilations))
                 ok = res.returncode == 0 and not res.timed_out
-                info = {"id": pid, "point": point, "argv": argv, "returncode": res.returncode,
+                info = {"id": pid, "point": point, "repeat": repeat, "argv": argv,
+                        "returncode": res.returncode,
                         "dilation": point_dilation(point, dilations),
                         "timed_out": res.timed_out, "seconds": time.time() - t}
                 if not ok:
@@ -512,7 +558,8 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
                     info["stdout_tail"] = res.stdout[-2000:]
             except Exception as e:  # a point that cannot even start is a failed point
                 ok = False
-                info = {"id": pid, "point": point, "error": f"{type(e).__name__}: {e}",
+                info = {"id": pid, "point": point, "repeat": repeat,
+                        "error": f"{type(e).__name__}: {e}",
                         "seconds": time.time() - t}
             marker = outdir / f"{pid}.{'done' if ok else 'failed'}.json"
             tmp = marker.with_suffix(".tmp")
@@ -522,7 +569,7 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
             elapsed = time.time() - t0
             eta = _eta(todo, k, elapsed)
             status = "ok" if ok else ("TIMEOUT" if info.get("timed_out") else "FAILED")
-            print(f"[sweep] point {counts['skipped'] + k}/{len(points)} {label}: {status} "
+            print(f"[sweep] {what[:-1]} {counts['skipped'] + k}/{len(jobs)} {label}: {status} "
                   f"{info['seconds']:.1f}s  elapsed {_fmt_s(elapsed)}  eta {_fmt_s(eta)}",
                   file=log, flush=True)
     finally:
@@ -540,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--program", help="module to run (default commbench.allreduce)")
     p.add_argument("--timeout", type=float, help="seconds per point")
     p.add_argument("-o", "--output", help="results directory")
+    p.add_argument("--repeats", type=int, metavar="N",
+                   help="run every point N times, each repeat a job of its own, shuffled "
+                        "within each cluster (default 1; sweep.repeats in a file)")
     p.add_argument("--dilation", metavar="K|auto", help="time dilation of every point's "
                    "emulated cluster (launch.cluster --dilation; the same as --set "
                    "dilation=K); auto: the smallest of 1, 2, 4, 8 at which a short probe of "
@@ -557,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                 grid_d["dilation"] = [k if k == "auto" else float(k)]
             except dil.DilationError as e:
                 raise SweepError(str(e)) from None
-        for k in ("launcher", "program", "timeout", "output"):
+        for k in ("launcher", "program", "timeout", "output", "repeats"):
             if getattr(a, k) is not None:
                 sweep_d[k] = getattr(a, k)
         if extra:

@@ -48,6 +48,40 @@ def test_grid_checks():
         parse_set(["ranks=x"])
 
 
+def test_repeats_are_jobs_shuffled_within_each_cluster_with_a_seed():
+    grid = {"nodes": [2], "slots": [1, 2], "rate": ["1gbit"], "algo": ["native", "ring"]}
+    s = make_sweep({"repeats": 3}, grid)
+    jobs = s.jobs()
+    assert len(jobs) == 4 * 3 and len({i for i, _, _ in jobs}) == 12
+    # every point's repeats 0..2; repeat 0 keeps the point's id, the others add -r<r>
+    for p in s.points():
+        mine = sorted((r, i) for i, q, r in jobs if q == p)
+        assert [r for r, _ in mine] == [0, 1, 2]
+        assert [i for _, i in mine] == [point_id(p, s)] + [f"{point_id(p, s)}-r{r}"
+                                                         for r in (1, 2)]
+    # one cluster after the other: slots 1's six jobs, then slots 2's
+    assert [q["slots"] for _, q, _ in jobs] == [1] * 6 + [2] * 6
+    # shuffled within a cluster (not point by point, not repeat by repeat) ...
+    first = [(q["algo"], r) for _, q, r in jobs[:6]]
+    assert first != sorted(first) and first != sorted(first, key=lambda x: (x[1], x[0]))
+    # ... the same order every time (a resumed sweep runs what is left in that order), and
+    # another for another seed
+    assert make_sweep({"repeats": 3}, grid).jobs() == jobs
+    assert make_sweep({"repeats": 3, "shuffle_seed": 1}, grid).jobs() != jobs
+    # one repeat: the points in order, as before
+    one = make_sweep({}, grid)
+    assert [(i, q) for i, q, _ in one.jobs()] == [(point_id(p, one), p) for p in one.points()]
+    for bad in (0, -2):
+        with pytest.raises(SweepError, match=f"repeats: must be >= 1, got {bad}"):
+            make_sweep({"repeats": bad}, grid)
+
+
+def test_repeats_flag_zero_exits_2_naming_it(tmp_path):
+    res = sweep_cli("--set", "ranks=1", "--repeats", "0", "-o", str(tmp_path / "o"))
+    assert res.returncode == 2 and "repeats: must be >= 1, got 0" in res.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_bad_sweep_file_exits_2_before_running(tmp_path):
     f = tmp_path / "s.toml"
     f.write_text('[sweep]\noutput = "%s"\n[grid]\nranks = [1]\nbatch = [3]\n' % (tmp_path / "o"))
@@ -82,6 +116,31 @@ def test_four_points_complete_then_rerun_runs_nothing(tmp_path):
     assert "4 of 4 points already done" in again.stderr and "point 1/4" not in again.stderr
     assert {p.name: p.stat().st_mtime for p in out.iterdir() if p.name != "sweep.json"} == {
         k: v for k, v in before.items() if k != "sweep.json"}
+
+
+@pytest.mark.mpi
+def test_repeats_run_as_jobs_name_their_repeat_and_resume(tmp_path):
+    """Two points x 2 repeats: four jobs whose records carry their repeat and the code's
+    revision; raising --repeats to 3 runs only the two new repeats."""
+    out = tmp_path / "sw"
+    args = ["--set", "ranks=1", "--set", "algo=native,ring", "-o", str(out), *FIXED]
+    res = sweep_cli("--repeats", "2", *args)
+    assert res.returncode == 0, res.stderr
+    assert "job 4/4" in res.stderr and "repeat 2/2" in res.stderr
+    assert len(done_files(out)) == 4
+    seen = set()
+    for p in out.glob("*.jsonl"):
+        rec = read_jsonl(p)[-1]
+        seen.add((rec["algo"], rec["repeat"]))
+        assert rec["revision"] and rec["revision"] == read_jsonl(p)[0]["revision"]
+        assert p.stem.endswith("-r1") == (rec["repeat"] == 1)
+    assert seen == {("native", 0), ("native", 1), ("ring", 0), ("ring", 1)}
+    before = {n: (out / n).stat().st_mtime for n in done_files(out)}
+    again = sweep_cli("--repeats", "3", *args)
+    assert again.returncode == 0, again.stderr
+    assert "4 of 6 jobs already done" in again.stderr
+    assert len(done_files(out)) == 6
+    assert all((out / n).stat().st_mtime == t for n, t in before.items())
 
 
 @pytest.mark.mpi
