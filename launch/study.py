@@ -120,6 +120,9 @@ class Scale:
     conv_ps: bool
     profile_batches: tuple[int, ...]  # C5 with replayed compute at the claim's batches
     micro_iters: int  # timed all-reduces per size in the cost model's microbenchmarks
+    #: jobs per point (``launch.sweep --repeats``): every compared figure then has a spread
+    #: over repeats (a 95 % interval from 6, the range below; ``analysis.stats``)
+    repeats: int
 
 
 FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, compute_scale=20.0,
@@ -129,14 +132,14 @@ FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, com
              bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
              accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
              conv_mitigations="none,lr", conv_ps=True, profile_batches=(256, 1024),
-             micro_iters=10)
+             micro_iters=10, repeats=3)
 QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, compute_scale=50.0,
               steps=6, warmup=1,
               every_rank=False, rates=("1gbit", "200mbit"), slow_algos=("ring", "hier"),
               bucket_mb=(0, 25), staleness=(0, 1, 4), straggler_factor=2.0, accum=(1, 4),
               real_batches=(16, 64, 128), real_steps=40, conv_steps=60,
               conv_mitigations="none", conv_ps=False, profile_batches=(),
-              micro_iters=5)
+              micro_iters=5, repeats=2)
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,9 @@ class Job:
     config: ToolConfig
     rate: str | None = None  # emulated link rate
     estimate_s: float = 0.0
+    #: jobs of this point; None: the study's ``--repeats`` (the convergence study repeats
+    #: itself over seeds, inside one job)
+    repeats: int | None = None
 
     @property
     def program(self) -> str:
@@ -199,6 +205,8 @@ class Job:
                 p["dilation"] = cluster.dilation
         p.update(program=self.program, args=self.args, estimate_s=round(self.estimate_s),
                  timeout=float(max(600, round(4 * self.estimate_s))))
+        if self.repeats is not None:
+            p["repeats"] = self.repeats
         return p
 
 
@@ -256,6 +264,7 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
         StudyConfig(staleness=list(scale.staleness),
                     mitigations=scale.conv_mitigations.split(","), steps=scale.conv_steps,
                     eval_every=10, quiet=True, ps=scale.conv_ps))
+    jobs["convergence-digits"].repeats = 1  # it repeats itself over seeds, in one job
     for b in scale.real_batches:
         for claim in ("C5", "C6", "C8"):
             add(f"real-digits-b{b}", claim, n,
@@ -490,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "1, 2, 4, 8 at which a short probe of its largest job is link-bound; "
                         "1: none. Emulated clusters only")
     g = p.add_argument_group("scale (smaller for a smoke test; verdicts then rest on less)")
+    g.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="jobs per point, each its own job, shuffled within each cluster: the "
+                        "spread every compared figure is judged with (default 3; --quick 2)")
     g.add_argument("--steps", type=int, default=None, metavar="N",
                    help="measured steps of each replayed-compute job (default 20; --quick 6)")
     g.add_argument("--compute-scale", type=float, default=None, metavar="F",
@@ -499,16 +511,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def scaled(scale: Scale, steps: int | None, compute_scale: float | None) -> Scale:
-    """``scale`` with the command line's ``--steps`` and ``--compute-scale``."""
+def scaled(scale: Scale, steps: int | None, compute_scale: float | None,
+           repeats: int | None = None) -> Scale:
+    """``scale`` with the command line's ``--steps``, ``--compute-scale`` and ``--repeats``."""
     if steps is not None and steps < 1:
         raise StudyError(f"--steps {steps}: must be at least 1")
+    if repeats is not None and repeats < 1:
+        raise StudyError(f"--repeats {repeats}: must be at least 1")
 
     if compute_scale is not None and not compute_scale > 0:
         raise StudyError(f"--compute-scale {compute_scale:g}: must be > 0")
     return replace(scale, steps=scale.steps if steps is None else steps,
                    compute_scale=scale.compute_scale if compute_scale is None
-                   else compute_scale)
+                   else compute_scale, repeats=scale.repeats if repeats is None else repeats)
 
 
 def launch_command(point: dict, sweep: sweeps.Sweep, out: Path) -> list[str]:
@@ -538,7 +553,7 @@ def _describe(job: Job, cluster: Cluster) -> str:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        scale = scaled(QUICK if a.quick else FULL, a.steps, a.compute_scale)
+        scale = scaled(QUICK if a.quick else FULL, a.steps, a.compute_scale, a.repeats)
         claims = parse_claims(a.claims)
         if "C4" in claims and scale.steps < max(scale.staleness):
             raise StudyError(f"--steps {scale.steps}: C4's async runs go up to staleness "
@@ -557,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists() and not out.is_dir():
             raise StudyError(f"-o/--output: {out} is not a directory")
         sweep = sweeps.make_sweep(
-            {"launcher": cluster.launcher, "output": str(out),
+            {"launcher": cluster.launcher, "output": str(out), "repeats": scale.repeats,
              **({} if cluster.emulated else {"hosts": cluster.hosts})},
             {}, [j.point(cluster) for j in jobs])
         if not a.dry_run and cluster.emulated:
@@ -569,10 +584,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch.study: error: {e}", file=sys.stderr)
         return 2
 
-    total = sum(j.estimate_s for j in jobs)
-    print(f"# launch.study{' --quick' if a.quick else ''}: {len(jobs)} jobs for "
-          f"{', '.join(claims)}; expected time ~{_fmt(total)} (estimated from the link rates "
-          f"and replayed compute; the progress line corrects it as jobs finish)", flush=True)
+    runs = sum(j.repeats or scale.repeats for j in jobs)
+    total = sum(j.estimate_s * (j.repeats or scale.repeats) for j in jobs)
+    k = cluster.dilation if cluster.emulated else 1.0
+    how = ("" if k == 1 else f", x {dil.text(k)} for the dilation" if k != "auto"
+           else "; dilation auto: x the K it picks per cluster (1-8), after probes")
+    print(f"# launch.study{' --quick' if a.quick else ''}: {len(jobs)} points for "
+          f"{', '.join(claims)}, {runs} jobs with repeats; expected time "
+          f"~{_fmt(total * (k if k != 'auto' else 1))} (estimated from the link rates and "
+          f"replayed compute{how}; the progress line corrects it as jobs finish)", flush=True)
     if not a.dry_run:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
         print(f"# load average {load:.2f} on {cores} cores before the first job"

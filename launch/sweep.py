@@ -33,11 +33,18 @@ the end of its output), and the sweep goes on. Running the same sweep again
 skips points that are done and re-runs failed or interrupted ones (an
 interrupted point's partial results are discarded first).
 
+``--repeats N`` (``repeats = N`` in [sweep]) runs every point N times, each
+repeat a job of its own with its own file (``<id>-r<r>.jsonl`` for r > 0), in
+an order shuffled with ``shuffle_seed`` within each cluster configuration
+(``Sweep.jobs``); the records carry ``repeat`` and the code's ``revision``.
+Raising N on a finished sweep runs only the new repeats.
+
 A caller that plans its own jobs (``launch.study``) gives a list of points
 rather than a grid: each point holds grid keys plus, optionally, its own
 ``program``, ``args`` (after the sweep's), ``name`` (for its id and progress
-line), ``timeout`` and ``estimate_s`` (its expected seconds, which the
-progress line's estimate of what remains then weighs points by).
+line), ``timeout``, ``repeats`` (its own, instead of the sweep's) and
+``estimate_s`` (its expected seconds, which the progress line's estimate of what
+remains then weighs points by).
 """
 
 from __future__ import annotations
@@ -93,9 +100,9 @@ SWEEP_KEYS: dict[str, type] = {"launcher": str, "program": str, "args": list, "t
                                "shuffle_seed": int}
 # keys a point of an explicit list (``points=``) may carry besides the grid keys
 POINT_KEYS: dict[str, type] = {"program": str, "args": list, "name": str, "timeout": float,
-                               "estimate_s": float}
+                               "estimate_s": float, "repeats": int}
 # point keys that say how to run a point, not what it is: left out of its id
-RUN_ONLY = ("timeout", "estimate_s")
+RUN_ONLY = ("timeout", "estimate_s", "repeats")
 CLUSTER_NAME = "cbsw"  # the emulated cluster a sweep brings up (launch.cluster --name)
 
 
@@ -130,8 +137,10 @@ class Sweep:
         """Every job of the sweep, in the order it runs: (id, point, repeat).
 
         One repeat: the points in order, each with its ``point_id``. With ``repeats`` N,
-        every point runs N times, each repeat a job of its own (repeat 0 keeps the point's
-        id, repeat r > 0 adds ``-r<r>``, so raising N later runs only the new repeats).
+        every point runs N times (a point's own ``repeats`` wins: a job that repeats
+        itself inside, as the convergence study over seeds, runs once), each repeat a job
+        of its own (repeat 0 keeps the point's id, repeat r > 0 adds ``-r<r>``, so raising
+        N later runs only the new repeats).
         Points are grouped by the cluster they run on (layout, link rate and dilation;
         points on this host or real hosts are one group), groups in the order of their
         first point, so each cluster comes up once; within a group the jobs are shuffled
@@ -139,7 +148,7 @@ class Sweep:
         over every point rather than favouring the first repeats (Hoefler & Belli 2015)."""
         points = self.points()
         ids = [point_id(p, self) for p in points]
-        if self.repeats == 1:
+        if self.repeats == 1 and all(p.get("repeats", 1) == 1 for p in points):
             return [(i, p, 0) for i, p in zip(ids, points)]
         groups: dict[tuple, list[tuple[str, dict, int]]] = {}
         for i, p in zip(ids, points):
@@ -147,7 +156,8 @@ class Sweep:
             key = (None,) if layout is None else (tuple(layout), p.get("rate"),
                                                   str(p.get("dilation", 1.0)))
             groups.setdefault(key, []).extend(
-                (i if r == 0 else f"{i}-r{r}", p, r) for r in range(self.repeats))
+                (i if r == 0 else f"{i}-r{r}", p, r)
+                for r in range(p.get("repeats", self.repeats)))
         rng = random.Random(self.shuffle_seed)
         out = []
         for jobs in groups.values():
@@ -271,8 +281,9 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
                                  f"{'the hosts ' + s.hosts if s.hosts else 'this host, unshaped'}")
     if s.timeout <= 0 or any(p.get("timeout", 1) <= 0 for p in s.points()):
         raise SweepError("timeout: must be > 0")
-    if s.repeats < 1:
-        raise SweepError(f"repeats: must be >= 1, got {s.repeats}")
+    if s.repeats < 1 or any(p.get("repeats", 1) < 1 for p in s.points()):
+        raise SweepError(f"repeats: must be >= 1, got "
+                         f"{min(s.repeats, *(p.get('repeats', 1) for p in s.points()))}")
     return s
 
 
@@ -526,7 +537,7 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
     counts = {"done": 0, "failed": 0, "skipped": 0}
     todo = [j for j in jobs if not (outdir / f"{j[0]}.done.json").exists()]
     counts["skipped"] = len(jobs) - len(todo)
-    what = "points" if sweep.repeats == 1 else "jobs"
+    what = "points" if len(jobs) == len(points) else "jobs"
     if counts["skipped"]:
         print(f"[sweep] {counts['skipped']} of {len(jobs)} {what} already done; skipping them",
               file=log, flush=True)
@@ -540,8 +551,8 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
                 stale.unlink(missing_ok=True)  # interrupted or failed before: start clean
             label = point.get("name") or " ".join(f"{a}={_show(b)}" for a, b in point.items()
                                                   if a in GRID_KEYS)
-            if sweep.repeats > 1:
-                label += f" repeat {repeat + 1}/{sweep.repeats}"
+            if point.get("repeats", sweep.repeats) > 1:
+                label += f" repeat {repeat + 1}/{point.get('repeats', sweep.repeats)}"
             t = time.time()
             try:
                 argv = launch_point(point, sweep, out, clusters, repeat)

@@ -203,7 +203,20 @@ def _c7_row(report) -> str:
 
 #: the end-to-end studies at a smoke scale: what they check (jobs, report, resume, one matched
 #: set) does not need the quick scale's steps or compute
-SMOKE = ("--steps", "2", "--compute-scale", "5")
+SMOKE = ("--steps", "2", "--compute-scale", "5", "--repeats", "1")
+
+
+def test_repeats_reach_the_sweep_and_the_convergence_study_runs_once(tmp_path):
+    res = study_cli("--quick", "--dry-run", "--repeats", "3", "-o", str(tmp_path / "s"))
+    assert res.returncode == 0, res.stderr
+    jobs = plan(QUICK, EMULATED)
+    assert f"{len(jobs)} points" in res.stdout and f"{3 * (len(jobs) - 1) + 1} jobs" in res.stdout
+    assert plan(QUICK, EMULATED)[0].point(EMULATED).get("repeats") is None
+    conv = next(j for j in jobs if j.name == "convergence-digits")
+    assert conv.point(EMULATED)["repeats"] == 1
+    for bad in ("0", "-1"):
+        res = study_cli("--quick", "--dry-run", "--repeats", bad, "-o", str(tmp_path / "s"))
+        assert res.returncode == 2 and f"--repeats {bad}: must be at least 1" in res.stderr
 
 
 def test_smoke_scale_shrinks_the_replayed_jobs_only():
