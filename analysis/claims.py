@@ -32,7 +32,7 @@ from itertools import product
 
 import numpy as np
 
-from analysis import match, overlap
+from analysis import match, overlap, stats
 from analysis.alphabeta import Scenario, predict, sync_share
 from analysis.costmodel import ModelResult, error_by_algorithm
 from analysis.load import get, knob, num, stat
@@ -40,6 +40,7 @@ from commbench import metrics
 from commbench.hostload import is_link_bound
 
 REPRODUCED, REFUTED, NOT_HERE = "reproduced", "refuted", "not reproducible here"
+UNDECIDED = stats.UNDECIDED
 
 
 @dataclass
@@ -59,6 +60,36 @@ class Claim:
     others: list[str] = field(default_factory=list)
     #: the verdict's runs' time dilation and host verdict, in words (``match.host_words``)
     host: str | None = None
+    #: the spread of the figure the verdict compares with its threshold (``analysis.stats``)
+    spread: stats.Spread | None = None
+
+
+def _decide(spread: stats.Spread, threshold: float, holds_below: bool, what: str,
+            fmt: str = ".2f") -> tuple[str, str]:
+    """A verdict on ``spread`` against ``threshold`` (``stats.judge``: reproduced or refuted
+    when the whole interval or range is on one side, undecided when it straddles) and the
+    words for its reason: ``what``, the spread, and for an undecided verdict about how many
+    runs a side would decide it; a single run a side is judged on its value, and says so."""
+    verdict = stats.judge(spread, threshold, holds_below)
+    note = f"{what} {spread.words(fmt)}"
+    if verdict == UNDECIDED:
+        need = stats.repeats_to_decide(spread, threshold)
+        note += (f": the {'interval' if spread.kind == stats.CI_95 else spread.kind} straddles "
+                 f"{threshold:{fmt}}; " + (f"about {need} runs a side would decide it"
+                                            if need else "no number of repeats decides it"))
+    elif spread.kind == stats.SINGLE:
+        note += ": no spread (launch.study --repeats, launch.sweep --repeats)"
+    return verdict, note
+
+
+def _by_scheme(g: Sequence[dict], keep: Callable[[dict], bool] = lambda r: True
+               ) -> dict[tuple, list[dict]]:
+    """The runs of a matched set kept by ``keep``, by sync scheme (the repeats of each)."""
+    out: dict[tuple, list[dict]] = {}
+    for r in g:
+        if keep(r):
+            out.setdefault(match.sync_scheme(r), []).append(r)
+    return out
 
 
 def _summaries(records: Sequence[dict]) -> list[dict]:
@@ -219,23 +250,24 @@ def _is_hier(r: dict) -> bool:
     return match.sync_family(r) == "hierarchical"
 
 
-def _c2_ratios(g: list[dict]) -> tuple[dict[str, float], dict[str, list[str]]]:
-    """Exposed sync of each hierarchical algorithm / the flat ring's (medians over repeats)."""
+def _c2_ratios(g: list[dict]) -> tuple[dict[str, stats.Spread], dict[str, list[str]]]:
+    """Exposed sync of each hierarchical algorithm / the flat ring's: the ratio of their
+    medians over repeats, with its spread (``stats.ratio_spread``)."""
     ring = [r for r in g if _is_flat_ring(r)]
-    base = _med([stat(r, "exposed_sync_s") for r in ring])
+    base = [stat(r, "exposed_sync_s") for r in ring]
     ratios, runs = {}, {"flat (ring)": match.run_ids(ring)}
     for algo in match.HIERARCHICAL_ALGOS:
         hs = [r for r in g if _is_hier(r) and r.get("algo") == algo]
         if hs:
-            ratios[algo] = _med([stat(r, "exposed_sync_s") for r in hs]) / base
+            ratios[algo] = stats.ratio_spread([stat(r, "exposed_sync_s") for r in hs], base)
             runs[f"hierarchical ({algo})"] = match.run_ids(hs)
     return ratios, runs
 
 
 def _c2_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
     ratios, runs = _c2_ratios(g)
-    return ("exposed sync / flat ring: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()),
-            runs)
+    return ("exposed sync / flat ring: " + ", ".join(f"{k} {v.words()}"
+                                                     for k, v in ratios.items()), runs)
 
 
 def c2(records, model) -> Claim:
@@ -278,15 +310,17 @@ def c2(records, model) -> Claim:
             pred += ("; the model's median error on these runs' inter-node microbenchmarks "
                      f"(>= 1 MiB, not fitted on): {', '.join(errs)}")
     ratios, _ = _c2_ratios(g)
-    best = min(ratios, key=ratios.get)
+    best = min(ratios, key=lambda k: ratios[k].value)
     link = "; ".join(f"{_scheme(r)}: {num(r.get('link_efficiency')):.2f}" for r in g
                      if r.get("link_efficiency") is not None)
     measured = (f"{measured} on {nodes} nodes x {local} ({f.get('link_shaping') or 'unshaped'} "
                 f"links)" + (f"; link efficiency {link}" if link else ""))
-    verdict = REPRODUCED if ratios[best] <= 0.70 else REFUTED  # a cut of at least 30 %
+    # a cut of at least 30 %: the ratio at most 0.70
+    verdict, note = _decide(ratios[best], 0.70, True, f"best variant ({best}): ratio")
     return Claim("C2", text, measured, "overlap", pred, verdict,
-                 f"best variant ({best}) cuts {1 - ratios[best]:.0%} (reproduced when at least "
-                 f"30%){_host_note(g)}", _setup(g, vary), runs, others, match.host_words(g))
+                 f"{note}; it cuts {1 - ratios[best].value:.0%} (reproduced when the ratio is "
+                 f"at most 0.70, a cut of at least 30%){_host_note(g)}", _setup(g, vary), runs,
+                 others, match.host_words(g), ratios[best])
 
 
 # -- C3: bucketed ---------------------------------------------------------------------
@@ -336,13 +370,15 @@ def c3(records, model) -> Claim:
     groups = [g for g in groups if num(knob(g[0], "bucket_mb")) == 25] or groups
     g, measured, runs, others = _choose(groups, _c3_figure, ())
     calls, tensors = (g[0].get("knobs") or {}).get("buckets"), g[0].get("grad_tensors")
-    ov = _med([stat(r, "overlap") for r in g])
+    ov = stats.spread_of([stat(r, "overlap") for r in g])
     fewer = calls is not None and tensors is not None and calls < tensors
-    verdict = REPRODUCED if fewer and ov > 0.1 else REFUTED
+    verdict, note = _decide(ov, 0.1, False, "overlap")
+    if not fewer:
+        verdict = REFUTED
     return Claim("C3", text, measured, "overlap", pred, verdict,
-                 ("fewer calls than tensors and overlap > 0.1" if verdict == REPRODUCED else
-                  f"calls fewer than tensors: {fewer}; overlap {ov:.2f} (needs > 0.1)")
-                 + _host_note(g), _setup(g), runs, others, match.host_words(g))
+                 f"calls fewer than tensors: {fewer}; {note} (reproduced with fewer calls and "
+                 f"overlap above 0.1)" + _host_note(g), _setup(g), runs, others,
+                 match.host_words(g), ov)
 
 
 # -- C4: asynchronous updates ----------------------------------------------------------
@@ -360,23 +396,31 @@ def _stale(r: dict) -> bool:
     return family == "ps" or (family == "async" and num(knob(r, "staleness")) > 0)
 
 
-def _c4_speedup(g: list[dict]) -> tuple[float, dict, dict, str]:
-    """Fastest stale run / fastest synchronous run of one matched set. Runs are judged by
+def _c4_speedup(g: list[dict]) -> tuple[stats.Spread, list[dict], list[dict], str]:
+    """Fastest stale scheme / fastest synchronous scheme of one matched set (each by its
+    median over repeats), with the spread of that ratio. Runs are judged by
     ``wall_throughput`` where all of them carry it (async's transfers run on between
     steps, which ``step_s`` misses), else by ``throughput``."""
     pair = [r for r in g if _synchronous(r) or _stale(r)]
     rate = "wall_throughput" if all(not math.isnan(stat(r, "wall_throughput")) for r in pair) \
         else "throughput"
-    ref = max((r for r in g if _synchronous(r)), key=lambda r: stat(r, rate))
-    best = max((r for r in g if _stale(r)), key=lambda r: stat(r, rate))
-    return stat(best, rate) / stat(ref, rate), best, ref, rate
+
+    def fastest(keep: Callable[[dict], bool]) -> list[dict]:
+        return max(_by_scheme(g, keep).values(),
+                   key=lambda rs: _med([stat(r, rate) for r in rs]))
+
+    ref, best = fastest(_synchronous), fastest(_stale)
+    return (stats.ratio_spread([stat(r, rate) for r in best], [stat(r, rate) for r in ref]),
+            best, ref, rate)
 
 
 def _c4_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
     speed, best, ref, rate = _c4_speedup(g)
-    return (f"fastest stale / fastest synchronous {rate}: {speed:.2f}x ({_scheme(best)} "
-            f"{stat(best, rate):.4g} vs {_scheme(ref)} {stat(ref, rate):.4g} samples/s)",
-            {_scheme(best): match.run_ids([best]), _scheme(ref): match.run_ids([ref])})
+    return (f"fastest stale / fastest synchronous {rate}: {speed.words(unit='x')} ("
+            f"{_scheme(best[0])} "
+            f"{_med([stat(r, rate) for r in best]):.4g} vs {_scheme(ref[0])} "
+            f"{_med([stat(r, rate) for r in ref]):.4g} samples/s, medians)",
+            {_scheme(best[0]): match.run_ids(best), _scheme(ref[0]): match.run_ids(ref)})
 
 
 #: "staleness hurts": held-out accuracy at the largest staleness below the synchronous
@@ -465,9 +509,12 @@ def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, lis
 
 
 def _both(speed: str, accuracy: str) -> str:
-    """A claim of two halves: refuted when either is, reproduced when both are."""
+    """A claim of two halves: refuted when either is, reproduced when both are, undecided
+    when neither is refuted and one is undecided."""
     if REFUTED in (speed, accuracy):
         return REFUTED
+    if UNDECIDED in (speed, accuracy):
+        return UNDECIDED
     return REPRODUCED if speed == accuracy == REPRODUCED else NOT_HERE
 
 
@@ -497,12 +544,13 @@ def c4(records, model) -> Claim:
                      f"speed-up: {why}; accuracy: {acc_reason}", None, acc_runs, acc_others)
     g, measured, runs, others = _choose(groups, _c4_figure, vary)
     speed = _c4_speedup(g)[0]
-    speed_verdict = REPRODUCED if speed >= 2.5 else REFUTED  # within a sixth of 3x
+    # within a sixth of 3x
+    speed_verdict, note = _decide(speed, 2.5, False, "speed-up")
     return Claim("C4", text, measured + accuracy, "staleness", pred,
                  _both(speed_verdict, acc_verdict),
-                 f"speed-up {speed:.2f}x vs ~3x (reproduced from 2.5x){_host_note(g)}; "
+                 f"{note} vs ~3x (reproduced from 2.5x){_host_note(g)}; "
                  f"accuracy: {acc_reason}", _setup(g, vary), {**runs, **acc_runs},
-                 others + acc_others, match.host_words(g))
+                 others + acc_others, match.host_words(g), speed)
 
 
 # -- C5-C7: sweeps of one setting ---------------------------------------------------------
@@ -515,17 +563,19 @@ def _batch(r: dict) -> float:
     return num(r.get("batch_size"))
 
 
-def _c5_ratio(g: list[dict]) -> tuple[float, float, float, dict[str, list[str]]]:
+def _c5_ratio(g: list[dict]) -> tuple[float, float, stats.Spread, dict[str, list[str]]]:
     bs = sorted({_batch(r) for r in g})
     lo, hi = _at(g, _batch, bs[0]), _at(g, _batch, bs[-1])
-    ratio = _med([stat(r, "throughput") for r in hi]) / _med([stat(r, "throughput") for r in lo])
+    ratio = stats.ratio_spread([stat(r, "throughput") for r in hi],
+                               [stat(r, "throughput") for r in lo])
     return bs[0], bs[-1], ratio, {f"batch {bs[0]:g}": match.run_ids(lo),
                                   f"batch {bs[-1]:g}": match.run_ids(hi)}
 
 
 def _c5_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
     b0, b1, ratio, runs = _c5_ratio(g)
-    measured = f"{_scheme(g[0])}: throughput x{ratio:.2f} from batch {b0:g} to {b1:g} per rank"
+    measured = (f"{_scheme(g[0])}: throughput x{ratio.words()} from batch {b0:g} to {b1:g} "
+                "per rank")
     acc = {_batch(r): r["final_accuracy"] for r in g if r.get("final_accuracy") is not None}
     if acc:
         measured += "; final accuracy " + ", ".join(f"{k:g}: {v:.3f}"
@@ -551,12 +601,12 @@ def c5(records, model) -> Claim:
     g, measured, runs, others = _choose(groups, _c5_figure, vary, link_bound=False)
     ratio = _c5_ratio(g)[2]
     acc = any(r.get("final_accuracy") is not None for r in g)
-    verdict = REPRODUCED if ratio > 1.1 else REFUTED
+    verdict, note = _decide(ratio, 1.1, False, "throughput ratio")
     return Claim("C5", text, measured, "batch_size", pred, verdict,
-                 ("throughput rose >10%" if ratio > 1.1 else "throughput did not rise >10%")
+                 f"{note} (reproduced when throughput rose more than 10%)"
                  + ("" if acc else "; accuracy not measured (needs --dataset digits)")
                  + _host_note(g, links=False), _setup(g, vary), runs, others,
-                 match.host_words(g))
+                 match.host_words(g), ratio)
 
 
 def _memory_field(g: list[dict]) -> str:
@@ -611,17 +661,26 @@ def _k(r: dict) -> float:
     return num(get(r, "accum_steps", 1))
 
 
-def _c7_shares(g: list[dict]) -> tuple[float, float, float, float, dict[str, list[str]]]:
+def _c7_shares(g: list[dict]) -> tuple[float, float, stats.Spread, stats.Spread,
+                                        dict[str, list[str]]]:
     ks = sorted({_k(r) for r in g})
     one, many = _at(g, _k, ks[0]), _at(g, _k, ks[-1])
-    s1, sk = (_med([stat(r, "sync_share") for r in rs]) for rs in (one, many))
+    s1, sk = (stats.spread_of([stat(r, "sync_share") for r in rs]) for rs in (one, many))
     return ks[0], ks[-1], s1, sk, {f"k={ks[0]:g}": match.run_ids(one),
                                    f"k={ks[-1]:g}": match.run_ids(many)}
 
 
+def _c7_ratio(g: list[dict]) -> stats.Spread:
+    """Sync share at the largest k / at the smallest, with its spread over repeats."""
+    ks = sorted({_k(r) for r in g})
+    return stats.ratio_spread(*([stat(r, "sync_share") for r in _at(g, _k, k)]
+                                for k in (ks[-1], ks[0])))
+
+
 def _c7_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
     k1, kk, s1, sk, runs = _c7_shares(g)
-    return f"{_scheme(g[0])}: sync share k={k1:g}: {s1:.0%}, k={kk:g}: {sk:.0%}", runs
+    return (f"{_scheme(g[0])}: sync share k={k1:g}: {s1.words('.0%')}, k={kk:g}: "
+            f"{sk.words('.0%')}", runs)
 
 
 def c7(records, model) -> Claim:
@@ -640,11 +699,13 @@ def c7(records, model) -> Claim:
                                                   ((a, b) for a, b in product(recs, recs)
                                                    if _k(a) < _k(b))))
     g, measured, runs, others = _choose(groups, _c7_figure, vary)
-    s1, sk = _c7_shares(g)[2:4]
-    verdict = REPRODUCED if sk < s1 else REFUTED
+    ratio = _c7_ratio(g)
+    verdict, note = _decide(ratio, 1.0, True, "sync share at the largest k / at k=1:")
+    if verdict == REPRODUCED and ratio.value == 1.0:
+        verdict = REFUTED  # equal shares: it did not fall
     return Claim("C7", text, measured, "accumulation", pred, verdict,
-                 ("sync share fell with k" if sk < s1 else "sync share did not fall with k")
-                 + _host_note(g), _setup(g, vary), runs, others, match.host_words(g))
+                 f"{note} (reproduced when it fell: the ratio below 1)" + _host_note(g),
+                 _setup(g, vary), runs, others, match.host_words(g), ratio)
 
 
 def c8(records, model) -> Claim:

@@ -238,13 +238,22 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
               "comm times (C1-C4, C7) prefer sets whose runs were all link-bound, and say so "
               "where the set they judge on was host-bound; the host column gives the "
               "verdict's runs' time dilation and host verdict.", "",
-              "| # | claim | measured here | model at the claim's scale | host | verdict | "
-              "reason |", "|---|---|---|---|---|---|---|"]
+              "Repeats of one set-up (`launch.study --repeats`) are one sample: the figure a "
+              "verdict compares with its threshold is the median (or the ratio of medians), "
+              "with a 95 % interval from 6 runs a side (order statistics of the median, a "
+              "seeded bootstrap of a ratio; `analysis/stats.py`), else the range over the "
+              "repeats, labelled so. The verdict is reproduced or refuted when the whole "
+              "interval or range lies on one side of the threshold, undecided when it "
+              "straddles it, with about how many runs a side would decide it; a single run "
+              "a side is judged on its value and says it has no spread.", "",
+              "| # | claim | measured here | model at the claim's scale | host | spread | "
+              "verdict | reason |", "|---|---|---|---|---|---|---|---|"]
     for c in claims:
         fig = f" ([figure](figures/{c.figure}.png))" if c.figure in drawn else ""
+        spread = c.spread.words() if c.spread is not None else "—"
         lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(c.measured)}{fig} | "
-                     f"{_cell(c.model)} | {_cell(c.host or '—')} | **{c.verdict}** | "
-                     f"{_cell(c.reason)} |")
+                     f"{_cell(c.model)} | {_cell(c.host or '—')} | {_cell(spread)} | "
+                     f"**{c.verdict}** | {_cell(c.reason)} |")
     lines += ["", *claim_runs_lines(claims)]
     page = out / "README.md"
     page.write_text("\n".join(lines), encoding="utf-8")

@@ -131,6 +131,7 @@ ONE_FIELD = {
     "threads": _top(thread_rule="one thread per rank", torch_threads=2),
     "straggler": _cfg(slow_rank=[3, 2.0]),
     "sync": _top(algo="ring"),
+    "revision": _top(revision="0123456789ab-dirty"),
 }
 
 
@@ -466,6 +467,38 @@ def test_c2_recognises_flat_algo_hier_on_three_nodes():
     assert "hier 0.50" in c.measured and "hier-leader 0.80" in c.measured
     assert c.runs == {"flat (ring)": [ring["run_id"]], "hierarchical (hier)": [hier["run_id"]],
                       "hierarchical (hier-leader)": [leader["run_id"]]}
+
+
+def test_c2_over_repeats_is_undecided_when_the_range_straddles_and_says_how_many_decide():
+    """Repeats of one set-up are one sample: two runs a side give the range of the pairwise
+    ratios; straddling 0.70 it is undecided with an estimate of the runs that would decide;
+    six a side give a 95 % interval that decides it."""
+    rings = [run("flat", "ring", exposed_s=x) for x in (1.0, 1.1)]
+    hiers = [run("flat", "hier", exposed_s=x) for x in (0.6, 0.8)]
+    c = claim("C2", [*rings, *hiers])
+    assert c.verdict == claims.UNDECIDED
+    assert c.spread.kind == "range" and c.spread.lo < 0.70 < c.spread.hi
+    assert "straddles 0.70" in c.reason and "runs a side would decide it" in c.reason
+    assert "range 0.55-0.80 over 2 repeats" in c.measured
+    assert set(c.runs["flat (ring)"]) == {r["run_id"] for r in rings}
+    # six repeats a side, all well below 0.70: an interval, reproduced
+    rings = [run("flat", "ring", exposed_s=1.0 + 0.01 * i) for i in range(6)]
+    hiers = [run("flat", "hier", exposed_s=0.55 + 0.01 * i) for i in range(6)]
+    c = claim("C2", [*rings, *hiers])
+    assert c.verdict == claims.REPRODUCED and c.spread.kind == "95% CI"
+    assert c.spread.hi < 0.70 and "95% CI" in c.reason
+    # one run a side: judged on its value, and the reason says there is no spread
+    c = claim("C2", [run("flat", "ring", exposed_s=1.0), run("flat", "hier", exposed_s=0.6)])
+    assert c.verdict == claims.REPRODUCED and "no spread" in c.reason
+
+
+def test_c7_and_c4_speed_judge_the_ratio_of_medians_over_repeats():
+    ones = [run(sync_share=x, config={"accum_steps": 1}) for x in (0.30, 0.32)]
+    fours = [run(sync_share=x, config={"accum_steps": 4}) for x in (0.29, 0.33)]
+    c = claim("C7", [*ones, *fours])
+    assert c.verdict == claims.UNDECIDED and c.spread.lo < 1 < c.spread.hi
+    fours = [run(sync_share=x, config={"accum_steps": 4}) for x in (0.10, 0.12)]
+    assert claim("C7", [*ones, *fours]).verdict == claims.REPRODUCED
 
 
 def test_c2_does_not_pair_a_ring_with_a_hierarchy_of_another_set_up():
