@@ -15,7 +15,9 @@ is shown with its dilation and host verdict (``match.host_words``).
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from analysis import costmodel as cost
@@ -254,10 +256,40 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(c.measured)}{fig} | "
                      f"{_cell(c.model)} | {_cell(c.host or '—')} | {_cell(spread)} | "
                      f"**{c.verdict}** | {_cell(c.reason)} |")
-    lines += ["", *claim_runs_lines(claims)]
+    lines += ["", *claim_runs_lines(claims), *repeat_until_lines(sources or [])]
     page = out / "README.md"
     page.write_text("\n".join(lines), encoding="utf-8")
     return page
+
+
+#: what ``launch.study --repeat-until`` did, in its results folder
+UNTIL_FILE = "repeat-until.json"
+
+
+def repeat_until_lines(paths: Sequence[str]) -> list[str]:
+    """What ``launch.study --repeat-until PCT --budget D`` did (``UNTIL_FILE`` in a results
+    folder given): the repeats each point ran, the rounds, and why it stopped."""
+    found = [Path(p) / UNTIL_FILE for p in paths if (Path(p) / UNTIL_FILE).is_file()]
+    if not found:
+        return []
+    try:
+        d = json.loads(found[0].read_text())
+    except (OSError, ValueError) as e:
+        return ["## Repeats until a precision", "", f"{found[0]} unreadable: {e}", ""]
+    lines = ["## Repeats until a precision", "",
+             f"`launch.study --repeat-until {d['pct']:g}` with a budget of "
+             f"{d['budget_s'] / 3600:.1f} h: the study took {d['spent_s'] / 3600:.1f} h and "
+             f"stopped because {d['stopped']}.", ""]
+    for i, r in enumerate(d.get("rounds", []), 1):
+        lines.append(f"- round {i}: " + ", ".join(f"{k} +{n}" for k, n in r["added"].items())
+                     + f" (~{r['expected_s'] / 60:.0f} min)")
+    if d.get("claims"):
+        lines += ["", f"| claim | figure | within ±{d['pct']:g} % |", "|---|---|---|"]
+        lines += [f"| {c['claim']} | {_cell(c['spread'])} | {'yes' if c['within'] else 'no'} |"
+                  for c in d["claims"]]
+    lines += ["", "Jobs per point: " + ", ".join(f"{k} {n}" for k, n in
+                                                 sorted(d.get("repeats", {}).items())), ""]
+    return lines
 
 
 def body(argv: list[str]) -> int:

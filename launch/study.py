@@ -43,14 +43,19 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from analysis import stats
+from analysis.claims import check_all
+from analysis.load import LoadError, load
 from commbench import dilation as dil
 from commbench import metrics
 from commbench.allreduce import Config, runs_of
@@ -58,6 +63,7 @@ from commbench.cores import BUSY_LOAD_FRACTION
 from commbench.flags import ToolConfig, to_argv
 from commbench.microbench import MicroConfig
 from commbench.models.registry import parameter_shapes
+from commbench.results import write_atomic
 from commbench.staleness import StudyConfig
 from commbench.strategies.settings import StrategySettings
 from launch import commands, links
@@ -465,6 +471,140 @@ def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
                 raise StudyError(str(e)) from None
 
 
+def parse_duration(text: str, flag: str = "--budget") -> float:
+    """``8h``, ``90m``, ``1h30m``, ``45s`` or plain seconds, in seconds; a StudyError naming
+    ``flag`` otherwise."""
+    t = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        seconds = float(t)
+    else:
+        parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", t)
+        if not t or parts is None:
+            raise StudyError(f"{flag} {text!r}: expected a duration such as 8h, 90m, 1h30m or "
+                             "3600s")
+        h, m, sec = (float(x) if x else 0.0 for x in parts.groups())
+        seconds = 3600 * h + 60 * m + sec
+    if seconds <= 0:
+        raise StudyError(f"{flag} {text!r}: must be more than 0")
+    return seconds
+
+
+def repeat_until_args(pct: float | None, budget: str | None) -> tuple[float, float] | None:
+    """``--repeat-until`` and ``--budget`` checked: (percent, seconds), or None."""
+    if pct is None:
+        if budget is not None:
+            raise StudyError("--budget: it bounds --repeat-until, which was not given")
+        return None
+    if not 0 < pct < 100:
+        raise StudyError(f"--repeat-until {pct:g}: a percentage between 0 and 100 (the "
+                         "interval's half-width wanted, relative to its figure)")
+    if budget is None:
+        raise StudyError("--repeat-until needs --budget DURATION (how long the study may take "
+                         "in all, e.g. 8h): repeats could otherwise run without end")
+    return pct, parse_duration(budget)
+
+
+#: a repeat's job id: its point's id and ``-r<repeat>`` (``launch.sweep.Sweep.jobs``)
+_REPEAT_SUFFIX = re.compile(r"-r\d+$")
+
+
+def claim_points(claim, records: Sequence[dict]) -> set[str]:
+    """The sweep point ids of the runs behind ``claim``'s figures (their files' names, less
+    a repeat's suffix)."""
+    ids = {i for runs in claim.runs.values() for i in runs}
+    return {_REPEAT_SUFFIX.sub("", Path(r["_file"]).stem) for r in records
+            if str(r.get("run_id")) in ids and r.get("_file")}
+
+
+def _job_seconds(out: Path, pid: str) -> float | None:
+    """Mean wall seconds of a point's finished jobs (their ``.done.json``), None if none."""
+    secs = []
+    for f in out.glob(f"{pid}*.done.json"):
+        if _REPEAT_SUFFIX.sub("", f.name.removesuffix(".done.json")) == pid:
+            secs.append(json.loads(f.read_text()).get("seconds") or 0.0)
+    return sum(secs) / len(secs) if secs else None
+
+
+UNTIL_FILE = "repeat-until.json"
+
+
+def repeat_until(sweep: sweeps.Sweep, out: Path, pct: float, budget_s: float,
+                 started: float, log=sys.stderr) -> dict[str, int]:
+    """Add repeats to the points behind every claim whose compared figure is not yet within
+    +-``pct`` % (``stats.within``: a 95 % interval whose larger half is at most ``pct`` % of
+    the figure), as many as ``stats.repeats_for_precision`` asks, one more job per point in
+    turn while the jobs' measured wall time fits what is left of ``budget_s`` (counted from
+    ``started``, the study's start); run them (``launch.sweep``, resumed); judge again; stop
+    when every figure is within, or nothing more fits. What happened goes to
+    ``<out>/repeat-until.json``, which the report states."""
+    points = {sweeps.point_id(p, sweep): p for p in sweep.point_list or []}
+    counts = {"done": 0, "failed": 0}
+    rounds: list[dict] = []
+    stopped = ""
+    while True:
+        try:
+            records = load([out]).records
+        except LoadError as e:
+            stopped = f"the results could not be read: {e}"
+            break
+        judged = []
+        need: dict[str, int] = {}
+        for c in check_all(records, None):
+            sp = c.spread
+            if sp is None or sp.kind == stats.NONE:
+                continue
+            ok = stats.within(sp, pct)
+            judged.append({"claim": c.id, "spread": sp.words(), "within": ok,
+                           "verdict": c.verdict})
+            if not ok:
+                want = stats.repeats_for_precision(sp, pct)
+                for pid in claim_points(c, records):
+                    if pid in points:
+                        need[pid] = max(need.get(pid, 0), want)
+        if not need:
+            stopped = f"every compared figure is within +-{pct:g} %"
+            break
+        left = budget_s - (time.time() - started)
+        cost = {pid: _job_seconds(out, pid) or points[pid].get("estimate_s") or 60.0
+                for pid in need}
+        added: dict[str, int] = {}
+        spend = 0.0
+        grew = True
+        while grew:  # one more job per needy point in turn, while the budget allows
+            grew = False
+            for pid, want in sorted(need.items()):
+                now_n = points[pid].get("repeats", sweep.repeats) + added.get(pid, 0)
+                if now_n < want and spend + cost[pid] <= left:
+                    added[pid] = added.get(pid, 0) + 1
+                    spend += cost[pid]
+                    grew = True
+        if not added:
+            stopped = (f"the budget is spent: {_fmt(max(left, 0))} left, and the next job "
+                       f"takes ~{_fmt(min(cost.values()))}")
+            break
+        for pid, n in added.items():
+            points[pid]["repeats"] = points[pid].get("repeats", sweep.repeats) + n
+        rounds.append({"added": {points[pid].get("name", pid): n for pid, n in added.items()},
+                       "expected_s": round(spend), "before": judged})
+        print(f"# repeat-until {pct:g} %: {sum(added.values())} more jobs (~{_fmt(spend)}; "
+              f"{_fmt(left)} of the budget left) for "
+              + ", ".join(j["claim"] for j in judged if not j["within"]), file=log, flush=True)
+        more = sweeps.run_sweep(sweep, log)
+        for k in counts:
+            counts[k] += more[k]
+        if more["failed"]:
+            stopped = f"{more['failed']} jobs failed"
+            break
+    write_atomic(out / UNTIL_FILE, json.dumps({
+        "pct": pct, "budget_s": budget_s, "spent_s": round(time.time() - started),
+        "rounds": rounds, "claims": judged if not stopped.startswith("the results") else [],
+        "stopped": stopped,
+        "repeats": {p.get("name", pid): p.get("repeats", sweep.repeats)
+                    for pid, p in points.items()}}, indent=1))
+    print(f"# repeat-until {pct:g} %: {stopped}", file=log, flush=True)
+    return counts
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m launch.study",
@@ -502,6 +642,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repeats", type=int, default=None, metavar="N",
                    help="jobs per point, each its own job, shuffled within each cluster: the "
                         "spread every compared figure is judged with (default 3; --quick 2)")
+    g.add_argument("--repeat-until", type=float, default=None, metavar="PCT",
+                   help="then add repeats to the points behind each claim whose figure's "
+                        "interval is wider than +-PCT %% of it, until every one is within or "
+                        "--budget is spent (needs --budget)")
+    g.add_argument("--budget", default=None, metavar="DURATION",
+                   help="wall time the whole study may take with --repeat-until: 8h, 90m, "
+                        "1h30m, 3600s")
     g.add_argument("--steps", type=int, default=None, metavar="N",
                    help="measured steps of each replayed-compute job (default 20; --quick 6)")
     g.add_argument("--compute-scale", type=float, default=None, metavar="F",
@@ -554,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         scale = scaled(QUICK if a.quick else FULL, a.steps, a.compute_scale, a.repeats)
+        until = repeat_until_args(a.repeat_until, a.budget)
         claims = parse_claims(a.claims)
         if "C4" in claims and scale.steps < max(scale.staleness):
             raise StudyError(f"--steps {scale.steps}: C4's async runs go up to staleness "
@@ -609,7 +757,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(128 + signum)  # unwind: the running job and cluster are cleaned up
 
     signal.signal(signal.SIGTERM, on_term)
+    started = time.time()
     counts = sweeps.run_sweep(sweep)
+    if until is not None and not counts["failed"]:
+        more = repeat_until(sweep, out, *until, started)
+        for k in ("done", "failed"):
+            counts[k] += more[k]
     print(f"# {counts['done']} done, {counts['failed']} failed, {counts['skipped']} skipped "
           f"(already done); results in {out}", file=sys.stderr, flush=True)
     report = out / "report"

@@ -15,7 +15,7 @@ import pytest
 from analysis import match
 from analysis.load import get, knob, num
 from commbench import allreduce
-from launch import commands, links
+from launch import commands, links, study
 from launch.cluster import parse_rate
 from launch.study import (
     FULL,
@@ -252,6 +252,14 @@ def test_tiny_study_on_one_host_runs_reports_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "2 of 2 points already done" in again.stderr and "point 1/2" not in again.stderr
     assert {p.name: p.stat().st_mtime for p in out.glob("*.done.json")} == done
+    # --repeat-until with no budget left: C7 (one run a side) wants more, none fits; the
+    # report says so
+    until = study_cli(*args, "--repeat-until", "50", "--budget", "1s", timeout=300)
+    assert until.returncode == 0, until.stderr
+    assert "repeat-until 50 %: the budget is spent" in until.stderr
+    page = (out / "report" / "README.md").read_text()
+    assert "## Repeats until a precision" in page and "| C7 |" in page
+    assert {p.name: p.stat().st_mtime for p in out.glob("*.done.json")} == done
 
 
 @pytest.mark.mpi
@@ -279,3 +287,95 @@ def test_a_jobs_id_does_not_depend_on_its_estimate_or_deadline():
     moved = [{**p, "estimate_s": p["estimate_s"] * 2, "timeout": p["timeout"] + 1} for p in pts]
     assert [point_id(p, sweep) for p in pts] == [point_id(p, sweep) for p in moved]
     assert len({point_id(p, sweep) for p in pts}) == len(pts)
+
+
+# -- --repeat-until: repeats added to the points behind an imprecise claim ---------------
+
+def test_repeat_until_and_budget_bad_input_exits_2(tmp_path):
+    for args, msg in [
+        (("--repeat-until", "10"), "--repeat-until needs --budget"),
+        (("--repeat-until", "0", "--budget", "1h"), "--repeat-until 0: a percentage"),
+        (("--repeat-until", "100", "--budget", "1h"), "--repeat-until 100: a percentage"),
+        (("--repeat-until", "10", "--budget", "soon"), "--budget 'soon': expected a duration"),
+        (("--budget", "2h"), "--budget: it bounds --repeat-until"),
+    ]:
+        res = study_cli("--quick", "--dry-run", *args, "-o", str(tmp_path / "s"))
+        assert res.returncode == 2 and msg in res.stderr, (args, res.stderr)
+    assert study.parse_duration("1h30m") == 5400 and study.parse_duration("90") == 90
+    assert study.parse_duration("45s") == 45 and study.parse_duration("2.5m") == 150
+
+
+class _Clock:
+    """The study's clock, moved on by the fake sweep: each job takes ``JOB_S``."""
+
+    JOB_S = 10.0
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def time(self) -> float:
+        return self.t
+
+
+def _c2_points(tmp_path, monkeypatch, budget_s: float):
+    """A C2 sweep (flat ring, hier, and an unrelated point) whose first two repeats straddle
+    0.70, then repeat_until with a sweep that writes each new job's record (ring 1.0, hier
+    0.56, nearly constant) and moves the clock on by a job's time."""
+    from launch import study as st
+    from launch import sweep as sweeps
+    from tests.test_claims import run
+
+    out = tmp_path / "s"
+    out.mkdir()
+    pts = [{"name": n, "program": "commbench.allreduce", "args": ["--algo", a], "estimate_s": 5}
+           for n, a in (("ring", "ring"), ("hier", "hier"), ("other", "native"))]
+    sweep = sweeps.make_sweep({"output": str(out), "repeats": 2}, {}, pts)
+    algo = {sweeps.point_id(p, sweep): p["args"][1] for p in sweep.points()}
+    clock = _Clock()
+
+    def write(jid: str, value: float) -> None:
+        pid = st._REPEAT_SUFFIX.sub("", jid)
+        (out / f"{jid}.jsonl").write_text(json.dumps(run("flat", algo[pid], exposed_s=value))
+                                          + "\n")
+        (out / f"{jid}.done.json").write_text(json.dumps({"seconds": _Clock.JOB_S}))
+
+    first = {"ring": (1.0, 1.1), "hier": (0.6, 0.8), "native": (0.9, 0.9)}
+    for jid, _p, r in sweep.jobs():
+        write(jid, first[algo[st._REPEAT_SUFFIX.sub("", jid)]][r])
+    ran: list[str] = []
+
+    def fake_run_sweep(sw, log=None):
+        n = 0
+        for jid, _p, r in sw.jobs():
+            if not (out / f"{jid}.done.json").exists():
+                write(jid, (1.0 if algo[st._REPEAT_SUFFIX.sub("", jid)] == "ring" else 0.56)
+                      + 0.001 * r)
+                clock.t += _Clock.JOB_S
+                ran.append(jid)
+                n += 1
+        return {"done": n, "failed": 0, "skipped": 0}
+
+    monkeypatch.setattr(sweeps, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(st, "time", clock)
+    counts = st.repeat_until(sweep, out, 10.0, budget_s, clock.t)
+    return out, sweep, counts, ran, json.loads((out / st.UNTIL_FILE).read_text())
+
+
+def test_repeat_until_repeats_only_the_claims_points_until_precise(tmp_path, monkeypatch):
+    out, sweep, counts, ran, info = _c2_points(tmp_path, monkeypatch, 3600.0)
+    # C2's range (0.55-0.80 around 0.67) straddled: +-19 %, so 2 x (19 / 10)^2 -> 8 runs a
+    # side (stats.repeats_for_precision), on its two points only
+    assert counts == {"done": 12, "failed": 0} and len(ran) == 12
+    assert info["repeats"] == {"ring": 8, "hier": 8, "other": 2}
+    assert info["stopped"] == "every compared figure is within +-10 %"
+    c2 = next(c for c in info["claims"] if c["claim"] == "C2")
+    assert c2["within"] and "95% CI" in c2["spread"] and c2["verdict"] == "reproduced"
+    assert info["rounds"][0]["added"] == {"ring": 6, "hier": 6}
+
+
+def test_repeat_until_stops_when_the_budget_is_spent(tmp_path, monkeypatch):
+    out, sweep, counts, ran, info = _c2_points(tmp_path, monkeypatch, 35.0)
+    # 10 s a job (the done markers): three jobs fit 35 s, one point then the other in turn
+    assert len(ran) == 3 and sorted(info["rounds"][0]["added"].values()) == [1, 2]
+    assert info["stopped"].startswith("the budget is spent")
+    assert info["repeats"]["other"] == 2
