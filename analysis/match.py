@@ -198,9 +198,13 @@ def _launcher(r: dict) -> str | None:
     return r.get("launcher") or (r.get("versions") or {}).get("horovod_controller")
 
 
-def _straggler(r: dict) -> tuple:
+def straggler_settings(r: dict) -> tuple:
+    """A run's straggler: (slow rank and factor, or None; compute jitter's cv, 0 for none)."""
     slow = get(r, "slow_rank")
     return (tuple(slow) if slow else None, num(get(r, "compute_jitter", 0.0)) or 0.0)
+
+
+_straggler = straggler_settings
 
 
 #: what makes two runs the same set-up: name -> reader (names in ``WORDS``)

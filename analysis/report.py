@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis import costmodel as cost
-from analysis import match, overlap
+from analysis import match, overlap, straggler
 from analysis.alphabeta import ModelError, a100_scenario
 from analysis.claims import check_all
 from analysis.cli import entry, output_dir, parser, warn
@@ -256,7 +256,8 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
         lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(c.measured)}{fig} | "
                      f"{_cell(c.model)} | {_cell(c.host or '—')} | {_cell(spread)} | "
                      f"**{c.verdict}** | {_cell(c.reason)} |")
-    lines += ["", *claim_runs_lines(claims), *repeat_until_lines(sources or [])]
+    lines += ["", *claim_runs_lines(claims), *straggler.report_lines(records),
+              *repeat_until_lines(sources or [])]
     page = out / "README.md"
     page.write_text("\n".join(lines), encoding="utf-8")
     return page

@@ -236,28 +236,39 @@ def ratio_spread(num_samples: Iterable[float], den_samples: Iterable[float],
     it, and it is wider than an interval of the ratio would be. One sample on each
     side gives kind "single". ``n`` is the smaller sample count. NaNs are dropped;
     either side empty gives kind "none". Meant for positive quantities (times)."""
+    return _two_sample(num_samples, den_samples, np.divide, confidence, resamples, seed)
+
+
+def diff_spread(a_samples: Iterable[float], b_samples: Iterable[float],
+                confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> Spread:
+    """The difference of medians median(a) - median(b) with its spread, as
+    ``ratio_spread`` (bootstrap interval from MIN_CI_SAMPLES a side, else the range of
+    every pairwise difference)."""
+    return _two_sample(a_samples, b_samples, np.subtract, confidence, resamples, seed)
+
+
+def _two_sample(a_samples: Iterable[float], b_samples: Iterable[float], op,
+                confidence: float, resamples: int, seed: int) -> Spread:
     _check_confidence(confidence)
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, not {resamples!r}")
-    num, den = _clean(num_samples), _clean(den_samples)
-    if len(num) == 0 or len(den) == 0:
+    a, b = _clean(a_samples), _clean(b_samples)
+    if len(a) == 0 or len(b) == 0:
         return _none()
-    n = min(len(num), len(den))
-    value = _ratio(float(np.median(num)), float(np.median(den)))
-    if len(num) == 1 and len(den) == 1:
+    n = min(len(a), len(b))
+    ma, mb = float(np.median(a)), float(np.median(b))
+    value = _ratio(ma, mb) if op is np.divide else ma - mb
+    if len(a) == 1 and len(b) == 1:
         return Spread(value, value, value, SINGLE, 1)
-    if len(num) >= MIN_CI_SAMPLES and len(den) >= MIN_CI_SAMPLES:
-        rng = np.random.default_rng(seed)
-        mn = _boot_medians(num, rng, resamples)
-        md = _boot_medians(den, rng, resamples)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = mn / md
-        alpha = 1.0 - confidence
-        lo, hi = np.percentile(ratios, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-        lo, hi = min(float(lo), value), max(float(hi), value)
-        return Spread(value, lo, hi, _ci_kind(confidence), n)
     with np.errstate(divide="ignore", invalid="ignore"):
-        pairs = num[:, None] / den[None, :]
+        if len(a) >= MIN_CI_SAMPLES and len(b) >= MIN_CI_SAMPLES:
+            rng = np.random.default_rng(seed)
+            out = op(_boot_medians(a, rng, resamples), _boot_medians(b, rng, resamples))
+            alpha = 1.0 - confidence
+            lo, hi = np.percentile(out, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+            lo, hi = min(float(lo), value), max(float(hi), value)
+            return Spread(value, lo, hi, _ci_kind(confidence), n)
+        pairs = op(a[:, None], b[None, :])
     return Spread(value, float(pairs.min()), float(pairs.max()), RANGE, n)
 
 
