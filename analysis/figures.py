@@ -29,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from analysis import match  # noqa: E402
+from analysis import match, stats  # noqa: E402
 from analysis.load import get, knob, num, stat  # noqa: E402
 from commbench import metrics  # noqa: E402  (formulas only; imports nothing of MPI)
 
@@ -186,9 +186,12 @@ def palette(labels: Sequence[str]) -> dict[str, object]:
 
 def _line(ax, recs: Sequence[dict], xget, field: str, label: str, scale: float = 1.0,
           spread: bool = True, color=None) -> bool:
-    """Median of ``field`` vs x (median over repeated runs), p5-p95 as error bars."""
+    """Median of ``field`` vs x (median over repeated runs), p5-p95 over steps as error
+    bars; where a point has repeats, their spread (``stats.spread_of`` of the runs'
+    medians: a 95 % interval from 6, else the range) as a thick bar over it, and the
+    figure's footnote says so (``_finish``)."""
     pts = _by_x(recs, xget)
-    xs, ys, lo, hi = [], [], [], []
+    xs, ys, lo, hi, rep = [], [], [], [], []
     for x, rs in pts:
         y = _med([stat(r, field) for r in rs])
         if math.isnan(y):
@@ -197,15 +200,27 @@ def _line(ax, recs: Sequence[dict], xget, field: str, label: str, scale: float =
         ys.append(y * scale)
         lo.append(min(stat(r, field, "p5") for r in rs) * scale)
         hi.append(max(stat(r, field, "p95") for r in rs) * scale)
+        rep.append(stats.spread_of([stat(r, field) for r in rs]))
     if not xs:
         return False
     if spread and not any(math.isnan(v) for v in lo + hi):
         yerr = [[max(0.0, y - a) for y, a in zip(ys, lo)],
                 [max(0.0, b - y) for y, b in zip(ys, hi)]]
-        ax.errorbar(xs, ys, yerr=yerr, marker="o", ms=4, capsize=3, label=label, color=color)
+        line = ax.errorbar(xs, ys, yerr=yerr, marker="o", ms=4, capsize=3, label=label,
+                           color=color)
+        color = line.lines[0].get_color()
     else:
-        ax.plot(xs, ys, marker="o", ms=4, label=label, color=color)
+        color = ax.plot(xs, ys, marker="o", ms=4, label=label, color=color)[0].get_color()
+    many = [(x, s) for x, s in zip(xs, rep) if s.kind not in (stats.SINGLE, stats.NONE)]
+    if spread and many:
+        ax.vlines([x for x, _ in many], [s.lo * scale for _, s in many],
+                  [s.hi * scale for _, s in many], colors=color, linewidth=4, alpha=0.45)
+        REPEAT_BARS.add(ax.figure)
     return True
+
+
+#: figures where ``_line`` drew a spread over repeats (their footnote says what it is)
+REPEAT_BARS: set = set()
 
 
 def _grid(rows: int, cols: int, width: float = 5.0, height: float = 2.9):
@@ -246,10 +261,16 @@ def _finish(fig: Figure, axes, title: str, left: Sequence[str] = ()) -> Figure:
     for ax in getattr(axes, "flat", axes):
         ax.grid(True, alpha=0.3)
     fig.suptitle(title, fontsize=10)
+    notes = []
+    if fig in REPEAT_BARS:
+        REPEAT_BARS.discard(fig)
+        notes.append("thick bars: the spread over repeats of the runs' medians (95% CI from "
+                     "6 runs, else min-max)")
     if left:
-        fig.supxlabel(f"{len(left)} more set-up{'s' if len(left) > 1 else ''} not drawn "
-                      f"(fewer points; the report's claims list every run)", fontsize=7,
-                      color="0.4")
+        notes.append(f"{len(left)} more set-up{'s' if len(left) > 1 else ''} not drawn "
+                     f"(fewer points; the report's claims list every run)")
+    if notes:
+        fig.supxlabel("; ".join(notes), fontsize=7, color="0.4")
     return fig
 
 

@@ -292,6 +292,24 @@ def test_rank_figures_draw_one_series_per_matched_set_in_a_panel_per_set_up(name
     assert first.get_title(loc="left").replace("\n", " ") == setups[0]
 
 
+def test_rank_figure_draws_the_spread_over_repeats_and_says_so(tmp_path):
+    """Three repeats at each rank count: a thick bar from the lowest to the highest run's
+    median at each point, and the footnote says what it is; one run a point: no bar."""
+    recs = [run(sync_share=x, nodes=1, local=n, link=None, gbps=None)
+            for n in (2, 4) for x in (0.2, 0.25, 0.3)]
+    fig, why, _ = figures.sync_share_vs_ranks(recs)
+    assert why is None
+    bars = [c for c in fig.axes[0].collections if max(c.get_linewidths()) == 4]
+    assert len(bars) == 1
+    segs = sorted(tuple(map(tuple, seg)) for seg in bars[0].get_segments())
+    assert [(round(a[1], 3), round(b[1], 3)) for a, b in segs] == [(0.2, 0.3)] * 2
+    assert "spread over repeats" in fig._supxlabel.get_text()
+    figures.save(fig, tmp_path / "sync")  # a PNG a person can open
+    assert (tmp_path / "sync.png").stat().st_size > 0
+    fig, _, _ = figures.sync_share_vs_ranks([recs[0], recs[3]])
+    assert not [c for c in fig.axes[0].collections if max(c.get_linewidths()) == 4]
+
+
 def test_sweep_figures_keep_set_ups_apart_and_the_batch_profile_follows_the_batch():
     b256, b1024 = _profiled(256, throughput=100.0), _profiled(1024, throughput=150.0)
     other = [run(batch_size=b, config={"batch_size": b}, nodes=1, local=2, link=None, gbps=None)
