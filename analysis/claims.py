@@ -32,7 +32,7 @@ from itertools import product
 
 import numpy as np
 
-from analysis import match, overlap, stats
+from analysis import convergence, match, overlap, stats
 from analysis.alphabeta import Scenario, predict, sync_share
 from analysis.costmodel import ModelResult, error_by_algorithm
 from analysis.load import get, knob, num, stat
@@ -423,89 +423,66 @@ def _c4_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
             {_scheme(best[0]): match.run_ids(best), _scheme(ref[0]): match.run_ids(ref)})
 
 
-#: "staleness hurts": held-out accuracy at the largest staleness below the synchronous
-#: run's by more than this (the digits held-out set has 359 images: 7 of them)
-C4_ACCURACY_DROP = 0.02
+def _c4_ratios(pts: Sequence[convergence.ConvergencePoint], ref: convergence.ConvergencePoint
+               ) -> dict[str, stats.Spread]:
+    """Each stale configuration's time to accuracy / synchronous training's, seed by seed
+    (``convergence.time_ratio_or_never``: inf where it never reached the target), with
+    the spread over seeds."""
+    return {p.label: stats.spread_of(convergence.time_ratio_or_never(p, ref)) for p in pts
+            if not p.is_reference and p.strategy == "async"}
 
 
-def _convergence(records: Sequence[dict]) -> list[dict]:
-    """The convergence study's runs (``commbench.staleness``: one ``staleness_summary`` per
-    configuration, with its final held-out accuracy)."""
-    return [r for r in records if r.get("kind") == "staleness_summary"
-            and not math.isnan(num(r.get("final_accuracy")))]
-
-
-def _mitigation(r: dict) -> str:
-    return str(r.get("mitigation") or ("lr" if knob(r, "staleness_lr") else "none"))
-
-
-def _conv_label(r: dict) -> str:
-    """``s=2``, ``s=2 with lr``, ``ps``, ``ps with lr``."""
-    name = "ps" if match.sync_family(r) == "ps" else f"s={knob(r, 'staleness')}"
-    mit = _mitigation(r)
-    return name if mit == "none" else f"{name} with {mit}"
-
-
-def _conv_reference(r: dict) -> bool:
-    return (match.sync_family(r) == "async" and num(knob(r, "staleness")) == 0
-            and _mitigation(r) == "none")
-
-
-def _plain_stale(r: dict) -> bool:
-    return match.sync_family(r) == "async" and num(knob(r, "staleness")) > 0 \
-        and _mitigation(r) == "none"
-
-
-def _c4_accuracy(g: list[dict]) -> tuple[float, float, str, dict[str, list[str]]]:
-    """(s=0 accuracy, accuracy at the largest s without mitigation, the figure text, runs)
-    of one matched set of convergence runs; medians over repeats."""
-    order = sorted({_conv_label(r) for r in g},
-                   key=lambda lab: (lab.startswith("ps"), " with " in lab,
-                                    lab.split(" with ")[-1] if " with " in lab else "",
-                                    num(lab.split()[0].removeprefix("s=")) if
-                                    lab.startswith("s=") else 0.0))
-    acc = {lab: _med([num(r.get("final_accuracy")) for r in g if _conv_label(r) == lab])
-           for lab in order}
-    runs = {f"convergence {lab}": match.run_ids(r for r in g if _conv_label(r) == lab)
-            for lab in order}
-    ref = _med([num(r.get("final_accuracy")) for r in g if _conv_reference(r)])
-    top = max(num(knob(r, "staleness")) for r in g if _plain_stale(r))
-    worst = _med([num(r.get("final_accuracy")) for r in g
-                  if _plain_stale(r) and num(knob(r, "staleness")) == top])
-    steps = get(g[0], "steps")
-    text = (f"held-out accuracy after {steps} steps: "
-            + ", ".join(f"{lab} {a:.3f}" for lab, a in acc.items()))
-    return ref, worst, text, runs
-
-
-def _c4_accuracy_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
-    return _c4_accuracy(g)[2:]
+def _c4_accuracy_words(pts: Sequence[convergence.ConvergencePoint],
+                       ref: convergence.ConvergencePoint) -> str:
+    ratios = _c4_ratios(pts, ref)
+    steps = dict(ref.setup).get("steps")
+    reached = ", ".join(f"{p.label} {p.reached}/{p.n}" for p in pts)
+    return (f"time to {ref.target_accuracy:g} held-out accuracy / s=0's, per seed over "
+            f"{ref.n} seeds ({steps} steps): " + ", ".join(f"{k} {v.words()}"
+                                                         for k, v in ratios.items())
+            + f"; seeds that reached it: {reached}")
 
 
 def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, list[str]]:
-    """C4's accuracy half from the convergence runs of one matched set-up (runs differing
-    only in staleness and its mitigation, each set of one step count): (verdict, measured,
-    reason, runs, other sets)."""
-    conv = _convergence(records)
-    vary = ("sync",)
-    groups = [[r for r in g if get(r, "steps") == steps]
-              for g in match.matched_sets(conv, vary) for steps in {get(r, "steps") for r in g}]
-    groups = [g for g in groups if any(map(_conv_reference, g)) and any(map(_plain_stale, g))]
-    if not groups:
+    """C4's accuracy half by time to a target accuracy (``analysis.convergence``): at the
+    largest staleness, with each mitigation, the paired ratio over seeds of the time to
+    the target against synchronous training's; staleness hurts when even the better
+    mitigation's ratio is above 1 (its spread wholly so: reproduced; wholly below:
+    refuted; straddling: undecided). (verdict, measured, reason, runs, other set-ups)."""
+    pts = convergence.points(records)
+    sets: dict[tuple, list[convergence.ConvergencePoint]] = {}
+    for p in pts:
+        sets.setdefault((p.target_accuracy, p.setup), []).append(p)
+    usable = []
+    for group in sets.values():
+        ref = next((p for p in group if p.is_reference), None)
+        stale = [p for p in group if p.strategy == "async" and (p.staleness or 0) > 0]
+        if ref is not None and stale:
+            usable.append((ref, group, stale))
+    if not usable:
         why = ("no convergence runs (python -m commbench.staleness; launch.study plans them "
-               "as convergence-digits)" if not conv else
-               "no convergence runs at s = 0 and s > 0 (without mitigation) of one set-up")
+               "as convergence-digits)" if not pts else
+               "no convergence runs at s = 0 and s > 0 of one set-up and target")
         return NOT_HERE, "", why, {}, []
-    g, text, runs, others = _choose(groups, _c4_accuracy_figure, vary, link_bound=False)
-    ref, worst, _, _ = _c4_accuracy(g)
-    top = max(num(knob(r, "staleness")) for r in g if _plain_stale(r))
-    drop = ref - worst
-    verdict = REPRODUCED if drop > C4_ACCURACY_DROP else REFUTED
-    reason = (f"staleness s={top:g} {'lost' if drop >= 0 else 'gained'} {abs(drop):.3f} of "
-              f"held-out accuracy against s=0 (hurts when it loses more than "
-              f"{C4_ACCURACY_DROP:g})")
-    return (verdict, f"convergence ({match.describe(g[0], vary)}): {text}", reason, runs,
-            [f"convergence {o}" for o in others])
+    # the set-up with the most seeds, then the most ranks
+    usable.sort(key=lambda u: (u[0].n, dict(u[0].setup).get("ranks") or 0), reverse=True)
+    ref, group, stale = usable[0]
+    runs = {f"convergence {p.label}": [str(i) for i in p.run_ids] for p in group}
+    where = ", ".join(f"{k} {v}" for k, v in ref.setup if k in ("model", "ranks", "nodes"))
+    measured = f"convergence ({where}): {_c4_accuracy_words(group, ref)}"
+    others = [f"convergence ({', '.join(f'{k} {v}' for k, v in r.setup)}, target "
+              f"{r.target_accuracy:g}): {_c4_accuracy_words(g, r)}" for r, g, _ in usable[1:]]
+    if ref.reached == 0:
+        return (NOT_HERE, measured, f"synchronous training reached {ref.target_accuracy:g} in "
+                f"none of {ref.n} seeds: no time to compare with (more --steps, or a lower "
+                "--target-accuracy)", runs, others)
+    top = max(p.staleness or 0 for p in stale)
+    ratios = _c4_ratios([p for p in stale if p.staleness == top], ref)
+    best = min(ratios, key=lambda k: ratios[k].value)
+    verdict, note = _decide(ratios[best], 1.0, False, f"{best}, the better mitigated at "
+                            f"s={top}: time to accuracy / s=0's")
+    return (verdict, measured, f"{note} (staleness hurts when even that is above 1; "
+            f"{len(ratios)} mitigation(s) read)", runs, others)
 
 
 def _both(speed: str, accuracy: str) -> str:

@@ -35,6 +35,7 @@ Only the standard library and ``analysis.load``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,7 @@ SETUP_FIELDS: dict[str, Callable[[dict], Any]] = {
     "staleness_warmup": lambda r: (r.get("config") or {}).get("staleness_warmup"),
     # wall time / emulated time: the times of runs at two dilations are not comparable
     "dilation": lambda r: r.get("dilation") or 1.0,
+    "revision": lambda r: r.get("revision"),  # the code that ran (results.code_revision)
 }
 
 
@@ -161,10 +163,12 @@ def reference(pts: Sequence[ConvergencePoint],
 def _reached_by_run(p: ConvergencePoint) -> dict[tuple, float]:
     """(job, seed) -> time to accuracy of ``p``'s runs that reached the target."""
     out: dict[tuple, float] = {}
+    seen: set[tuple] = set()
     for job, seed, t in zip(p.job_ids or [None] * p.n, p.seeds, p.time_to_accuracy_s):
-        if (job, seed) in out:
+        if (job, seed) in seen:
             raise ValueError(f"{p.label}: two runs of seed {seed} in job {job} (a results "
                              "file read twice?)")
+        seen.add((job, seed))
         if t is not None:
             out[(job, seed)] = t
     return out
@@ -187,3 +191,14 @@ def time_ratio(point: ConvergencePoint, reference: ConvergencePoint) -> list[flo
     ref = _reached_by_run(reference)
     return [t / ref[key] for key, t in _reached_by_run(point).items()
             if key in ref and ref[key] > 0]
+
+
+def time_ratio_or_never(point: ConvergencePoint, reference: ConvergencePoint) -> list[float]:
+    """``time_ratio`` over every seed whose synchronous run reached the target, with
+    ``inf`` where ``point``'s run of that seed never did: a run that never gets there is
+    slower than any that does, and leaving it out would favour the lucky seeds."""
+    ratios = time_ratio(point, reference)  # checks target and set-up
+    ref = _reached_by_run(reference)
+    mine = _reached_by_run(point)
+    seen = {(job, seed) for job, seed in zip(point.job_ids or [None] * point.n, point.seeds)}
+    return ratios + [math.inf for key in ref if key in seen and key not in mine]

@@ -13,6 +13,13 @@ CNN of ``commbench.models.small``) once per configuration, in one job:
   ``ceil(steps * N / (N - 1))`` steps, so ps sees as many samples as the
   async runs (N ranks x steps batches).
 
+Every configuration runs once per seed of ``--seeds`` (default 0; ``--seed S``
+is ``--seeds S``): the seed sets the initial weights and the held-out split.
+Seed by seed, each with all its configurations (synchronous first), so a job
+cut short holds whole seeds, and each seed's runs are compared with its own
+synchronous run. One seed's time-to-accuracy is one draw: ``analysis.convergence``
+pools the seeds of each configuration.
+
 Every rank evaluates held-out accuracy every ``--eval-every`` steps (all at
 once, so none waits for another's evaluation; outside the timed steps).
 Wall time is the sum over steps of the slowest rank's step plus its wait in
@@ -21,15 +28,16 @@ the step's opening barrier (ps: the server's clock, evaluation excluded).
 Records (JSON Lines, rank 0): ``train_step`` per step (async) or per update
 (ps) with the training loss (mean over ranks; ps: the pushing worker's),
 cumulative wall time and, where evaluated, held-out accuracy; one
-``staleness_summary`` per configuration with time-to-accuracy (wall time
-until held-out accuracy first reaches ``--target-accuracy``, null if never),
-final accuracy, throughput and throughput relative to synchronous.
+``staleness_summary`` per configuration and seed with time-to-accuracy (wall
+time until held-out accuracy first reaches ``--target-accuracy``, null if
+never), final accuracy, throughput and throughput relative to the synchronous
+run of the same seed. Every record of a run carries its ``seed``.
 
 Launch::
 
     mpirun -np 4 python -m commbench.staleness
     mpirun -np 4 python -m commbench.staleness --staleness 0,2,8 --mitigations none,lr \\
-        --steps 300 --target-accuracy 0.9
+        --steps 300 --target-accuracy 0.9 --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -82,6 +90,17 @@ def _int_list(text: str) -> list[int]:
     return out
 
 
+def _seed_list(text: str) -> list[int]:
+    """``--seeds``: distinct integers >= 0, comma-separated."""
+    out: list[int] = []
+    for x in csv_list(None, "--seeds")(text):
+        v = nonneg_int(x)
+        if v in out:
+            raise argparse.ArgumentTypeError(f"seed {v} given twice")
+        out.append(v)
+    return out
+
+
 @dataclass
 class StudyConfig(ToolConfig):
     """The convergence study's flags (its own training defaults: a small CNN on digits)."""
@@ -114,13 +133,31 @@ class StudyConfig(ToolConfig):
                            help="images per rank per step")
     image_size: int = flag("--image-size", default=32, type=positive_int,
                            help="digits are resized to this (at least 32)")
-    seed: int = flag("--seed", default=0, type=nonneg_int, help="weights and data split")
+    seeds: list[int] = flag("--seeds", default_factory=lambda: [0], type=_seed_list,
+                            metavar="SEED[,SEED]",
+                            help="run every configuration once per seed (initial weights and "
+                                 "held-out split), seed by seed")
+    #: ``--seed S``, the former flag of one seed: moved into ``seeds`` (``__post_init__``)
+    seed: int | None = flag("--seed", default=None, type=nonneg_int, metavar="SEED",
+                            help="one seed: the same as --seeds SEED")
 
-    def workload_spec(self) -> WorkloadSpec:
-        """The workload every run trains: the model on digits, on the CPU."""
+    def __post_init__(self) -> None:
+        # seed=S (--seed S) runs seed S alone, as seeds=[S] (--seeds S) does; with seeds
+        # other than the default beside it, which one is meant is unknown
+        if self.seed is None:
+            return
+        if self.seeds not in ([0], [self.seed]):
+            raise ValueError(f"--seed {self.seed} and --seeds "
+                             f"{','.join(map(str, self.seeds))}: give one of them")
+        self.seeds, self.seed = [self.seed], None
+
+    def workload_spec(self, seed: int | None = None) -> WorkloadSpec:
+        """The workload every run of ``seed`` (default: the first of ``seeds``) trains: the
+        model on digits, on the CPU."""
         return WorkloadSpec(workload="real", model=self.model, batch_size=self.batch_size,
                             num_classes=10, image_size=self.image_size, device="cpu",
-                            dataset="digits", lr=self.lr, seed=self.seed)
+                            dataset="digits", lr=self.lr,
+                            seed=self.seeds[0] if seed is None else seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,14 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
                ["staleness", "mitigations", "ps", "staleness_warmup", "steps", "eval_every",
                 "target_accuracy"])
     g = p.add_argument_group("training")
-    flags.add_fields(g, StudyConfig, ["model", "lr", "batch_size", "image_size", "seed"])
+    flags.add_fields(g, StudyConfig, ["model", "lr", "batch_size", "image_size", "seeds",
+                                      "seed"])
     flags.add_backend_flag(g, BACKENDS)
     flags.add_output_group(p, "staleness")
     return p
 
 
 def parse_study(argv: list[str] | None = None) -> StudyConfig:
-    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # seeds=None in the namespace: argparse leaves it there unless --seeds is given, which
+    # tells --seeds at its default from --seeds given (--help still shows the default)
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv,
+                                   namespace=argparse.Namespace(seeds=None))
+    if ns.seed is not None and ns.seeds is not None:
+        raise ConfigError(f"--seed {ns.seed} and --seeds {','.join(map(str, ns.seeds))}: "
+                          "give one of them (--seed S is --seeds S)")
+    if ns.seeds is None:
+        del ns.seeds  # the field's default (or --seed's one seed: StudyConfig.__post_init__)
     cfg = StudyConfig(**flags.values_for(StudyConfig, ns))
     if max(cfg.staleness) > cfg.steps:
         raise ConfigError(f"--staleness {max(cfg.staleness)}: larger than --steps {cfg.steps}")
@@ -171,6 +217,12 @@ def runs_of(cfg: StudyConfig) -> list[tuple[str, int | None, str]]:
     return runs
 
 
+def seeded_runs(cfg: StudyConfig) -> list[tuple[int, str, int | None, str]]:
+    """(seed, strategy, staleness, mitigation) of every run of the job: for each seed of
+    ``cfg.seeds`` in turn, every run of ``runs_of`` (synchronous first)."""
+    return [(seed, *run) for seed in cfg.seeds for run in runs_of(cfg)]
+
+
 def time_to_accuracy(curve: list[dict], target: float) -> float | None:
     """Wall time of the first evaluation at or above ``target`` (None if none is)."""
     for p in curve:
@@ -179,8 +231,8 @@ def time_to_accuracy(curve: list[dict], target: float) -> float | None:
     return None
 
 
-def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
-    workload = make_workload(cfg.workload_spec(), comm.rank, comm.size)
+def _run_async(comm, cfg: StudyConfig, seed: int, s: int, mitigation: str):
+    workload = make_workload(cfg.workload_spec(seed), comm.rank, comm.size)
     settings = StrategySettings(staleness=s, staleness_lr=mitigation == "lr",
                                 staleness_warmup=cfg.staleness_warmup
                                 if mitigation == "warmup" else 0)
@@ -207,10 +259,10 @@ def _run_async(comm, cfg: StudyConfig, s: int, mitigation: str):
     return workload, strategy.knobs(), curve, wall, cfg.steps * cfg.batch_size * comm.size, {}
 
 
-def _run_ps(comm, cfg: StudyConfig, mitigation: str):
+def _run_ps(comm, cfg: StudyConfig, seed: int, mitigation: str):
     workers = comm.size - 1
     steps = math.ceil(cfg.steps * comm.size / workers)
-    workload = make_workload(cfg.workload_spec(), max(comm.rank - 1, 0), workers)
+    workload = make_workload(cfg.workload_spec(seed), max(comm.rank - 1, 0), workers)
     every = max(1, round(cfg.eval_every * comm.size))  # the same samples between evaluations
     settings = PSSettings(lr=cfg.lr, steps=steps, staleness_lr=mitigation == "lr",
                           eval_every=every)
@@ -232,7 +284,8 @@ def _run_ps(comm, cfg: StudyConfig, mitigation: str):
     return workload, knobs, curve, res.wall_s, len(res.updates) * cfg.batch_size, extra
 
 
-TABLE = [Column("strategy", "", 9), Column("s", "", 4), Column("mitigation", "", 10),
+TABLE = [Column("seed", "", 5), Column("strategy", "", 9), Column("s", "", 4),
+         Column("mitigation", "", 10),
          Column("final", "acc", 7, ".3f"), Column("best", "acc", 7, ".3f"),
          Column("to target", "s", 9, ".2f"), Column("wall", "s", 8, ".2f"),
          Column("thru", "img/s", 8, ".0f"), Column("vs sync", "x", 7, ".2f"),
@@ -242,13 +295,16 @@ TABLE = [Column("strategy", "", 9), Column("s", "", 4), Column("mitigation", "",
 def study(comm, cfg: StudyConfig) -> int:
     out = Output.open(comm, "staleness", cfg)
     rows, sync_thru = [], None
-    for strategy, s, mitigation in runs_of(cfg):
-        result = (_run_async(comm, cfg, s, mitigation) if strategy == "async"
-                  else _run_ps(comm, cfg, mitigation))
+    for seed, strategy, s, mitigation in seeded_runs(cfg):
+        if strategy == "async" and s == 0 and mitigation == "none":
+            sync_thru = None  # this seed's own synchronous run, which comes first, sets it
+        result = (_run_async(comm, cfg, seed, s, mitigation) if strategy == "async"
+                  else _run_ps(comm, cfg, seed, mitigation))
         if comm.rank != 0:
             continue
         workload, knobs, curve, wall, samples, extra = result
-        run = out.run(run_fields(strategy=strategy, algo=None, workload=workload, knobs=knobs))
+        run = out.run({**run_fields(strategy=strategy, algo=None, workload=workload,
+                                    knobs=knobs), "seed": seed})
         for p in curve:
             run.write("train_step", {"staleness_config": s, "mitigation": mitigation, **p})
         accs = [p["accuracy"] for p in curve if p["accuracy"] is not None]
@@ -267,16 +323,17 @@ def study(comm, cfg: StudyConfig) -> int:
             "throughput_vs_sync": thru / sync_thru if thru and sync_thru else None,
             "staleness_mean": sum(stale) / len(stale) if stale else None,
             "staleness_stats": metrics.summarize(stale), **extra})
-        rows.append([strategy, "-" if s is None else s, mitigation, summary["final_accuracy"],
-                     summary["best_accuracy"], summary["time_to_accuracy_s"], wall, thru,
-                     summary["throughput_vs_sync"], summary["staleness_mean"]])
+        rows.append([seed, strategy, "-" if s is None else s, mitigation,
+                     summary["final_accuracy"], summary["best_accuracy"],
+                     summary["time_to_accuracy_s"], wall, thru, summary["throughput_vs_sync"],
+                     summary["staleness_mean"]])
     out.close()
     out.table(TABLE, rows,
               title=f"{PROG}  model {cfg.model}  digits  ranks {comm.size}  steps {cfg.steps}"
                     f"  batch {cfg.batch_size}/rank  lr {cfg.lr:g}  target "
-                    f"{cfg.target_accuracy:g}",
+                    f"{cfg.target_accuracy:g}  seeds {','.join(map(str, cfg.seeds))}",
               footer=["to target: wall time until held-out accuracy first >= target "
-                      "(n/a: never); vs sync: throughput / async s=0",
+                      "(n/a: never); vs sync: throughput / async s=0 of the same seed",
                       f"ps: rank 0 serves, {comm.size - 1} workers; results: {out.path}"])
     return 0
 

@@ -23,7 +23,9 @@ batch, differing only in the claim's own variable.
 - C3 (buckets): bucketed at each ``bucket_mb`` (0 = per tensor) beside flat.
 - C4 (async): async s in {0, 1, 2, 4} and flat, without and with a straggler
   (``--slow-rank``; one matched set each), plus the convergence study on
-  digits (``commbench.staleness``) for what staleness costs in accuracy.
+  digits (``commbench.staleness``): s in {0, 1, 2, 4}, without and with the
+  staleness-aware learning rate, over seeds 0, 1, 2, for the time to a target
+  held-out accuracy (what staleness costs, speed and accuracy together).
 - C5, C6, C8 (batch, memory, accuracy): the real workload (small CNN on
   digits, held-out accuracy) at three batch sizes; the full study adds the
   synthetic workload at batch 256 and 1024 with the H200 profiles of those
@@ -64,7 +66,7 @@ from commbench.flags import ToolConfig, to_argv
 from commbench.microbench import MicroConfig
 from commbench.models.registry import parameter_shapes
 from commbench.results import write_atomic
-from commbench.staleness import StudyConfig
+from commbench.staleness import StudyConfig, seeded_runs
 from commbench.strategies.settings import StrategySettings
 from launch import commands, links
 from launch import sweep as sweeps
@@ -121,8 +123,10 @@ class Scale:
     accum: tuple[int, ...]
     real_batches: tuple[int, ...]  # C5/C6 on the real workload
     real_steps: int
-    conv_steps: int  # convergence study on digits
+    conv_steps: int  # convergence study on digits, to a target accuracy (time to accuracy)
+    conv_staleness: tuple[int, ...]
     conv_mitigations: str
+    conv_seeds: tuple[int, ...]  # its repeats: every configuration once per seed
     conv_ps: bool
     profile_batches: tuple[int, ...]  # C5 with replayed compute at the claim's batches
     micro_iters: int  # timed all-reduces per size in the cost model's microbenchmarks
@@ -137,14 +141,16 @@ FULL = Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256, com
              slow_algos=("native", "ring", "hier", "hier-leader"),
              bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
              accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
-             conv_mitigations="none,lr", conv_ps=True, profile_batches=(256, 1024),
+             conv_staleness=(0, 1, 2, 4), conv_mitigations="none,lr", conv_seeds=(0, 1, 2),
+             conv_ps=True, profile_batches=(256, 1024),
              micro_iters=10, repeats=3)
 QUICK = Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64, compute_scale=50.0,
               steps=6, warmup=1,
               every_rank=False, rates=("1gbit", "200mbit"), slow_algos=("ring", "hier"),
               bucket_mb=(0, 25), staleness=(0, 1, 4), straggler_factor=2.0, accum=(1, 4),
-              real_batches=(16, 64, 128), real_steps=40, conv_steps=60,
-              conv_mitigations="none", conv_ps=False, profile_batches=(),
+              real_batches=(16, 64, 128), real_steps=40, conv_steps=100,
+              conv_staleness=(0, 1, 2, 4), conv_mitigations="none,lr", conv_seeds=(0, 1, 2),
+              conv_ps=False, profile_batches=(),
               micro_iters=5, repeats=2)
 
 
@@ -267,9 +273,9 @@ def plan(scale: Scale, cluster: Cluster, claims: Sequence[str] = CLAIMS,
                 _synthetic(scale, "async", sync=StrategySettings(staleness=s),
                            slow_rank=straggler))
     add("convergence-digits", "C4", n,
-        StudyConfig(staleness=list(scale.staleness),
+        StudyConfig(staleness=list(scale.conv_staleness),
                     mitigations=scale.conv_mitigations.split(","), steps=scale.conv_steps,
-                    eval_every=10, quiet=True, ps=scale.conv_ps))
+                    seeds=list(scale.conv_seeds), eval_every=10, quiet=True, ps=scale.conv_ps))
     jobs["convergence-digits"].repeats = 1  # it repeats itself over seeds, in one job
     for b in scale.real_batches:
         for claim in ("C5", "C6", "C8"):
@@ -348,7 +354,7 @@ def estimate(job: Job, scale: Scale, cluster: Cluster) -> float:
     share = max(1.0, job.ranks / cores)  # ranks sharing each core
     cfg = job.config
     if isinstance(cfg, StudyConfig):
-        runs = len(cfg.staleness) * len(cfg.mitigations) + (2 if cfg.ps else 0)
+        runs = len(seeded_runs(cfg))
         step = 32 * REAL_S_PER_SAMPLE * share
         return STARTUP_S + runs * cfg.steps * step * 1.2  # + evaluations
     if isinstance(cfg, MicroConfig):  # every size, each algorithm: ~ its link time

@@ -412,65 +412,83 @@ def test_c4_compares_the_parameter_server_by_its_measured_staleness():
     assert "measured staleness 1.6" in c.measured
 
 
-def conv(s: int | None, accuracy: float, mitigation: str = "none", *, ranks: int = 4,
-         steps: int = 200) -> dict:
-    """One configuration of the convergence study (``commbench.staleness``'s
-    ``staleness_summary``): async at staleness ``s``, or the parameter server (``s`` None)."""
+def conv(s: int | None, tta: float | None, mitigation: str = "none", *, seed: int = 0,
+         ranks: int = 4, steps: int = 200, target: float = 0.9) -> dict:
+    """One run of the convergence study (``commbench.staleness``'s ``staleness_summary``):
+    async at staleness ``s``, or the parameter server (``s`` None), of seed ``seed``, that
+    reached ``target`` after ``tta`` seconds (None: never)."""
     strategy = "async" if s is not None else "ps"
     cfg = {"staleness": [0, 1, 2, 4], "mitigations": ["none", "lr"], "ps": True,
-           "staleness_warmup": 20, "steps": steps, "eval_every": 10, "target_accuracy": 0.9,
-           "lr": 0.02, "batch_size": 32, "model": "smallcnn", "image_size": 32, "seed": 0}
+           "staleness_warmup": 20, "steps": steps, "eval_every": 10, "target_accuracy": target,
+           "lr": 0.02, "batch_size": 32, "model": "smallcnn", "image_size": 32,
+           "seeds": [0, 1, 2], "seed": None}
     knobs = ({"compression": "none", "staleness": s, "staleness_lr": mitigation == "lr",
               "staleness_warmup": 0, "buffers": 1} if s is not None else
              {"servers": 1, "workers": ranks - 1, "staleness_lr": mitigation == "lr"})
-    return {"schema": 2, "kind": "staleness_summary", "job_id": "conv",
+    return {"schema": 4, "kind": "staleness_summary", "job_id": "conv",
             "run_id": f"conv{next(_ids):04d}", "backend": "mpi", "world_size": ranks,
             "nodes": 1, "local_size": ranks, "local_sizes": [ranks], "torch_threads": 1,
             "thread_rule": "ranks on this node", "config": cfg, "strategy": strategy,
-            "algo": None, "workload": "resnet", "model": "smallcnn", "batch_size": 32,
+            "algo": None, "workload": "real", "model": "smallcnn", "batch_size": 32,
             "image_size": 32, "device": "cpu", "dtype": "float32", "knobs": knobs,
-            "staleness_config": s, "mitigation": mitigation, "final_accuracy": accuracy,
-            "best_accuracy": accuracy, "wall_s": 10.0, "throughput": 1000.0,
-            "staleness_mean": float(s or 0)}
+            "seed": seed, "staleness_config": s, "mitigation": mitigation,
+            "target_accuracy": target, "time_to_accuracy_s": tta,
+            "final_accuracy": 0.95 if tta is not None else 0.5, "best_accuracy": 0.95,
+            "wall_s": 10.0, "throughput": 1000.0, "staleness_mean": float(s or 0)}
 
 
-def _study(accuracies: dict[int, float], ranks: int = 4) -> list[dict]:
-    return [conv(s, a, ranks=ranks) for s, a in accuracies.items()]
+def _study(times: dict[tuple[int, str], list[float | None]], **kw) -> list[dict]:
+    """Convergence runs: (s, mitigation) -> time to accuracy of seeds 0, 1, 2, ..."""
+    return [conv(s, t, m, seed=i, **kw) for (s, m), ts in times.items()
+            for i, t in enumerate(ts)]
 
 
-def test_c4_gives_the_held_out_accuracy_at_each_staleness_with_its_runs():
+def test_c4_gives_time_to_accuracy_per_staleness_over_seeds_with_its_runs():
     speed = _cluster_job({"flat": 40.0, "async": 20.0})
-    study = [*_study({0: 0.93, 1: 0.67, 2: 0.09, 4: 0.35}), conv(4, 0.37, "lr"), conv(None, 0.95)]
-    c = claim("C4", [*speed, *study])
-    assert ("held-out accuracy after 200 steps: s=0 0.930, s=1 0.670, s=2 0.090, s=4 0.350, "
-            "s=4 with lr 0.370, ps 0.950") in c.measured
-    assert c.runs["convergence s=2"] == [study[2]["run_id"]]
-    assert c.runs["convergence ps"] == [study[-1]["run_id"]]
-    assert ids_of(c) == {r["run_id"] for r in [*speed, *study]}
-    assert "s=4 lost 0.580 of held-out accuracy" in c.reason
+    study = _study({(0, "none"): [10.0, 12.0, 11.0], (1, "none"): [13.0, 14.0, 12.0],
+                    (4, "none"): [30.0, None, 25.0], (4, "lr"): [16.0, 15.0, 18.0]})
+    ps = conv(None, 9.0)
+    c = claim("C4", [*speed, *study, ps])
+    assert "time to 0.9 held-out accuracy / s=0's, per seed over 3 seeds (200 steps)" in c.measured
+    assert "s=4 3.00 (range 2.27-inf over 3 repeats)" in c.measured
+    assert "seeds that reached it: s=0 3/3, s=1 3/3, s=4 2/3, s=4 with lr 3/3" in c.measured
+    assert c.runs["convergence s=1"] == [r["run_id"] for r in study[3:6]]
+    assert ids_of(c) == {r["run_id"] for r in [*speed, *study, ps]}
+    # the better mitigation at s=4 (lr: 1.45, 1.25, 1.64) is slower than s=0 on every seed
+    assert "s=4 with lr, the better mitigated at s=4" in c.reason
     assert c.verdict == claims.REFUTED  # the speed-up half: 0.50x
 
 
-@pytest.mark.parametrize("accuracy_at_4, verdict", [(0.60, claims.REPRODUCED),
-                                                    (0.92, claims.REFUTED)])
-def test_c4_is_reproduced_only_when_both_halves_are(accuracy_at_4, verdict):
+@pytest.mark.parametrize("lr_times, verdict", [
+    ([16.0, 15.0, 18.0], claims.REPRODUCED),  # mitigated, still slower to the target
+    ([8.0, 9.0, 10.0], claims.REFUTED),  # mitigated, faster: staleness won the race
+    ([8.0, 15.0, 10.0], claims.UNDECIDED),  # seeds disagree: the range straddles 1
+])
+def test_c4_is_reproduced_only_when_both_halves_are(lr_times, verdict):
     speed = _cluster_job({"flat": 10.0, "async": 30.0})  # 3x
-    c = claim("C4", [*speed, *_study({0: 0.93, 4: accuracy_at_4})])
-    assert c.verdict == verdict
+    times = {(0, "none"): [10.0, 12.0, 11.0], (4, "none"): [30.0, 30.0, 30.0],
+             (4, "lr"): lr_times}
+    c = claim("C4", [*speed, *_study(times)])
+    assert c.verdict == verdict, c.reason
     assert claim("C4", speed).verdict == claims.NOT_HERE  # the accuracy half unmeasured
 
 
-def test_c4_accuracy_compares_convergence_runs_of_one_set_up_only():
+def test_c4_accuracy_compares_convergence_runs_of_one_set_up_and_target_only():
     speed = _cluster_job({"flat": 10.0, "async": 30.0})
-    two, four = _study({0: 0.95}, ranks=2), _study({4: 0.30}, ranks=4)
-    longer = [conv(4, 0.80, steps=400)]  # another step count: not a repeat
-    c = claim("C4", [*speed, *two, *four, *longer])
+    two = _study({(0, "none"): [10.0]}, ranks=2)
+    four = _study({(4, "none"): [30.0]}, ranks=4)
+    other_target = _study({(4, "none"): [5.0]}, ranks=2, target=0.5)
+    c = claim("C4", [*speed, *two, *four, *other_target])
     assert c.verdict == claims.NOT_HERE and "convergence" not in " ".join(c.runs)
     assert "no convergence runs at s = 0 and s > 0" in c.reason
-    both = _study({0: 0.95, 4: 0.30}, ranks=2)
-    c = claim("C4", [*speed, *both, *four, *longer])
-    assert c.verdict == claims.REPRODUCED and "2 ranks on 1 node(s)" in c.measured
+    both = _study({(0, "none"): [10.0], (4, "none"): [30.0]}, ranks=2)
+    c = claim("C4", [*speed, *both, *four, *other_target])
+    assert c.verdict == claims.REPRODUCED and "ranks 2" in c.measured
     assert c.runs["convergence s=4"] == [both[1]["run_id"]]
+    # synchronous training never reached the target: nothing to compare with
+    never = _study({(0, "none"): [None, None], (4, "none"): [None, 30.0]}, ranks=8)
+    c = claim("C4", [*speed, *never])
+    assert c.verdict == claims.NOT_HERE and "reached 0.9 in none of 2 seeds" in c.reason
 
 
 # -- C2: hierarchical vs flat ring -----------------------------------------------------

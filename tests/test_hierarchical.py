@@ -96,7 +96,7 @@ def test_interleaved_keeps_the_node_order_on_one_thread_and_overlaps():
 
     def inter(k: int, x: int):
         assert x == k
-        for m in range(2):
+        for _ in range(2):
             threads.add(threading.get_ident())
             events.append(("inter", k))
             yield _Timed(0.01)
