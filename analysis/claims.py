@@ -432,13 +432,21 @@ def _c4_ratios(pts: Sequence[convergence.ConvergencePoint], ref: convergence.Con
             if not p.is_reference and p.strategy == "async"}
 
 
+def _tta_words(sp: stats.Spread) -> str:
+    """A time-to-accuracy ratio's spread in words, "never" for a seed that never reached
+    the target (an infinite ratio)."""
+    if math.isinf(sp.value) and math.isinf(sp.lo):
+        return f"never (no seed of {sp.n} reached the target)"
+    return sp.words().replace("inf", "never")
+
+
 def _c4_accuracy_words(pts: Sequence[convergence.ConvergencePoint],
                        ref: convergence.ConvergencePoint) -> str:
     ratios = _c4_ratios(pts, ref)
     steps = dict(ref.setup).get("steps")
     reached = ", ".join(f"{p.label} {p.reached}/{p.n}" for p in pts)
     return (f"time to {ref.target_accuracy:g} held-out accuracy / s=0's, per seed over "
-            f"{ref.n} seeds ({steps} steps): " + ", ".join(f"{k} {v.words()}"
+            f"{ref.n} seeds ({steps} steps): " + ", ".join(f"{k} {_tta_words(v)}"
                                                          for k, v in ratios.items())
             + f"; seeds that reached it: {reached}")
 
@@ -481,6 +489,7 @@ def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, lis
     best = min(ratios, key=lambda k: ratios[k].value)
     verdict, note = _decide(ratios[best], 1.0, False, f"{best}, the better mitigated at "
                             f"s={top}: time to accuracy / s=0's")
+    note = note.replace(ratios[best].words(), _tta_words(ratios[best]))
     return (verdict, measured, f"{note} (staleness hurts when even that is above 1; "
             f"{len(ratios)} mitigation(s) read)", runs, others)
 

@@ -14,7 +14,7 @@ import shlex
 
 import pytest
 
-from analysis import convergence
+from analysis import claims, convergence
 from commbench import staleness
 from commbench.flags import ConfigError, to_argv
 from commbench.staleness import StudyConfig, parse_study, seeded_runs
@@ -129,3 +129,12 @@ def test_every_configuration_runs_once_per_seed(tmp_path):
     for p in points:
         assert p.target_accuracy == 0.1 and dict(p.setup)["ranks"] == 2
         assert len(convergence.time_ratio(p, ref)) <= min(p.reached, ref.reached)
+    # C4's accuracy half reads the same records: time to accuracy per seed against s=0
+    verdict, measured, reason, runs, _ = claims._c4_accuracy_half(run.records)
+    if ref.reached:
+        assert verdict in (claims.REPRODUCED, claims.REFUTED, claims.UNDECIDED), reason
+        assert "per seed over 2 seeds (6 steps)" in measured and "s=1 with lr" in measured
+        assert "the better mitigated at s=1" in reason
+    else:  # synchronous training never reached 0.1 in 6 steps on either seed
+        assert verdict == claims.NOT_HERE and "none of 2 seeds" in reason
+    assert set(runs) == {"convergence s=0", "convergence s=1", "convergence s=1 with lr"}
