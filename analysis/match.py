@@ -204,8 +204,6 @@ def straggler_settings(r: dict) -> tuple:
     return (tuple(slow) if slow else None, num(get(r, "compute_jitter", 0.0)) or 0.0)
 
 
-_straggler = straggler_settings
-
 
 #: what makes two runs the same set-up: name -> reader (names in ``WORDS``)
 FIELDS: dict[str, Callable[[dict], Any]] = {
@@ -225,7 +223,7 @@ FIELDS: dict[str, Callable[[dict], Any]] = {
     "backend": lambda r: r.get("backend"),
     "launcher": _launcher,
     "threads": lambda r: (r.get("thread_rule"), r.get("torch_threads")),
-    "straggler": _straggler,
+    "straggler": straggler_settings,
     "sync": sync_scheme,
     # the code that ran (``results.code_revision``): two revisions are two set-ups; records
     # before it (schema 4 without it) read None, one revision among themselves
@@ -351,7 +349,7 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
     if "backend" not in skip:
         launcher = _launcher(rec)
         parts.append(f"{rec.get('backend')}" + (f" ({launcher})" if launcher else ""))
-    slow, jitter = _straggler(rec)
+    slow, jitter = straggler_settings(rec)
     if "straggler" not in skip and (slow or jitter):
         parts.append("straggler" + (f" rank {slow[0]} x {slow[1]:g}" if slow else "")
                      + (f" jitter cv {jitter:g}" if jitter else ""))
