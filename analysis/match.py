@@ -193,9 +193,14 @@ def _compression(r: dict) -> str:
 
 
 def _launcher(r: dict) -> str | None:
-    """How the ranks were started, as far as records tell: a launcher's own field where
-    one writes it, else Horovod's controller (``horovodrun --mpi`` / ``--gloo``)."""
-    return r.get("launcher") or (r.get("versions") or {}).get("horovod_controller")
+    """How the ranks were started, as far as records tell: the launcher (``torchrun``,
+    ``mpirun``, ...; records before it have none) and Horovod's controller where Horovod
+    ran (``horovodrun --mpi`` / ``--gloo``)."""
+    launcher = r.get("launcher")
+    controller = (r.get("versions") or {}).get("horovod_controller")
+    if launcher and controller:
+        return f"{launcher} ({controller})"
+    return launcher or controller
 
 
 def straggler_settings(r: dict) -> tuple:
@@ -348,7 +353,7 @@ def describe(rec: dict, vary: Collection[str] = ()) -> str:
         parts.append(f"compression {_compression(rec)}")
     if "backend" not in skip:
         launcher = _launcher(rec)
-        parts.append(f"{rec.get('backend')}" + (f" ({launcher})" if launcher else ""))
+        parts.append(f"{rec.get('backend')}" + (f" under {launcher}" if launcher else ""))
     slow, jitter = straggler_settings(rec)
     if "straggler" not in skip and (slow or jitter):
         parts.append("straggler" + (f" rank {slow[0]} x {slow[1]:g}" if slow else "")

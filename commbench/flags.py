@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import Any
 
 
+#: ``--dist-backend``: torch.distributed's library under the torch backend, or ``auto``
+#: (``commbench.comm.torchdist.dist_library``)
+DIST_BACKENDS = ("gloo", "nccl", "auto")
+
+
 class ConfigError(Exception):
     """A user error in the command line; the message names the flag."""
 
@@ -235,8 +240,11 @@ class ToolConfig:
     per-step deadline of ``commbench.watchdog`` (a tool without steps keeps the default)."""
 
     backend: str = flag("--backend", default="auto",
-                        help="communication backend; auto = horovod under horovodrun, mpi "
-                             "under mpirun")
+                        help="communication backend; auto = horovod under horovodrun, torch "
+                             "under torchrun, mpi under mpirun")
+    dist_backend: str = flag("--dist-backend", default="auto", choices=DIST_BACKENDS,
+                             help="the torch backend's library: gloo, nccl, or auto = nccl "
+                                  "where the tensors are on a CUDA device, gloo otherwise")
     output: str | None = flag("--output", default=None, metavar="FILE",
                               help="JSON Lines results file (default: results/<tool>-<time>-"
                                    "<backend>-np<N>.jsonl)")
@@ -254,8 +262,10 @@ RANK0_ONLY_FIELDS = frozenset({"output", "output_dir", "quiet"})
 
 
 def add_backend_flag(group: argparse._ArgumentGroup, backends: Iterable[str]) -> None:
-    """``--backend``: ``auto`` or one of the communicator registry's names."""
-    add_fields(group, ToolConfig, ["backend"], backend={"choices": ("auto", *backends)})
+    """``--backend``: ``auto`` or one of the communicator registry's names; and
+    ``--dist-backend``, the torch backend's library."""
+    add_fields(group, ToolConfig, ["backend", "dist_backend"],
+               backend={"choices": ("auto", *backends)})
 
 
 def add_output_group(p: argparse.ArgumentParser, tool: str) -> argparse._ArgumentGroup:

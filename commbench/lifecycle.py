@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -28,7 +29,14 @@ from typing import Any
 import torch
 
 from commbench import __version__, watchdog
-from commbench.comm import Communicator, detect_backend, launcher_rank, make_communicator
+from commbench.comm import (
+    TORCHRUN_VARS,
+    Communicator,
+    detect_backend,
+    launcher_name,
+    launcher_rank,
+    make_communicator,
+)
 from commbench.cores import ThreadPlan, thread_plan
 from commbench.flags import RANK0_ONLY_FIELDS, ConfigError, ToolConfig
 from commbench.tables import rank0_print
@@ -129,6 +137,35 @@ def report_bad_input(prog: str, message: str) -> None:
     sys.stderr.flush()
 
 
+def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> str:
+    """The backend ``cfg`` runs on (``--backend``, or what the launcher implies), checked
+    before any library starts: the torch backend needs torchrun's rendezvous, and its
+    library (``--dist-backend``) must run here; ``--dist-backend`` gloo or nccl needs the
+    torch backend. A ConfigError names the flag."""
+    env = os.environ if environ is None else environ
+    backend = detect_backend(dict(env)) if cfg.backend == "auto" else cfg.backend
+    dist_backend = getattr(cfg, "dist_backend", "auto")
+    if backend != "torch":
+        if dist_backend != "auto":
+            raise ConfigError(f"--dist-backend {dist_backend} chooses the torch backend's "
+                              f"library, and this job runs on the {backend} backend "
+                              f"(launched by {launcher_name(dict(env))}): start it with "
+                              "torchrun, or give --backend torch")
+        return backend
+    missing = [k for k in TORCHRUN_VARS if k not in env]
+    if missing:
+        raise ConfigError(f"--backend torch needs torchrun's rendezvous, and "
+                          f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                          "set: start the job with torchrun (torchrun --nproc-per-node N -m "
+                          "commbench.<tool>), or set them as torchrun does")
+    from commbench.comm.torchdist import dist_library  # torch.distributed: only here
+    try:
+        dist_library(dist_backend, torch.device(getattr(cfg, "device", "cpu") or "cpu"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return backend
+
+
 def run_job(prog: str, argv: list[str] | None,
             parse: Callable[[list[str] | None], ToolConfig],
             check: Callable[[Communicator, Any], None],
@@ -138,6 +175,7 @@ def run_job(prog: str, argv: list[str] | None,
     and making the communicator: the place for settings the MPI library reads as it starts."""
     try:
         cfg = parse(argv)
+        backend = job_backend(cfg)
     except ConfigError as e:
         report_bad_input(prog, str(e))
         return 2
@@ -145,7 +183,8 @@ def run_job(prog: str, argv: list[str] | None,
         before_init(cfg)
     step_timeout = cfg.step_timeout
     watchdog.horovod_stall_env(step_timeout)  # read by hvd.init, so before the backend
-    comm = make_communicator(detect_backend() if cfg.backend == "auto" else cfg.backend)
+    comm = make_communicator(backend, getattr(cfg, "dist_backend", "auto"),
+                             getattr(cfg, "device", "cpu") or "cpu")
     try:
         check_agreement(comm, cfg)
         check(comm, cfg)

@@ -198,11 +198,14 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
     if cfg.mpi_algorithm and "native" not in cfg.algos:
         raise ConfigError("--mpi-algorithm forces the MPI library's own all-reduce: give "
                           "--algo native too")
-    if cfg.mpi_algorithm and cfg.backend == "horovod":
-        raise ConfigError("--mpi-algorithm forces Open MPI's all-reduce: not Horovod's "
-                          "(use the mpi backend)")
+    backend = detect_backend() if cfg.backend == "auto" else cfg.backend
+    if cfg.mpi_algorithm and backend != "mpi":
+        raise ConfigError(f"--mpi-algorithm forces Open MPI's all-reduce, and this job runs "
+                          f"on the {backend} backend, whose native all-reduce is "
+                          f"{'Horovod' if backend == 'horovod' else 'torch.distributed'}'s: "
+                          "launch with mpirun, or give --backend mpi")
     if cfg.horovod_cycle_ms is not None:
-        check_horovod_beside(detect_backend() if cfg.backend == "auto" else cfg.backend)
+        check_horovod_beside(backend)
     flags.check_output(cfg)
     return cfg
 

@@ -90,10 +90,13 @@ class PSSettings:
 
 def check(comm: Communicator) -> None:
     """Raise ValueError, naming the cause, where the parameter server cannot run."""
-    if not comm.supports_p2p:
-        raise ValueError(f"the parameter server needs point-to-point messages, which the "
-                         f"{comm.name} backend has only on MPI: launch it with mpirun (or "
-                         "horovodrun --mpi), or pass --backend mpi")
+    if not comm.supports_p2p or not comm.supports_recv_any:
+        lacks = "point-to-point messages" if not comm.supports_p2p else \
+            "receives from any source"
+        raise ValueError(f"the parameter server needs point-to-point messages received from "
+                         f"whichever worker is ready, and the {comm.name} backend has no "
+                         f"{lacks}: launch it with mpirun (or horovodrun --mpi), or under "
+                         "torchrun with --dist-backend gloo")
     if comm.size < 2:
         raise ValueError(f"the parameter server needs at least 2 ranks (1 server + workers), "
                          f"got {comm.size}")

@@ -31,6 +31,7 @@ from typing import Any
 
 from commbench import SCHEMA_VERSION, __version__, dilation
 from commbench.cores import ThreadPlan
+from commbench.launchenv import launcher_name
 from commbench.linkstats import GBPS_ENV, SHAPING_ENV, WIRE_GBPS_ENV
 
 
@@ -226,6 +227,9 @@ def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
         "job_id": job_id,
         "run_id": run_id,
         "backend": backend,
+        # how the ranks were started (``commbench.launchenv.launcher_name``): torchrun,
+        # horovodrun, mpirun, srun, or none
+        "launcher": launcher_name(),
         "world_size": topo.size,
         "nodes": topo.nodes,
         "local_size": max(topo.local_sizes),

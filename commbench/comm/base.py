@@ -209,6 +209,16 @@ class Communicator(abc.ABC):
     #: API (``hvd.DistributedOptimizer``: the ``horovod`` peer) can run beside it
     runs_horovod: bool = False
 
+    @property
+    def supports_recv_any(self) -> bool:
+        """Whether ``recv_any`` works (a library without receive-from-any-source, NCCL,
+        says no here); where point-to-point works, it does unless a backend says not."""
+        return self.supports_p2p
+
+    #: the torch.distributed process group the backend runs on (the torch backend's), for a
+    #: peer that runs on torch.distributed itself (DDP); None elsewhere
+    process_group: Any = None
+
     # -- topology shortcuts: comm.rank is comm.topo.rank, and so on ---------
     rank = _topology_field("rank")
     size = _topology_field("size")

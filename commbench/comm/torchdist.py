@@ -77,11 +77,9 @@ import torch.distributed as dist
 
 from commbench.comm import base
 from commbench.comm.base import DONE, Communicator, Group, Handle, Topology, topology_from_hostnames
+from commbench.flags import DIST_BACKENDS
+from commbench.launchenv import TORCHRUN_VARS  # all of which this backend needs
 
-#: ``--dist-backend`` choices: torch's library, or ``auto`` (``dist_library``)
-DIST_BACKENDS = ("gloo", "nccl", "auto")
-#: what torchrun gives every worker, all of which this backend needs
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 # The one-tensor reduce-scatter and all-gather under their torch 2.13 names; the old names
 # (all that older torch has) warn with a FutureWarning at every call there.
@@ -423,6 +421,7 @@ class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.library == "nccl" else torch.device("cpu"))
         self.pg = dist.group.WORLD if group is None else group
+        self.process_group = self.pg  # DDP's, under this backend
         self.members = tuple(range(dist.get_world_size()))
         if topo is None:
             topo = topology_from_hostnames(dist.get_rank(),

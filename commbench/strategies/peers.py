@@ -86,8 +86,9 @@ class HorovodStrategy(Strategy):
     def check(cls, comm: Communicator, algo: str) -> None:
         if not comm.runs_horovod:
             raise ValueError("--strategy horovod runs hvd.DistributedOptimizer: it needs the "
-                             "horovod backend (launch with horovodrun, or --backend horovod "
-                             "under mpirun)")
+                             f"horovod backend, and this job runs on {comm.name} (launch "
+                             "with horovodrun, or --backend horovod under mpirun; under "
+                             "torchrun use --strategy ddp, torch's own peer)")
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
                  settings: StrategySettings | None = None, *,
@@ -181,7 +182,10 @@ class DDPStrategy(Strategy):
                          workload=workload)
         bucket_mb, broadcast_buffers = self.settings.bucket_mb, self.settings.broadcast_buffers
         self._dist = dist
-        self.group = _gloo_group(comm)
+        # under the torch backend DDP runs on the backend's own group (Gloo or NCCL);
+        # elsewhere on a Gloo group of its own beside MPI or Horovod
+        self.group = comm.process_group if comm.process_group is not None \
+            else _gloo_group(comm)
         self.bucket_mb = float(bucket_mb)
         self.broadcast_buffers = bool(broadcast_buffers)
         # Buffer sync in forward: named forward_sync_buffers from torch 2.13 on.
@@ -191,8 +195,10 @@ class DDPStrategy(Strategy):
         # A parameter backward never reaches would hold its bucket back for ever: DDP must
         # look for such parameters after every forward (workloads.objective finds them).
         self.find_unused = bool(workload.unused)
+        on_gpu = {p.device for p in workload.net.parameters()} - {torch.device("cpu")}
+        devices = {"device_ids": [next(iter(on_gpu))]} if len(on_gpu) == 1 else {}
         self.ddp = DistributedDataParallel(workload.net, bucket_cap_mb=self.bucket_mb,
-                                           process_group=self.group,
+                                           process_group=self.group, **devices,
                                            find_unused_parameters=self.find_unused, **sync)
         self._cast = COMPRESSIONS[self.compression]
         self.ddp.register_comm_hook(None, self._hook)
