@@ -26,7 +26,6 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
-
 #: ``--dist-backend``: torch.distributed's library under the torch backend, or ``auto``
 #: (``commbench.comm.torchdist.dist_library``)
 DIST_BACKENDS = ("gloo", "nccl", "auto")

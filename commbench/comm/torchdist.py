@@ -80,7 +80,6 @@ from commbench.comm.base import DONE, Communicator, Group, Handle, Topology, top
 from commbench.flags import DIST_BACKENDS
 from commbench.launchenv import TORCHRUN_VARS  # all of which this backend needs
 
-
 # The one-tensor reduce-scatter and all-gather under their torch 2.13 names; the old names
 # (all that older torch has) warn with a FutureWarning at every call there.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
