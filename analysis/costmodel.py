@@ -78,7 +78,8 @@ class Point:
     ``label`` names the implementation measured: commbench's own algorithms by
     their ``--algo`` name (``ring``, ``hier``, ``hier-leader``), the MPI
     library's all-reduce as ``mpi-<algo>`` (``mpi-native`` when its choice is
-    unknown).
+    unknown), torch.distributed's library's by its name (``native_label``:
+    ``gloo-native``, ``nccl-native``).
     """
 
     label: str
@@ -90,6 +91,16 @@ class Point:
     seconds: float
     source: str = ""
     link_gbps: float = math.nan  # the inter-node link's measured rate, where the job had one
+
+
+def native_label(r: dict) -> str | None:
+    """The library whose all-reduce a ``native`` record timed, where it is not MPI's:
+    ``gloo-native``/``nccl-native`` (the torch backend: ``torch-gloo``, ``torch-nccl``);
+    None for MPI's, and Horovod's on its MPI controller (``mpi-<algo>``)."""
+    backend = str(r.get("backend") or "mpi")
+    if backend.startswith("torch-"):
+        return f"{backend[len('torch-'):]}-native"
+    return None
 
 
 def points(records: Sequence[dict], native_is: dict[str, str] | None = None) -> list[Point]:
@@ -104,7 +115,9 @@ def points(records: Sequence[dict], native_is: dict[str, str] | None = None) -> 
             continue
         algo = r.get("algo") or "native"
         label = algo
-        if algo == "native":
+        if algo == "native" and native_label(r) is not None:
+            label = native_label(r)
+        elif algo == "native":
             algo = (native_is or {}).get(r.get("_file"), get(r, "native_algorithm", "native"))
             label = f"mpi-{algo}"
         if r.get("wire_dtype") and r.get("dtype") and r["wire_dtype"] != r["dtype"]:

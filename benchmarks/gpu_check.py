@@ -18,11 +18,19 @@ prints one line per check (``OK`` or ``FAIL`` with the cause), exit 1 if any fai
    cuda``: two ranks on the one device train ResNet-18 with flat and bucketed sync
    (gradients fused on the device, staged through pinned host buffers, all-reduced
    by MPI on the host); every summary has ``#wrong`` 0, ``device`` cuda,
-   ``peak_cuda_mb`` and equal parameter checksums on both ranks.
+   ``peak_cuda_mb`` and equal parameter checksums on both ranks;
+4. **nccl-job** — the same training under ``torchrun`` on the torch backend with NCCL
+   (``--dist-backend nccl``), one rank per GPU (NCCL refuses two ranks on one device,
+   so a one-GPU machine runs one rank): gradients stay on the device (``staging``
+   none, ``comm_device`` cuda), records say ``torch-nccl`` with NCCL's version, flat
+   and bucketed, ``#wrong`` 0, equal parameter checksums;
+5. **nccl-bench** — ``torchrun ... commbench.microbench --device cuda -b 64M -e 64M``:
+   NCCL's own all-reduce on device buffers, ``#wrong`` 0, its busbw printed (as
+   nccl-tests' ``all_reduce_perf`` prints it).
 
 Not verified by this check (nor anywhere yet): Horovod built with NCCL
-(``COMMBENCH_WITH_NCCL=1 ./scripts/setup.sh``) and its GPU all-reduce; one rank per
-GPU on a multi-GPU node or across nodes; CUDA-aware MPI. The shipped profiles were
+(``COMMBENCH_WITH_NCCL=1 ./scripts/setup.sh``) and its GPU all-reduce; NCCL across
+nodes; CUDA-aware MPI. The shipped profiles were
 recorded once on an H200 by hand with the command in step 2; this script makes that
 run repeatable.
 
@@ -91,33 +99,83 @@ def check_profile(out: Path) -> bool:
                  f"(shipped {shipped['peak_cuda_mb']:.0f}) -> {path}")
 
 
-def check_job(out: Path) -> bool:
-    records = out / "gpu-job.jsonl"
-    program = commands.python_module("commbench.allreduce", [
-        "--workload", "real", "--device", "cuda", "--model", MODEL, "--batch-size",
-        str(BATCH), "--image-size", str(IMAGE), "--strategy", "flat,bucketed", "--steps", "5",
-        "--warmup", "2", "--quiet", "--output", str(records)])
-    res = run(commands.launcher_argv("mpirun", 2, program), timeout=JOB_TIMEOUT_S,
-              cwd=str(ROOT))
-    if res.returncode != 0 or res.timed_out:
-        return _line(False, "job", f"mpirun exited {res.returncode}"
-                     f"{' (timed out)' if res.timed_out else ''}: {res.stderr.strip()[-600:]}")
-    summaries = [r for r in map(json.loads, records.read_text().splitlines())
-                 if r.get("kind") == "summary"]
-    problems = [f"{s['strategy']}: {why}" for s in summaries for why, bad in (
+def _records(path: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == kind]
+
+
+def _failed(name: str, launcher: str, res) -> bool:
+    return _line(False, name, f"{launcher} exited {res.returncode}"
+                 f"{' (timed out)' if res.timed_out else ''}: {res.stderr.strip()[-600:]}")
+
+
+def nccl_ranks() -> int:
+    """Ranks of the NCCL checks: one per GPU, at most 2 (NCCL refuses two on one device)."""
+    return max(1, min(2, torch.cuda.device_count()))
+
+
+def _job_checks(s: dict, nccl: bool) -> list[tuple[str, bool]]:
+    """(what is wrong, whether it is) for one summary of a GPU training job."""
+    knobs = s.get("knobs") or {}
+    checks = [
         ("#wrong > 0", s.get("wrong") != 0),
         (f"device {s.get('device')}", not str(s.get("device", "")).startswith("cuda")),
         ("no peak_cuda_mb", s.get("peak_cuda_mb") is None),
-        ("ranks' parameters differ", len(set(s.get("param_checksum_ranks") or [None])) != 1),
-    ) if bad]
+        ("ranks' parameters differ", len(set(s.get("param_checksum_ranks") or [None])) != 1)]
+    if nccl:  # the torch backend on NCCL: device tensors, no staging through the host
+        checks += [
+            (f"backend {s.get('backend')}", s.get("backend") != "torch-nccl"),
+            ("no NCCL version", not (s.get("versions") or {}).get("nccl")),
+            (f"staged through {knobs.get('staging')}", knobs.get("staging") is not None)]
+    return checks
+
+
+def check_job(out: Path, launcher: str = "mpirun") -> bool:
+    """Train on the GPU under ``launcher``: ``mpirun`` (MPI on host buffers, 2 ranks on the
+    device) or ``torchrun`` (the torch backend on NCCL, device buffers, a rank per GPU)."""
+    nccl = launcher == "torchrun"
+    name = "nccl-job" if nccl else "job"
+    records = out / f"gpu-{name}.jsonl"
+    program = commands.python_module("commbench.allreduce", [
+        "--workload", "real", "--device", "cuda", "--model", MODEL, "--batch-size",
+        str(BATCH), "--image-size", str(IMAGE), "--strategy", "flat,bucketed", "--steps", "5",
+        "--warmup", "2", "--quiet", "--output", str(records),
+        *(["--dist-backend", "nccl"] if nccl else [])])
+    res = run(commands.launcher_argv(launcher, nccl_ranks() if nccl else 2, program),
+              timeout=JOB_TIMEOUT_S, cwd=str(ROOT))
+    if res.returncode != 0 or res.timed_out:
+        return _failed(name, launcher, res)
+    summaries = _records(records, "summary")
+    problems = [f"{s['strategy']}: {why}" for s in summaries
+                for why, bad in _job_checks(s, nccl) if bad]
     if not summaries:
         problems.append(f"no summaries in {records}")
     if problems:
-        return _line(False, "job", "; ".join(problems))
-    return _line(True, "job", ", ".join(
+        return _line(False, name, "; ".join(problems))
+    return _line(True, name, ", ".join(
         f"{s['strategy']} step {s['step_s'] * 1e3:.0f} ms, exposed sync "
         f"{s['exposed_sync_s'] * 1e3:.0f} ms, peak {s['peak_cuda_mb']:.0f} MiB"
         for s in summaries) + f" -> {records}")
+
+
+def check_nccl_bench(out: Path) -> bool:
+    """NCCL's all-reduce of 64 MiB device buffers in the microbenchmark: its busbw."""
+    records = out / "gpu-nccl-bench.jsonl"
+    program = commands.python_module("commbench.microbench", [
+        "--device", "cuda", "--dist-backend", "nccl", "-b", "64M", "-e", "64M", "--algo",
+        "native", "-n", "20", "-w", "5", "--quiet", "--output", str(records)])
+    res = run(commands.launcher_argv("torchrun", nccl_ranks(), program),
+              timeout=JOB_TIMEOUT_S, cwd=str(ROOT))
+    if res.returncode != 0 or res.timed_out:
+        return _failed("nccl-bench", "torchrun", res)
+    rows = _records(records, "microbench")
+    if not rows or any(r.get("wrong") for r in rows) or rows[0].get("backend") != "torch-nccl":
+        seen = [(r.get("backend"), r.get("wrong")) for r in rows]
+        return _line(False, "nccl-bench", f"(backend, #wrong) of the rows: {seen}")
+    r = rows[0]
+    return _line(True, "nccl-bench", f"{r['world_size']} rank(s), 64 MiB float32 on "
+                 f"{r.get('device')}: {r['time_us']['avg']:.0f} us, algbw {r['algbw']:.1f} "
+                 f"GB/s, busbw {r['busbw']:.1f} GB/s, NCCL {r['versions'].get('nccl')} "
+                 f"-> {records}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.output or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        ok = [check_profile(out), check_job(out)]
+        ok = [check_profile(out), check_job(out), check_job(out, "torchrun"),
+              check_nccl_bench(out)]
     return 0 if all(ok) else 1
 
 

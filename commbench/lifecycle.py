@@ -145,12 +145,19 @@ def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> st
     env = os.environ if environ is None else environ
     backend = detect_backend(dict(env)) if cfg.backend == "auto" else cfg.backend
     dist_backend = getattr(cfg, "dist_backend", "auto")
+    if backend == "torch" or dist_backend != "auto":
+        from commbench.comm.torchdist import dist_library  # torch.distributed: only here
+        try:
+            dist_library(dist_backend, torch.device(getattr(cfg, "device", "cpu") or "cpu"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if backend != "torch":
         if dist_backend != "auto":
+            launcher = launcher_name(dict(env))
+            how = f"under {launcher}" if launcher != "none" else "started without a launcher"
             raise ConfigError(f"--dist-backend {dist_backend} chooses the torch backend's "
-                              f"library, and this job runs on the {backend} backend "
-                              f"(launched by {launcher_name(dict(env))}): start it with "
-                              "torchrun, or give --backend torch")
+                              f"library, and this job runs on the {backend} backend ({how}): "
+                              "start it with torchrun, or give --backend torch")
         return backend
     missing = [k for k in TORCHRUN_VARS if k not in env]
     if missing:
@@ -158,11 +165,6 @@ def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> st
                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
                           "set: start the job with torchrun (torchrun --nproc-per-node N -m "
                           "commbench.<tool>), or set them as torchrun does")
-    from commbench.comm.torchdist import dist_library  # torch.distributed: only here
-    try:
-        dist_library(dist_backend, torch.device(getattr(cfg, "device", "cpu") or "cpu"))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     return backend
 
 

@@ -157,6 +157,14 @@ class MicroConfig(ToolConfig):
              "ms (what Horovod's presence alone costs MPI traffic); rows record it as "
              "horovod_cycle_ms; mpi backend only; default: Horovod not imported")
 
+    #: where the buffers live: a CUDA device under NCCL (a real NCCL microbenchmark, as
+    #: nccl-tests), else host memory
+    device: str = flag("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                       help="where the buffers live: cuda needs a backend whose collectives "
+                            "take device tensors (--backend torch on NCCL); auto = cuda under "
+                            "torchrun where CUDA is here (--dist-backend auto or nccl), else "
+                            "cpu")
+
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
 
@@ -175,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("operation")
     flags.add_fields(g, MicroConfig, ["dtypes", "algos", "mpi_algorithm"])
     flags.add_backend_flag(g, BACKENDS)
+    flags.add_fields(g, MicroConfig, ["device"])
     g = p.add_argument_group("performance")
     flags.add_fields(g, MicroConfig, ["iters", "warmup_iters", "sync_each", "horovod_cycle_ms"])
     flags.add_step_timeout_flag(g, what="row (size, type, algorithm)")
@@ -206,8 +215,25 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
                           "launch with mpirun, or give --backend mpi")
     if cfg.horovod_cycle_ms is not None:
         check_horovod_beside(backend)
+    resolve_device(cfg, backend, torch.cuda.is_available())
     flags.check_output(cfg)
     return cfg
+
+
+def resolve_device(cfg: MicroConfig, backend: str, cuda: bool) -> None:
+    """``--device auto`` made concrete, and a device the backend cannot reduce on refused:
+    only the torch backend's NCCL takes device tensors here (``cuda``: whether CUDA is)."""
+    nccl_possible = backend == "torch" and cfg.dist_backend in ("auto", "nccl")
+    if cfg.device == "auto":
+        cfg.device = "cuda" if cuda and nccl_possible else "cpu"
+    if cfg.device != "cuda":
+        return
+    if not cuda:
+        raise ConfigError("--device cuda: no CUDA device here")
+    if not nccl_possible:
+        raise ConfigError(f"--device cuda: the {backend} backend reduces host memory here; "
+                          "device buffers need the torch backend on NCCL (torchrun, "
+                          "--dist-backend nccl or auto)")
 
 
 def check_horovod_beside(backend: str) -> None:
@@ -368,9 +394,16 @@ def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, i
 def validate(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor) -> int:
     """Wrong elements on this rank after one all-reduce of fresh, exactly summable values."""
     pattern = validation_pattern(comm.size, buf.dtype)
-    fill_pattern(buf, pattern.values(pattern.weight(comm.rank), buf.dtype))
+    fill_pattern(buf, pattern.values(pattern.weight(comm.rank), buf.dtype).to(buf.device))
     allreduce(comm, buf)
-    return count_mismatches(buf, pattern.values(pattern.total, buf.dtype))
+    return count_mismatches(buf, pattern.values(pattern.total, buf.dtype).to(buf.device))
+
+
+def comm_device(comm: Communicator) -> torch.device:
+    """Where the buffers live: the communicator's device where its collectives take device
+    tensors (NCCL: this rank's GPU), else host memory."""
+    return getattr(comm, "device", torch.device("cpu")) if comm.device_collectives \
+        else torch.device("cpu")
 
 
 TIME_W = 10
@@ -407,6 +440,7 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         "size": size,
         "count": size // DTYPES[dtype].itemsize,
         "dtype": dtype,
+        "device": str(comm_device(comm)),
         "wire_dtype": str(wire_dtype(comm, algo, DTYPES[dtype])).removeprefix("torch."),
         "algo": algo,
         # --mpi-algorithm: what Open MPI's own all-reduce was forced to (the cost model's name)
@@ -482,7 +516,8 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
     records: list[dict] = []
     for dtype in cfg.dtypes:
         for size in cfg.sizes():
-            buf = torch.empty(size // DTYPES[dtype].itemsize, dtype=DTYPES[dtype])
+            buf = torch.empty(size // DTYPES[dtype].itemsize, dtype=DTYPES[dtype],
+                              device=comm_device(comm))
             for name, allreduce in algos.items():
                 wd.begin_step(f"{size} B {dtype} {name}")
                 seconds, phases = time_per_call(comm, allreduce, buf, cfg.iters,

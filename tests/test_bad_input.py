@@ -55,6 +55,15 @@ BAD = [
     case(A, ["--batch-size", "abc"], "--batch-size"),
     case(A, ["--model", "resnet7"], "--model"),
     case(A, ["--backend", "nccl2"], "--backend"),
+    # the torch backend: no rendezvous outside torchrun; NCCL without CUDA; a library flag
+    # for another backend (under torchrun: tests/test_torch_backend.py)
+    case(A, ["--backend", "torch"], "--backend torch", "rendezvous", "torchrun"),
+    case(MB, ["--backend", "torch"], "--backend torch", "rendezvous"),
+    case(PS, ["--backend", "torch"], "--backend torch", "rendezvous"),
+    case(A, ["--dist-backend", "gloo"], "--dist-backend gloo", "mpi backend"),
+    *(case(A, [*args, "--dist-backend", "nccl"], "--dist-backend nccl", "CUDA")
+      for args in ([], ["--backend", "torch"])),
+    case(MB, ["--device", "cuda"], "--device cuda"),
     case(A, ["--compute-ms", "nan"], "--compute-ms"),
     case(A, ["--step-timeout", "-1"], "--step-timeout"),
     case(A, ["--step-timeout", "0.05"], "--step-timeout"),

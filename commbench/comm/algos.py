@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from commbench.comm.base import Communicator
+from commbench.comm.base import Communicator, lacks_p2p
 from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce, plan_wire_dtype
 from commbench.comm.phases import PhaseHook
 from commbench.comm.ring import ring_allreduce
@@ -43,9 +43,7 @@ def check_algo(comm: Communicator, name: str) -> None:
     if name not in ALGOS:
         raise ValueError(f"unknown algo {name!r}; choose from {', '.join(ALGOS)}")
     if name in P2P_ALGOS and not comm.supports_p2p:
-        raise ValueError(f"--algo {name} needs point-to-point messages, which the "
-                         f"{comm.name} backend does not offer here (Horovod on Gloo); "
-                         "use --algo native or launch with horovodrun --mpi")
+        raise ValueError(lacks_p2p(comm, f"--algo {name}", "--algo native"))
 
 
 def wire_dtype(comm: Communicator, name: str, dtype: torch.dtype) -> torch.dtype:

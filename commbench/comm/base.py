@@ -195,6 +195,15 @@ class SideChannel(abc.ABC):
         """``obj`` of every rank, by rank (collective)."""
 
 
+def lacks_p2p(comm: Communicator, what: str, instead: str) -> str:
+    """The message for ``what`` (a flag and value) asked of ``comm``, which has no
+    point-to-point messages: the library that lacks them, and where they are."""
+    where = {"horovod": "launch with horovodrun --mpi (Horovod on Gloo has none)",
+             "torch-nccl": "use --dist-backend gloo (NCCL's are not offered here)"}
+    return (f"{what} needs point-to-point messages, which the {comm.name} backend does not "
+            f"offer: use {instead}, or {where.get(comm.name, 'launch with mpirun')}")
+
+
 class Communicator(abc.ABC):
     """One backend's view of the job. Subclasses set ``name`` and ``topo``."""
 
@@ -215,6 +224,10 @@ class Communicator(abc.ABC):
         says no here); where point-to-point works, it does unless a backend says not."""
         return self.supports_p2p
 
+    #: whether collectives take tensors where the workload keeps them, on a CUDA device
+    #: (NCCL): gradients then stay there, with no staging through host memory; blocking
+    #: calls return once the device has finished them
+    device_collectives: bool = False
     #: the torch.distributed process group the backend runs on (the torch backend's), for a
     #: peer that runs on torch.distributed itself (DDP); None elsewhere
     process_group: Any = None

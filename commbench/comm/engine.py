@@ -67,7 +67,7 @@ from typing import Callable
 import torch
 
 from commbench import dilation
-from commbench.comm.base import Communicator, Handle
+from commbench.comm.base import Communicator, Handle, lacks_p2p
 from commbench.comm.ring import ring_allreduce
 from commbench.timing import now
 
@@ -85,9 +85,7 @@ def check_transfer_path(comm: Communicator, path: str) -> None:
         raise ValueError(f"unknown transfer path {path!r}; choose from "
                          f"{', '.join(TRANSFER_PATHS)}")
     if path == "ring" and not comm.supports_p2p:
-        raise ValueError(f"--transfer ring needs point-to-point messages, which the "
-                         f"{comm.name} backend does not offer here (Horovod on Gloo); "
-                         "use --transfer thread or launch with horovodrun --mpi")
+        raise ValueError(lacks_p2p(comm, "--transfer ring", "--transfer thread"))
 
 
 class Transfer(Handle):

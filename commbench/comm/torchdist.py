@@ -242,6 +242,11 @@ class _ProcessGroupOps:
         """Gloo only: see the module docstring for NCCL."""
         return self.library == "gloo"
 
+    @property
+    def device_collectives(self) -> bool:
+        """NCCL: the tensors stay on this rank's GPU."""
+        return self.library == "nccl"
+
     def _handle(self, work: Any, then: Callable[[], None] | None = None,
                 p2p: bool = False) -> Handle:
         if work is None:  # nothing was started (empty parts)
@@ -250,6 +255,13 @@ class _ProcessGroupOps:
             return DONE
         return _WorkHandle(work, then, self.device if self.device.type == "cuda" else None,
                            wait_thread=p2p and self.library == "gloo")
+
+    def _finished(self) -> None:
+        """After a blocking collective on a CUDA device: wait for the device, so that a
+        call returns once the work is done (NCCL returns once it is enqueued), and a timer
+        around it times the transfer."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _p2p(self) -> None:
         if not self.supports_p2p:
@@ -261,12 +273,14 @@ class _ProcessGroupOps:
     # -- collectives --------------------------------------------------------
     def allreduce(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, group=self.pg)
+        self._finished()
 
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
         return self._handle(dist.all_reduce(tensor, group=self.pg, async_op=True))
 
     def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
         dist.broadcast(tensor, src=self.members[root], group=self.pg)
+        self._finished()
 
     def ibcast(self, tensor: torch.Tensor, root: int = 0) -> Handle:
         return self._handle(dist.broadcast(tensor, src=self.members[root], group=self.pg,
@@ -275,6 +289,7 @@ class _ProcessGroupOps:
     def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
         """Sum onto ``root``; elsewhere ``tensor`` is left undefined (torch's rule)."""
         dist.reduce(tensor, dst=self.members[root], group=self.pg)
+        self._finished()
 
     def ireduce(self, tensor: torch.Tensor, root: int = 0) -> Handle:
         return self._handle(dist.reduce(tensor, dst=self.members[root], group=self.pg,
@@ -300,7 +315,9 @@ class _ProcessGroupOps:
         return out[:counts[self.rank]], work
 
     def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return self._reduce_scatter_v(tensor, counts, async_op=False)[0]
+        part = self._reduce_scatter_v(tensor, counts, async_op=False)[0]
+        self._finished()
+        return part
 
     def ireduce_scatter_v(self, tensor: torch.Tensor,
                           counts: list[int]) -> tuple[torch.Tensor, Handle]:
@@ -336,6 +353,7 @@ class _ProcessGroupOps:
         _, then = self._allgather_v(part, counts, out, async_op=False)
         if then is not None:
             then()
+        self._finished()
 
     def iallgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> Handle:
         return self._handle(*self._allgather_v(part, counts, out, async_op=True))

@@ -90,17 +90,18 @@ class _Bucket:
     On a GPU the gradients are packed into a device buffer (``dev``) and the
     full bucket is staged into a pinned host ``buffer`` by an asynchronous copy;
     ``staged`` is the CUDA event that says the copy is done (MPI here is not
-    CUDA-aware). On a CPU ``buffer`` is packed directly.
+    CUDA-aware). On a CPU, or where the backend's collectives take device tensors
+    (``on_device``: NCCL), ``buffer`` is packed directly.
     """
 
     __slots__ = ("indices", "buffer", "dev", "views", "nbytes", "pending", "handle", "start",
                  "staged")
 
     def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, on_device: bool = False) -> None:
         self.indices = indices
         packed = FlatBuffer([grads[i] for i in indices], dtype=dtype)  # on their device
-        gpu = packed.flat.device.type == "cuda"
+        gpu = packed.flat.device.type == "cuda" and not on_device
         self.dev = packed.flat if gpu else None
         self.buffer = torch.empty(packed.flat.numel(), dtype=packed.flat.dtype,
                                   pin_memory=True) if gpu else packed.flat
@@ -153,7 +154,8 @@ class BucketedStrategy(Strategy):
                                 self.backward_order,
                                 self.bucket_mb * MB, [g.dtype for g in self.grads],
                                 first_cap_bytes=self.first_bucket_mb * MB)
-        self.buckets = [_Bucket(idx, self.grads, cast) for idx in groups]
+        self.buckets = [_Bucket(idx, self.grads, cast, comm.device_collectives)
+                        for idx in groups]
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.indices}
         self._next = 0  # first bucket not yet started; buckets start strictly in order
         self._in_flight: list[_Bucket] = []

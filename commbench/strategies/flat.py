@@ -44,10 +44,11 @@ class FlatStrategy(Strategy):
         self.algo = algo
         self._allreduce = get_algo(algo)
         # On a GPU the gradients are fused on the device, then staged through a pinned
-        # host buffer in one copy each way (MPI here is not CUDA-aware).
+        # host buffer in one copy each way (MPI here is not CUDA-aware), unless the
+        # backend's collectives take device tensors (NCCL): then they stay there.
         self.packed = FlatBuffer(self.grads, dtype=self.wire)  # on the gradients' device
         self.fused = self.packed.flat
-        self.staged = self.fused.device.type == "cuda"
+        self.staged = self.fused.device.type == "cuda" and not comm.device_collectives
         self.buffer = torch.empty(self.fused.numel(), dtype=self.wire, pin_memory=True) \
             if self.staged else self.fused
 
@@ -69,4 +70,5 @@ class FlatStrategy(Strategy):
             if self.algo in TWO_LEVEL_ALGOS and self.comm.size > 1 else {}
         return {**super().knobs(), "algo": self.algo, "fused_bytes": self.nbytes, **hier,
                 "wire_dtype": dtype_name(wire_dtype(self.comm, self.algo, self.wire)),
-                "staging": "pinned host buffer" if self.staged else None}
+                "staging": "pinned host buffer" if self.staged else None,
+                "comm_device": str(self.buffer.device)}
