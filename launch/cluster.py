@@ -9,8 +9,9 @@ nodes only through their links, each shaped with ``tc tbf`` in both
 directions (node egress inside the namespace, node ingress on the host side).
 
 Processes reach the nodes through a generated rsh agent (for ``mpirun --mca
-plm_rsh_agent``) and an ``ssh`` stand-in on PATH (for ``horovodrun``); both
-map a node's name or address to ``ip netns exec NS unshare --uts``.
+plm_rsh_agent``, and ``launch.nodes``, which starts one ``torchrun`` per node) and an
+``ssh`` stand-in on PATH (for ``horovodrun``); both map a node's name or address to
+``ip netns exec NS unshare --uts``.
 
 What ``up`` makes is written to a state file before it is made, so ``down`` —
 from the same process at exit, failure, SIGINT or SIGTERM, or from
@@ -23,6 +24,9 @@ Usage::
     sudo python -m launch.cluster up --slots 3,1 --rate 1gbit     # uneven: 3 + 1 ranks
     python -m launch.cluster status
     python -m launch.cluster run -- python -m commbench.allreduce   # mpirun across the nodes
+    python -m launch.cluster run --launcher torchrun -- python -m commbench.allreduce
+    #   one torchrun per node: --nproc-per-node from --slots, rendezvous on node 1's address,
+    #   GLOO_SOCKET_IFNAME=eth0 (the torch backend on Gloo)
     sudo python -m launch.cluster down
 
 Time dilation (``--dilation K``, ``commbench.dilation``): the links run at rate / K
@@ -329,8 +333,13 @@ def up(spec: ClusterSpec) -> ClusterSpec:
             ssh.unlink()
         ssh.symlink_to(spec.agent)
         base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+        # Each node also by its IPv4-mapped IPv6 address: torch's store (torchrun's
+        # rendezvous) listens on a dual-stack socket and looks every client up by that
+        # address; glibc then finds no line in the hosts file and asks DNS, which the
+        # nodes cannot reach: 10.0 s per connection, measured in a node
         (spec.folder / HOSTS_FILE).write_text(base.rstrip("\n") + "\n# emulated cluster\n"
                                                + "".join(f"{n.addr} {n.name}\n"
+                                                         f"::ffff:{n.addr} {n.name}\n"
                                                          for n in spec.node_list))
         (spec.folder / HOSTFILE).write_text(spec.node_set.hostfile_text())
         spec.save()
@@ -534,7 +543,9 @@ def _cli(argv: list[str] | None = None) -> int:
         if name == "run":
             shape_args(sp, required=False)
             sp.add_argument("--np", type=int, help="ranks (default: nodes x slots)")
-            sp.add_argument("--launcher", choices=LAUNCHERS, default="mpirun")
+            sp.add_argument("--launcher", choices=LAUNCHERS, default="mpirun",
+                            help="how ranks start (default mpirun); torchrun: one per node, "
+                                 "the tools then take the torch backend on Gloo")
             sp.add_argument("--no-link-test", action="store_true",
                             help="skip measuring the link before the job")
             sp.add_argument("--timeout", type=float, default=3600.0,
@@ -576,6 +587,11 @@ def _cli_run(a) -> int:
         raise ClusterError("run: give the program after --")
     if program[0] in ("python", "python3"):
         program = [sys.executable, *program[1:]]
+    if a.launcher == "torchrun":  # before any cluster is made
+        try:
+            commands.torchrun_target(program)
+        except ValueError as e:
+            raise ClusterError(f"--launcher torchrun: {e}") from None
     asked = node_slots(a.nodes, a.slots) if a.slots else None  # bad --slots: exit 2 first
     existing = ClusterSpec.load(a.name)
     ephemeral = existing is None

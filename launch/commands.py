@@ -7,30 +7,45 @@ The recipe for jobs across nodes is written here once: a ``NodeSet`` says which
 hosts (names or addresses, slots per node) a job runs on and how the launcher
 reaches them (interface, rsh agent, SSH port, whether the nodes share this
 machine's cores), and ``on_nodes`` turns it into the ``mpirun`` or ``horovodrun``
-command with its Open MPI settings. ``launch.cluster`` (network namespaces) and
-the containers' entry point (``docker/entrypoint.py``) both use it.
+command with its Open MPI settings, or into one ``torchrun`` per node started by
+``launch.nodes`` (torchrun cannot start itself on other machines). ``launch.cluster``
+(network namespaces) and the containers' entry point (``docker/entrypoint.py``) both
+use it.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from commbench.cores import MACHINE_RANKS_ENV
 
-#: how users start jobs: Open MPI's mpirun, or horovodrun with Horovod's MPI or Gloo controller
-LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo")
+#: how users start jobs: Open MPI's mpirun, horovodrun with Horovod's MPI or Gloo controller,
+#: or PyTorch's torchrun (the tools then take the torch backend: commbench.launchenv)
+LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo", "torchrun")
 #: variables every mpirun job forwards to its ranks, when set (besides COMMBENCH_*)
 FORWARDED_ENV = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
+#: torchrun as a module of the program's own Python (the ``torchrun`` script is the same)
+TORCHRUN = ("-m", "torch.distributed.run")
+#: torchrun's rendezvous port under Slurm (its default); on other node sets one is picked
+TORCHRUN_PORT = 29500
+#: ``python``, ``python3``, ``python3.11``, as a name or a path
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
 
-def controller(launcher: str) -> str:
-    """Horovod's controller under ``launcher``: ``gloo`` for horovodrun-gloo, else ``mpi``
-    (horovodrun, and plain mpirun, on which Horovod runs on MPI)."""
+def controller(launcher: str) -> str | None:
+    """Horovod's controller under ``launcher``: ``gloo`` for horovodrun-gloo, ``mpi`` for
+    horovodrun and plain mpirun (on which Horovod runs on MPI), None for torchrun (no
+    Horovod there: the tools refuse its peer under torchrun)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    if launcher == "torchrun":
+        return None
     return "gloo" if launcher == "horovodrun-gloo" else "mpi"
 
 
@@ -125,6 +140,80 @@ def python_module(module: str, args: Sequence[str] = (), python: str | None = No
     return [python or sys.executable, "-m", module, *args]
 
 
+def fill_nodes(node_slots: Sequence[int], np: int) -> list[int]:
+    """Ranks on each node when ``np`` ranks fill the nodes' slots in order, as mpirun
+    places them (``-np 5`` on 4 + 4 slots: [4, 1]); nodes left empty are left out."""
+    if np > sum(node_slots):
+        raise ValueError(f"{np} ranks do not fit {layout_text(node_slots)}")
+    out = []
+    for slots in node_slots:
+        if np <= 0:
+            break
+        out.append(min(slots, np))
+        np -= slots
+    return out
+
+
+def torchrun_target(program: Sequence[str]) -> tuple[str, list[str]]:
+    """The Python that runs ``program`` and what torchrun starts in each worker, from the
+    project's way of writing programs: ``[python, "-m", module, *args]`` gives
+    ``(python, ["-m", module, *args])`` and ``[python, script.py, *args]`` gives
+    ``(python, [script.py, *args])``.
+
+    torchrun starts every worker as ``<its own python> -u [-m] target args``, so it takes
+    a module or a script, never the interpreter; running torchrun with the program's own
+    Python keeps the interpreter the program asked for. ValueError (saying what torchrun
+    takes) for anything else: a program that is not Python, or options to the interpreter
+    (``python -u``), which torchrun would drop."""
+    prog = list(program)
+    if not prog or not _PYTHON.fullmatch(os.path.basename(prog[0])):
+        raise ValueError(f"torchrun starts Python programs only, written as python -m MODULE "
+                         f"... or python SCRIPT ...; got {shlex.join(prog) or 'nothing'}")
+    if prog[1:2] == ["-m"] and len(prog) > 2:
+        return prog[0], ["-m", *prog[2:]]
+    if len(prog) > 1 and not prog[1].startswith("-"):
+        return prog[0], prog[1:]
+    raise ValueError(f"torchrun starts python -m MODULE ... or python SCRIPT ..., not "
+                     f"{shlex.join(prog)}: it runs each worker as 'python -u [-m] TARGET "
+                     "ARGS', so it takes a module or a script, not options to the "
+                     "interpreter or -c")
+
+
+def torchrun(nproc_per_node: int, program: Sequence[str], *, nnodes: int = 1,
+             rendezvous: Sequence[str] = ("--standalone",)) -> list[str]:
+    """``python -m torch.distributed.run --nnodes N --nproc-per-node P RENDEZVOUS program``.
+
+    ``rendezvous``: how the nodes' torchruns find each other: ``--standalone`` (one
+    machine: torchrun starts its own store on a free port), ``static_rendezvous`` (node
+    ranks given, as ``on_nodes`` does), or c10d flags (``--rdzv-backend c10d ...``, as under
+    Slurm). ``program``: as ``torchrun_target`` takes it."""
+    if nproc_per_node <= 0 or nnodes <= 0:
+        raise ValueError(f"torchrun needs at least 1 node and 1 process per node, got "
+                         f"{nnodes} x {nproc_per_node}")
+    python, target = torchrun_target(program)
+    return [python, *TORCHRUN, "--nnodes", str(nnodes), "--nproc-per-node",
+            str(nproc_per_node), *rendezvous, *target]
+
+
+def static_rendezvous(node_rank: int, master_addr: str, master_port: int) -> list[str]:
+    """torchrun's static rendezvous: this node's rank, and node 0's address and port, where
+    node 0's torchrun keeps the job's store. Ranks come out contiguous per node in node
+    order, also for uneven nodes (torch's elastic agent sums the nodes'
+    ``--nproc-per-node`` in node-rank order: 3 + 1 gives ranks 0-2 and 3)."""
+    return ["--node-rank", str(node_rank), "--master-addr", master_addr,
+            "--master-port", str(master_port)]
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now: the rendezvous port of a job across nodes. On
+    the emulated cluster node 0 is a fresh network namespace of this machine, where every
+    port is free; on real hosts it is as good a guess as a fixed one, and two jobs started
+    from here do not share it."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def mpirun(np: int, program: Sequence[str], *, hosts: str | None = None,
            hostfile: str | None = None, oversubscribe: bool = True,
            mca: dict[str, str] | None = None, env: Sequence[str] = ()) -> list[str]:
@@ -168,9 +257,15 @@ def launcher_argv(launcher: str, np: int, program: Sequence[str], *,
     """``program`` on ``np`` ranks with ``launcher`` (one of LAUNCHERS), on this machine or
     on ``hosts`` (``a:8,b:8``) that need nothing but the launcher's defaults; ``env`` goes
     to every rank (set in front of the launcher; mpirun forwards it with ``-x``, horovodrun
-    forwards its whole environment)."""
+    forwards its whole environment, and so does torchrun). torchrun on ``hosts`` runs as
+    ``on_nodes`` runs it, one torchrun per host (started with ssh; one named localhost
+    or this machine's name starts here)."""
+    if launcher == "torchrun" and hosts:
+        return on_nodes(NodeSet.parse(hosts), launcher, np, program, env)
     if launcher == "mpirun":
         argv = mpirun(np, program, hosts=hosts, env=list(env or ()))
+    elif launcher == "torchrun":
+        argv = torchrun(np, program)
     else:
         argv = horovodrun(np, program, hosts=hosts, controller=controller(launcher))
     return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
@@ -225,15 +320,18 @@ def on_nodes(nodes: NodeSet, launcher: str, np: int, program: Sequence[str],
     """The command that runs ``program`` on ``np`` ranks of ``nodes`` with ``launcher``.
 
     ``env`` goes to every rank (set in front of the launcher; mpirun forwards it with
-    ``-x``, horovodrun forwards its whole environment). When the nodes share this
-    machine, COMMBENCH_MACHINE_RANKS says all ``np`` ranks share its cores, so each
-    takes cores // np torch threads (``commbench.cores``), not cores // its node's ranks.
+    ``-x``, horovodrun forwards its whole environment; torchrun: ``torchrun_on_nodes``).
+    When the nodes share this machine, COMMBENCH_MACHINE_RANKS says all ``np`` ranks
+    share its cores, so each takes cores // np torch threads (``commbench.cores``), not
+    cores // its node's ranks. With fewer ranks than slots, ranks fill the nodes in order.
     """
     if np > nodes.ranks:
         raise ValueError(f"{np} ranks do not fit {nodes.layout}")
     env = dict(env or {})
     if nodes.shared_machine:
         env.setdefault(MACHINE_RANKS_ENV, str(np))
+    if launcher == "torchrun":
+        return torchrun_on_nodes(nodes, np, program, env)
     assignments = [f"{k}={v}" for k, v in env.items()]
     mca = node_set_mca(nodes, launcher)
     if launcher == "mpirun":
@@ -254,3 +352,37 @@ def on_nodes(nodes: NodeSet, launcher: str, np: int, program: Sequence[str],
         if nodes.ssh_dir:  # horovodrun reaches the nodes with the ssh it finds on PATH
             assignments.append(f"PATH={nodes.ssh_dir}:{os.environ.get('PATH', '')}")
     return ["env", *assignments, *argv] if assignments else argv
+
+
+def torchrun_on_nodes(nodes: NodeSet, np: int, program: Sequence[str],
+                      env: Mapping[str, str] | None = None,
+                      master_port: int | None = None) -> list[str]:
+    """One torchrun per node, all started and ended together by ``launch.nodes``.
+
+    Ranks fill the nodes in order (``fill_nodes``, as mpirun's); node i of the N used runs
+    ``torchrun --nnodes N --nproc-per-node <its ranks>`` with the static rendezvous on the
+    first node (``static_rendezvous``; ``master_port`` default: ``free_port``). Its
+    environment is set in the node's command, as ssh carries none: ``env``, what mpirun
+    would forward (``FORWARDED_ENV``, COMMBENCH_*), and GLOO_SOCKET_IFNAME and
+    NCCL_SOCKET_IFNAME on the node set's link interface, so that the libraries' traffic
+    takes the link (else Gloo takes the interface of the host name's address). Open MPI's
+    settings (``node_set_mca``) do not apply. ``launch.nodes`` reaches the nodes with the
+    node set's rsh agent, else ssh (``-p`` for another port), and starts them in its own
+    working directory, as mpirun does."""
+    per_node = fill_nodes(nodes.node_slots, np)
+    master = nodes.hosts[0].name
+    port = master_port or free_port()
+    assignments: dict[str, str] = {}
+    if nodes.iface:
+        assignments.update(GLOO_SOCKET_IFNAME=nodes.iface, NCCL_SOCKET_IFNAME=nodes.iface)
+    assignments.update({k: v for k, v in os.environ.items()
+                        if k in FORWARDED_ENV or k.startswith("COMMBENCH_")})
+    assignments.update(env or {})
+    prefix = ["env", *(f"{k}={v}" for k, v in assignments.items())] if assignments else []
+    rsh = nodes.rsh_agent or ("ssh" if nodes.ssh_port == 22 else f"ssh -p {nodes.ssh_port}")
+    argv = [sys.executable, "-m", "launch.nodes", "--rsh", rsh]
+    for i, (host, ranks) in enumerate(zip(nodes.hosts, per_node)):
+        node = torchrun(ranks, program, nnodes=len(per_node),
+                        rendezvous=static_rendezvous(i, master, port))
+        argv += ["--node", host.name, shlex.join([*prefix, *node])]
+    return argv

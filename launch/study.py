@@ -4,6 +4,7 @@
     python -m launch.study --quick               # fewer steps and points, ResNet-18 (~10 min)
     python -m launch.study --claims C2,C4 --dry-run      # list the jobs, run nothing
     python -m launch.study --hosts a:8,b:8 --launcher horovodrun   # a real cluster
+    python -m launch.study --quick --launcher torchrun   # the torch backend (Gloo), torchrun
     python -m launch.study --quick --dilation 4        # every emulated job at dilation 4
 
 On the emulated cluster every job runs time-dilated (``commbench.dilation``):
@@ -85,7 +86,7 @@ PROFILES = "profiles"  # committed H200 profiles, relative to the repository roo
 
 # Rough figures for the time estimate only (the progress line's estimate of what remains
 # is rescaled by how long finished jobs really took):
-STARTUP_S = 20.0  # mpirun + every rank importing torch on a 2-core machine, + validation
+STARTUP_S = 20.0  # the launcher + every rank importing torch on a 2-core machine, + validation
 LINK_EFFICIENCY = 0.95  # tbf-shaped links carry 0.944-0.956 of their rate (DESIGN.md §9)
 SHM_BYTES_S = 1.1e9  # one node's shared memory, busbw (DESIGN.md §9)
 HOST_S_PER_PARAM = 2.6e-9  # writing gradients + SGD per parameter and rank per core
@@ -460,13 +461,16 @@ def check(cluster: Cluster, claims: Sequence[str], ranks: Sequence[int] | None,
         raise StudyError(f"C2 compares hierarchical with flat all-reduce across nodes, but the "
                          f"cluster has one node ({where}); use --nodes 2 or more, or leave C2 "
                          "out of --claims")
-    needs_mpi = sorted({"C2", "C4"} & set(claims))
-    if cluster.launcher == "horovodrun-gloo" and needs_mpi:
-        verb = "needs" if len(needs_mpi) == 1 else "need"
-        raise StudyError(f"--launcher horovodrun-gloo: {' and '.join(needs_mpi)} {verb} "
+    # Every launcher's backend but Horovod on Gloo has point-to-point messages and receives
+    # from any rank: MPI, and the torch backend on Gloo (torchrun; on CPUs its library is
+    # Gloo). Horovod on Gloo has only its collectives.
+    needs_p2p = sorted({"C2", "C4"} & set(claims))
+    if cluster.launcher == "horovodrun-gloo" and needs_p2p:
+        verb = "needs" if len(needs_p2p) == 1 else "need"
+        raise StudyError(f"--launcher horovodrun-gloo: {' and '.join(needs_p2p)} {verb} "
                          "point-to-point messages (the project's ring; the parameter "
-                         "server), which Horovod on Gloo does not offer; use mpirun or "
-                         "horovodrun, or leave them out of --claims")
+                         "server), which Horovod on Gloo does not offer; use mpirun, "
+                         "horovodrun or torchrun, or leave them out of --claims")
     if cluster.ranks < 2 and {"C2", "C3", "C4", "C7"} & set(claims):
         raise StudyError(f"the cluster has one rank ({where}): nothing to synchronise")
     if cluster.emulated:
@@ -638,7 +642,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hosts", default=None, metavar="A:8,B:8",
                    help="a real cluster's hosts and slots (no link shaping: one link rate)")
     g.add_argument("--hostfile", default=None, help="or an Open MPI host file (HOST slots=N)")
-    g.add_argument("--launcher", choices=commands.LAUNCHERS, default="mpirun")
+    g.add_argument("--launcher", choices=commands.LAUNCHERS, default="mpirun",
+                   help="how ranks start, and so the backend (default mpirun: MPI; "
+                        "horovodrun: Horovod; torchrun: torch.distributed on Gloo, one "
+                        "torchrun per node)")
     g.add_argument("--dilation", default=None, metavar="K|auto",
                    help="time dilation of the emulated cluster (launch.cluster --dilation): "
                         "auto, the default there, runs each cluster's jobs at the smallest of "

@@ -3,7 +3,7 @@
 A sweep file (TOML or JSON) names the launcher, fixed arguments and a grid::
 
     [sweep]
-    launcher = "mpirun"        # mpirun | horovodrun | horovodrun-gloo
+    launcher = "mpirun"        # mpirun | horovodrun | horovodrun-gloo | torchrun
     program = "commbench.allreduce"
     args = ["--steps", "10", "--warmup", "2"]
     timeout = 900              # seconds per point
@@ -594,7 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file", nargs="?", help="sweep file (.toml or .json)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2",
                    help="grid axis (adds to / overrides the file's grid)")
-    p.add_argument("--launcher", choices=LAUNCHERS)
+    p.add_argument("--launcher", choices=LAUNCHERS,
+                   help="how each point's ranks start (default mpirun; torchrun: the torch "
+                        "backend, one torchrun per emulated node)")
     p.add_argument("--program", help="module to run (default commbench.allreduce)")
     p.add_argument("--timeout", type=float, help="seconds per point")
     p.add_argument("-o", "--output", help="results directory")

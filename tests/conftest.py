@@ -32,7 +32,8 @@ def need(binary: str) -> None:
 def launcher_argv(launcher: str, np: int, program: list[str]) -> list[str]:
     """The command line that starts ``program`` with ``np`` ranks under ``launcher`` (one of
     ``commands.LAUNCHERS``), failing the test if the launcher is not installed."""
-    need("mpirun" if launcher == "mpirun" else commands.horovodrun_path())
+    if launcher != "torchrun":  # torchrun is torch's own module
+        need("mpirun" if launcher == "mpirun" else commands.horovodrun_path())
     return commands.launcher_argv(launcher, np, program)
 
 

@@ -56,6 +56,12 @@ def test_async_applies_step_t_minus_s_exactly_mpi(np_):
               f"OK async applies step t-s's mean on {np_} ranks")
 
 
+@pytest.mark.torchrun
+def test_async_applies_step_t_minus_s_exactly_torch():
+    run_check("torchrun", 3, "async_delay.py", "torch",
+              "OK async applies step t-s's mean on 3 ranks", nodes="a,a,b")
+
+
 @pytest.mark.horovod
 def test_async_applies_step_t_minus_s_exactly_horovod():
     run_check("horovodrun", 2, "async_delay.py", "horovod",

@@ -173,6 +173,12 @@ def test_bucketed_equals_flat_mpi(np_):
     run_check("mpirun", np_, "bucketed_vs_flat.py", "mpi", f"OK bucketed == flat on {np_} ranks")
 
 
+@pytest.mark.torchrun
+def test_bucketed_equals_flat_torch():
+    run_check("torchrun", 3, "bucketed_vs_flat.py", "torch", "OK bucketed == flat on 3 ranks",
+              nodes="a,a,b")
+
+
 @pytest.mark.horovod
 def test_bucketed_equals_flat_horovod():
     run_check("horovodrun", 2, "bucketed_vs_flat.py", "horovod", "OK bucketed == flat on 2 ranks")

@@ -12,9 +12,12 @@ import pytest
 from commbench.cores import RULE_MACHINE
 from launch import commands
 from launch.cluster import (
+    DEFAULT_SUBNET,
+    STATE_DIR,
     ClusterError,
     ClusterSpec,
     cluster,
+    down,
     launch_argv,
     measure_link,
     parse_rate,
@@ -27,6 +30,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces ne
 NAME = "cbt"
 PROG = [PY, "-m", "commbench.allreduce", "--model", "smallcnn", "--steps", "2", "--warmup",
         "1", "--compute-ms", "10"]
+#: what a job of the cluster runs: mpirun's daemons, torchrun's driver through the cluster's
+#: agent and its agents (rendezvous on a node), the ranks (torchrun's on this machine, as a
+#: one-machine job runs them, are not the cluster's)
+JOB_PROCESSES = ("orted", f"launch.nodes --rsh {STATE_DIR}",
+                 f"--master-addr {DEFAULT_SUBNET.rsplit('.', 1)[0]}.", "commbench.allreduce")
 
 
 def leftovers(name: str = NAME) -> list[str]:
@@ -42,7 +50,7 @@ def leftovers(name: str = NAME) -> list[str]:
     out += [f"rule {r}" for r in rules.splitlines() if f"{name}-br" in r]
     ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
     out += [f"process {p}" for p in ps.splitlines()  # zombies hold nothing: parent reaps them
-            if not p.startswith("Z") and ("orted" in p or "commbench.allreduce" in p)]
+            if not p.startswith("Z") and any(name in p for name in JOB_PROCESSES)]
     return out
 
 
@@ -165,6 +173,42 @@ def test_uneven_nodes_from_the_command_line(tmp_path):
         assert r["world_size"] == 3 and r["nodes"] == 2 and r["local_sizes"] == [2, 1], r
         assert r["hostnames"] == [f"{NAME}node1", f"{NAME}node1", f"{NAME}node2"], r
         assert r["wrong"] == 0, r
+
+
+def test_torchrun_job_across_two_nodes(tmp_path):
+    """``launch.cluster run --launcher torchrun``: one torchrun per node (launch.nodes through
+    the cluster's agent), rendezvous on the first node, Gloo on the node link; the tools take
+    the torch backend from torchrun's environment. 2 nodes x 1 slot: the cheapest job that
+    crosses the link."""
+    out = tmp_path / "r.jsonl"
+    cmd = [PY, "-m", "launch.cluster", "run", "--name", NAME, "--nodes", "2", "--slots", "1",
+           "--rate", "1gbit", "--no-link-test", "--timeout", "200", "--launcher", "torchrun",
+           "--", "python", "-m", "commbench.allreduce", "--strategy", "flat", "--algo",
+           "native,ring", "--steps", "2", "--warmup", "1", "--compute-ms", "5", "--model",
+           "resnet18", "--output", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the cluster takes itself down on SIGTERM
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"job did not end within 240 s:\n{stdout[-3000:]}{stderr[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        down(name=NAME)  # whatever a killed run left (a no-op after a clean one)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    recs = read_jsonl(out)
+    summaries = [r for r in recs if r["kind"] == "summary"]
+    assert {r["algo"] for r in summaries} == {"native", "ring"}, summaries
+    for r in recs:
+        assert (r["backend"], r["launcher"]) == ("torch-gloo", "torchrun"), r
+        assert r["world_size"] == 2 and r["nodes"] == 2, r
+        assert r["hostnames"] == [f"{NAME}node1", f"{NAME}node2"], r
+    assert all(s["wrong"] == 0 for s in summaries)
+    assert "torch-gloo" in stdout
 
 
 def test_shaped_link_measures_within_ten_percent():

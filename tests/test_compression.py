@@ -27,6 +27,11 @@ def test_every_strategy_compressed_or_not_equals_flat_native_mpi(np_, layout):
     run_check("mpirun", np_, SCRIPT, "mpi", _ok(np_), nodes=layout)
 
 
+@pytest.mark.torchrun
+def test_every_strategy_compressed_or_not_equals_flat_native_torch():
+    run_check("torchrun", 3, SCRIPT, "torch", _ok(3), nodes="a,a,b")
+
+
 @pytest.mark.horovod
 def test_every_strategy_compressed_or_not_equals_flat_native_horovod():
     run_check("horovodrun", 3, SCRIPT, "horovod", _ok(3), nodes="a,a,b")

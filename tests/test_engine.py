@@ -174,6 +174,19 @@ def test_engine_strategies_equal_flat_native_mpi(np_, layout):
               SMALL_SEGMENTS, nodes=layout)
 
 
+@pytest.mark.torchrun
+def test_engine_unit_torch():
+    run_check("torchrun", 2, "engine_unit.py", "torch", "OK transfer engine on 2 ranks",
+              SMALL_SEGMENTS)
+
+
+@pytest.mark.torchrun
+def test_engine_strategies_equal_flat_native_torch():
+    run_check("torchrun", 3, "engine_vs_flat.py", "torch",
+              "OK engine == flat native on 3 ranks, paths ['thread', 'ring']",
+              SMALL_SEGMENTS, nodes="a,a,b")
+
+
 @pytest.mark.horovod
 def test_engine_strategies_equal_flat_native_horovod_mpi_controller():
     run_check("horovodrun", 3, "engine_vs_flat.py", "horovod",

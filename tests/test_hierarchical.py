@@ -166,6 +166,14 @@ def test_equals_native_horovod_process_sets(launcher, np_, layout, dtypes):
               nodes=layout, args=dtypes)
 
 
+@pytest.mark.torchrun
+# torch's groups take their ranks in job order: a,b,a gives the node [0, 2] and [1]
+@pytest.mark.parametrize("np_,layout", [(1, None), (3, "a,b,a")])
+def test_equals_native_torch_groups(np_, layout):
+    run_check("torchrun", np_, SCRIPT, "torch", f"OK hierarchical == native on {np_} ranks",
+              nodes=layout)
+
+
 @pytest.mark.mpi
 def test_strategy_runs_both_variants_in_the_study(tmp_path):
     recs = run_tool("mpirun", 4, "commbench.allreduce", [

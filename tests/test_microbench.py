@@ -233,6 +233,7 @@ def test_a_corrupted_allreduce_is_caught(tmp_path):
 @pytest.mark.parametrize("launcher,np_,backend", [
     pytest.param("mpirun", 3, "mpi", marks=pytest.mark.mpi),
     pytest.param("horovodrun", 2, "horovod", marks=pytest.mark.horovod),
+    pytest.param("torchrun", 2, "torch", marks=pytest.mark.torchrun),
 ])
 def test_backend_allreduce_on_every_dtype(launcher, np_, backend):
     run_check(launcher, np_, "half_dtypes.py", backend, f"OK all dtypes on {np_} ranks")

@@ -55,11 +55,11 @@ def _assignments(argv: list[str]) -> dict[str, str]:
 
 
 def test_launchers_are_defined_once():
-    assert commands.LAUNCHERS == ("mpirun", "horovodrun", "horovodrun-gloo")
+    assert commands.LAUNCHERS == ("mpirun", "horovodrun", "horovodrun-gloo", "torchrun")
     for module in (cluster, sweep, _entrypoint()):
         assert module.LAUNCHERS is commands.LAUNCHERS
     assert study.build_parser().parse_args(["--launcher", "horovodrun-gloo"]).launcher
-    assert [commands.controller(x) for x in commands.LAUNCHERS] == ["mpi", "mpi", "gloo"]
+    assert [commands.controller(x) for x in commands.LAUNCHERS] == ["mpi", "mpi", "gloo", None]
     with pytest.raises(ValueError, match="launcher must be one of"):
         commands.controller("srun")
 

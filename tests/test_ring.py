@@ -21,6 +21,12 @@ def test_ring_equals_native_mpi(np_):
     run_check("mpirun", np_, "ring_vs_native.py", "mpi", f"OK ring == native on {np_} ranks")
 
 
+@pytest.mark.torchrun
+@pytest.mark.parametrize("np_", [1, 3])
+def test_ring_equals_native_torch(np_):
+    run_check("torchrun", np_, "ring_vs_native.py", "torch", f"OK ring == native on {np_} ranks")
+
+
 @pytest.mark.horovod
 @pytest.mark.parametrize("np_", [3])
 def test_ring_equals_native_horovod(np_):

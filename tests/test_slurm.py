@@ -24,8 +24,25 @@ def test_script_for_a_real_cluster():
         batch_script(["prog"], nodes=1, tasks_per_node=1, launcher="pdsh")
 
 
+def test_torchrun_script_runs_one_torchrun_per_node_meeting_on_the_first():
+    text = batch_script([PY, "-m", "commbench.allreduce", "--steps", "50"], nodes=4,
+                        tasks_per_node=8, launcher="torchrun")
+    lines = text.splitlines()
+    master = lines.index('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" '
+                         '| sed -n 1p)')
+    step = lines[master + 1]  # after MASTER_ADDR is known, in the script's shell
+    assert step.startswith("srun --nodes=4 --ntasks=4 --ntasks-per-node=1 --cpus-per-task=8 "
+                           "--kill-on-bad-exit=1 ")
+    assert (f"{PY} -m torch.distributed.run --nnodes 4 --nproc-per-node 8 --rdzv-backend "
+            'c10d --rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID" '
+            "-m commbench.allreduce --steps 50") in step
+    assert "#SBATCH --nodes=4" in text and "--mpi=" not in step
+    with pytest.raises(ValueError, match="--launcher torchrun: torchrun starts Python"):
+        batch_script(["prog"], nodes=1, tasks_per_node=1, launcher="torchrun")
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+@pytest.mark.parametrize("launcher", ["srun", "mpirun", "torchrun"])
 def test_sbatch_runs_the_study(tmp_path, launcher):
     why = slurm_local.available()
     if why:
@@ -46,4 +63,5 @@ def test_sbatch_runs_the_study(tmp_path, launcher):
     recs = read_jsonl(out)
     summaries = [r for r in recs if r["kind"] == "summary"]
     assert len(summaries) == 2 and all(s["wrong"] == 0 for s in summaries)
-    assert all(s["world_size"] == 2 and s["backend"] == "mpi" for s in summaries)
+    backend = "torch-gloo" if launcher == "torchrun" else "mpi"
+    assert all(s["world_size"] == 2 and s["backend"] == backend for s in summaries)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import subprocess
 from collections.abc import Callable
 
@@ -33,6 +34,10 @@ from launch.study import (
 from tests.conftest import PY, ROOT, read_jsonl
 
 EMULATED = Cluster(nodes=2, slots=4)
+TORCHRUN = Cluster(nodes=2, slots=4, launcher="torchrun")
+#: the backend records name under each launcher on CPUs (commbench.launchenv picks it)
+RECORDED_BACKEND = {"mpirun": "mpi", "horovodrun": "horovod", "horovodrun-gloo": "horovod",
+                    "torchrun": "torch-gloo"}
 
 
 def planned_records(job: Job, cluster: Cluster) -> list[dict]:
@@ -47,7 +52,7 @@ def planned_records(job: Job, cluster: Cluster) -> list[dict]:
         if left > 0:
             local.append(min(s, left))
             left -= s
-    backend = "mpi" if cluster.launcher == "mpirun" else "horovod"
+    backend = RECORDED_BACKEND[cluster.launcher]
     controller = None if cluster.launcher == "mpirun" else commands.controller(cluster.launcher)
     rate = parse_rate(job.rate)
     return [{
@@ -56,7 +61,7 @@ def planned_records(job: Job, cluster: Cluster) -> list[dict]:
         "local_sizes": local, "link_shaping": None if rate is None else links.shaping_text(rate),
         "link_gbps": None if rate is None else rate * LINK_EFFICIENCY, "model": cfg.model,
         "workload": cfg.workload, "device": "cpu", "batch_size": cfg.batch_size,
-        "image_size": cfg.image_size, "backend": backend,
+        "image_size": cfg.image_size, "backend": backend, "launcher": cluster.launcher,
         "versions": {"horovod_controller": controller},
         "thread_rule": "machine ranks from the launcher" if cluster.emulated else None,
         "torch_threads": max(1, (os.cpu_count() or 1) // job.ranks),
@@ -190,6 +195,34 @@ def test_dry_run_lists_every_job_and_runs_nothing(tmp_path):
     for job, cmd in zip(jobs, commands):
         assert f" -np {job.ranks} " in cmd and f"-m {job.program}" in cmd
     assert not out.exists()
+
+
+def test_torchrun_runs_every_claims_jobs_one_torchrun_per_node(tmp_path):
+    """The torch backend on Gloo has point-to-point messages and receives from any rank, so
+    torchrun takes every claim (Horovod on Gloo does not: C2, C4); its plan is mpirun's,
+    and each job is one torchrun per node its ranks fill."""
+    study.check(TORCHRUN, study.CLAIMS, None, QUICK)
+    with pytest.raises(study.StudyError, match="use mpirun, horovodrun or torchrun"):
+        study.check(dataclasses.replace(EMULATED, launcher="horovodrun-gloo"), ["C2"], None,
+                    QUICK)
+    jobs = plan(QUICK, TORCHRUN)
+    assert [(j.name, j.args) for j in jobs] == [(j.name, j.args) for j in plan(QUICK, EMULATED)]
+    for claim in ("C2", "C3", "C4"):  # their matched sets, as under mpirun
+        runs = runs_of(QUICK, claim, TORCHRUN)
+        assert {r["backend"] for r in runs} == {"torch-gloo"}
+        assert len(match.matched_sets(runs, ("sync",))) == len(
+            match.matched_sets(runs_of(QUICK, claim), ("sync",)))
+    res = study_cli("--quick", "--dry-run", "--launcher", "torchrun", "-o", str(tmp_path / "s"))
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if not ln.startswith("#")]
+    assert len(lines) == len(jobs)
+    for job, line in zip(jobs, lines):
+        argv = shlex.split(line)
+        assert argv[1:3] == ["-m", "launch.nodes"] and "mpirun" not in line
+        per_node = [int(shlex.split(argv[i + 2])[shlex.split(argv[i + 2]).index(
+            "--nproc-per-node") + 1]) for i, a in enumerate(argv) if a == "--node"]
+        assert sum(per_node) == job.ranks and per_node[0] == min(job.ranks, 4), line
+        assert f"-m {job.program}" in line
 
 
 def _summaries(out) -> list[dict]:

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from launch.sweep import SweepError, make_sweep, parse_set, point_id
+from launch import nodes
+from launch.sweep import SweepError, _Clusters, launch_point, make_sweep, parse_set, point_id
 from tests.conftest import PY, ROOT, read_jsonl
 
 FIXED = ["--", "--model", "smallcnn", "--steps", "2", "--warmup", "1", "--compute-ms", "10"]
@@ -46,6 +47,25 @@ def test_grid_checks():
     assert parse_set(["ranks=1,2", "algo=ring"]) == {"ranks": [1, 2], "algo": ["ring"]}
     with pytest.raises(SweepError, match="--set"):
         parse_set(["ranks=x"])
+
+
+def test_torchrun_points_on_this_host_and_on_hosts(tmp_path):
+    """A sweep takes ``launcher = "torchrun"``: a point on this host is one torchrun
+    (``--standalone``) with the machine's load for the records; on hosts, one per host."""
+    s = make_sweep({"launcher": "torchrun"}, {"ranks": [2], "algo": ["ring"]})
+    [point] = s.points()
+    argv = launch_point(point, s, tmp_path / "p.jsonl", _Clusters())
+    at = argv.index("torch.distributed.run")
+    assert argv[0] == "env" and any(a.startswith("COMMBENCH_RUNNABLE_BEFORE=") for a in argv)
+    assert argv[at - 2:at] == [PY, "-m"] and "--standalone" in argv
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert argv[at + 1:].count("-m") == 1 and "commbench.allreduce" in argv
+    assert "--algo" in argv and argv[-2:] == ["--output", str(tmp_path / "p.jsonl")]
+    hosts = make_sweep({"launcher": "torchrun", "hosts": "a:1,b:1"}, {"ranks": [2]})
+    remote = launch_point(hosts.points()[0], hosts, tmp_path / "q.jsonl", _Clusters())
+    assert remote[1:3] == ["-m", nodes.__name__] and remote.count("--node") == 2
+    assert point_id(point, s) != point_id(point, make_sweep({}, {"ranks": [2],
+                                                                 "algo": ["ring"]}))
 
 
 def test_repeats_are_jobs_shuffled_within_each_cluster_with_a_seed():

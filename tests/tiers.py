@@ -72,6 +72,7 @@ CHECK_JOBS = (
     "tests/test_jobs.py::test_horovodrun",  # horovodrun (MPI controller)
     "tests/test_jobs.py::test_horovodrun_gloo_native_runs_and_ring_is_refused",  # Gloo
     "tests/test_cluster.py::test_job_across_two_nodes[mpirun]",  # the emulated cluster
+    "tests/test_torch_backend.py::test_every_strategy_under_torchrun",  # torchrun, torch
 )
 
 

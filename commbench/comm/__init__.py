@@ -18,6 +18,7 @@ from commbench.launchenv import TORCHRUN_VARS, detect_backend, launcher_name, la
 
 
 def _torch_communicator(dist_backend: str = "auto", device: str = "cpu") -> Communicator:
+    # torch.distributed's process groups load only where this backend runs
     from commbench.comm.torchdist import TorchDistCommunicator
     return TorchDistCommunicator(dist_backend, device)
 

@@ -41,8 +41,9 @@ capability                             Gloo    NCCL (not yet run on GPUs)
   (``inter_node_algo``).
 - Gloo and NCCL both progress non-blocking work without being tested (Gloo on its
   worker threads, NCCL on the device), and several operations may be in flight.
-  Gloo's sends and receives say they are complete only from inside their ``wait``,
-  so ``test`` on one waits for it on a thread of its own (``_WorkHandle``).
+  Gloo's sends, receives and reduce-scatters say they are complete only from inside
+  their ``wait``, so ``test`` on one waits for it on a thread of its own
+  (``_WorkHandle``).
 - The v-forms: torch's reduce-scatter of one tensor and all-gather into one tensor
   need equal parts (Gloo's list-form all-gather refuses uneven ones). Uneven
   ``counts`` are padded to the largest part: p x max(counts) - sum(counts) more
@@ -167,7 +168,7 @@ class _WorkHandle(Handle):
     completed handle means finished work, not work ordered before later kernels.
 
     ``wait_thread``: the work says it is complete only from inside its ``wait`` (Gloo's
-    sends and receives: ``is_completed`` stays False until then, so a ring that tests
+    sends, receives and reduce-scatter: ``is_completed`` stays False until then, so a ring that tests
     its messages between sleeps waited forever on 2 ranks). The first ``test`` then
     starts a thread that waits for it, and later ones ask whether that thread is done;
     a handle only ever waited for needs no thread. One thread per tested message, not
@@ -248,13 +249,16 @@ class _ProcessGroupOps:
         return self.library == "nccl"
 
     def _handle(self, work: Any, then: Callable[[], None] | None = None,
-                p2p: bool = False) -> Handle:
+                completes_in_wait: bool = False) -> Handle:
+        """``completes_in_wait``: Gloo's work of this kind says it is complete only from
+        inside its ``wait`` (sends, receives, reduce-scatter), so ``test`` needs a thread
+        that waits (``_WorkHandle``)."""
         if work is None:  # nothing was started (empty parts)
             if then is not None:
                 then()
             return DONE
         return _WorkHandle(work, then, self.device if self.device.type == "cuda" else None,
-                           wait_thread=p2p and self.library == "gloo")
+                           wait_thread=completes_in_wait and self.library == "gloo")
 
     def _finished(self) -> None:
         """After a blocking collective on a CUDA device: wait for the device, so that a
@@ -322,7 +326,7 @@ class _ProcessGroupOps:
     def ireduce_scatter_v(self, tensor: torch.Tensor,
                           counts: list[int]) -> tuple[torch.Tensor, Handle]:
         part, work = self._reduce_scatter_v(tensor, counts, async_op=True)
-        return part, self._handle(work)
+        return part, self._handle(work, completes_in_wait=True)
 
     def _allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor,
                      async_op: bool) -> tuple[Any, Callable[[], None] | None]:
@@ -362,12 +366,12 @@ class _ProcessGroupOps:
     def isend(self, tensor: torch.Tensor, dest: int, tag: int = 0) -> Handle:
         self._p2p()
         return self._handle(dist.isend(tensor, dst=self.members[dest], group=self.pg, tag=tag),
-                            p2p=True)
+                            completes_in_wait=True)
 
     def irecv(self, tensor: torch.Tensor, source: int, tag: int = 0) -> Handle:
         self._p2p()
         return self._handle(dist.irecv(tensor, src=self.members[source], group=self.pg,
-                                       tag=tag), p2p=True)
+                                       tag=tag), completes_in_wait=True)
 
 
 class TorchDistGroup(_ProcessGroupOps, Group):

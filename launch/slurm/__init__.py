@@ -2,8 +2,16 @@
 
 ``python -m launch.slurm --nodes 4 --tasks-per-node 8 -- python -m commbench.allreduce``
 prints a batch script (``-o FILE`` writes it, ``--submit`` hands it to
-``sbatch``). Ranks start with ``srun --mpi=pmix`` (default) or with Open
-MPI's ``mpirun``, which takes its hosts from the allocation.
+``sbatch``). Ranks start with ``srun --mpi=pmix`` (default), with Open
+MPI's ``mpirun``, which takes its hosts from the allocation, or with
+``--launcher torchrun``: ``srun`` starts one torchrun per node, each with the
+node's ``--tasks-per-node`` workers, meeting at a c10d rendezvous on the first
+node of the allocation (the tools then take the torch backend)::
+
+    MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
+    srun --nodes=4 --ntasks=4 --ntasks-per-node=1 --cpus-per-task=8 --kill-on-bad-exit=1 \
+        python -m torch.distributed.run --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d \
+        --rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID" -m commbench.allreduce
 """
 
 from __future__ import annotations
@@ -18,7 +26,28 @@ from pathlib import Path
 from launch import commands
 
 TEMPLATE = Path(__file__).with_name("commbench.sbatch.in")
-SLURM_LAUNCHERS = ("srun", "mpirun")  # how a batch script starts its ranks
+SLURM_LAUNCHERS = ("srun", "mpirun", "torchrun")  # how a batch script starts its ranks
+#: shell words of the torchrun line that the batch script expands when it runs
+_EXPANDED = {f'"$MASTER_ADDR:{commands.TORCHRUN_PORT}"', '"$SLURM_JOB_ID"'}
+
+
+def torchrun_lines(program: Sequence[str], *, nodes: int, tasks_per_node: int) -> str:
+    """The batch script's lines for ``--launcher torchrun``: the first node's name, then
+    one torchrun per node through srun. ``--ntasks``: srun would otherwise take the
+    allocation's task count from SLURM_NTASKS and ignore ``--ntasks-per-node=1``;
+    ``--cpus-per-task``: the step's one task per node gets the CPUs of the node's
+    ``tasks_per_node`` tasks (else Slurm gives it one CPU, and where it confines tasks,
+    every worker of the node shares that one); ``--kill-on-bad-exit``: a node that fails
+    ends the others, as torchrun ends its own workers."""
+    argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={tasks_per_node}", "--kill-on-bad-exit=1",
+            *commands.torchrun(tasks_per_node, program, nnodes=nodes, rendezvous=[
+                "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f'"$MASTER_ADDR:{commands.TORCHRUN_PORT}"', "--rdzv-id", '"$SLURM_JOB_ID"'])]
+    # sed, not head -n1: under pipefail, head exiting first can fail scontrol with SIGPIPE
+    # on a long node list, and set -e would then end the script
+    return ('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)\n'
+            + " ".join(w if w in _EXPANDED else shlex.quote(w) for w in argv))
 
 
 def batch_script(program: Sequence[str], *, nodes: int, tasks_per_node: int,
@@ -32,17 +61,22 @@ def batch_script(program: Sequence[str], *, nodes: int, tasks_per_node: int,
     if launcher not in SLURM_LAUNCHERS:
         raise ValueError(f"launcher must be one of {', '.join(SLURM_LAUNCHERS)}, got {launcher!r}")
     ntasks = nodes * tasks_per_node
-    if launcher == "srun":
-        argv = commands.srun(ntasks, program, nodes=nodes, ntasks_per_node=tasks_per_node,
-                             mpi=mpi)
+    if launcher == "torchrun":
+        try:
+            command = torchrun_lines(program, nodes=nodes, tasks_per_node=tasks_per_node)
+        except ValueError as e:
+            raise ValueError(f"--launcher torchrun: {e}") from None
+    elif launcher == "srun":
+        command = shlex.join(commands.srun(ntasks, program, nodes=nodes,
+                                           ntasks_per_node=tasks_per_node, mpi=mpi))
     else:  # Open MPI reads the allocation; no host file, no oversubscription
-        argv = commands.mpirun(ntasks, program, oversubscribe=False)
+        command = shlex.join(commands.mpirun(ntasks, program, oversubscribe=False))
     extra = [f"#SBATCH --partition={partition}"] if partition else []
     extra += [f"#SBATCH --account={account}"] if account else []
     return TEMPLATE.read_text().format(
         nodes=nodes, tasks_per_node=tasks_per_node, launcher=launcher, job_name=job_name,
         time_limit=time_limit, log=log, extra_sbatch="\n".join(extra),
-        workdir=shlex.quote(workdir or str(Path.cwd())), command=shlex.join(argv))
+        workdir=shlex.quote(workdir or str(Path.cwd())), command=command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="Give the program after --.")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--tasks-per-node", type=int, required=True)
-    p.add_argument("--launcher", choices=SLURM_LAUNCHERS, default="srun")
+    p.add_argument("--launcher", choices=SLURM_LAUNCHERS, default="srun",
+                   help="how ranks start: srun --mpi=pmix (default), mpirun, or torchrun (one "
+                        "per node through srun, c10d rendezvous on the first node)")
     p.add_argument("--time", dest="time_limit", default="01:00:00")
     p.add_argument("--job-name", default="commbench")
     p.add_argument("--partition")

@@ -30,6 +30,28 @@ def engine_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("commbench-transfer")]
 
 
+def check_refusal(comm, engine: TransferEngine, path: str, bad: list[str]) -> None:
+    """A transfer the backend refuses re-raises from ``test`` and ``wait``; the next runs."""
+    n, r = comm.size, comm.rank
+    dtype, words = REFUSED[comm.name.split("-")[0]]
+    failed = engine.submit(torch.zeros(4, dtype=dtype))
+    after = engine.submit(torch.ones(5) * (r + 1))
+    try:
+        failed.wait()
+        bad.append(f"{path}: wait() on a refused transfer raised nothing")
+    except REFUSALS as e:
+        if not any(w in str(e) for w in words):
+            bad.append(f"{path}: wait() raised an unrelated error: {e}")
+    try:
+        failed.test()
+        bad.append(f"{path}: test() on a refused transfer raised nothing")
+    except REFUSALS:
+        pass
+    after.wait()
+    if not torch.equal(after.tensor, torch.full((5,), float(n * (n + 1) // 2))):
+        bad.append(f"{path}: the transfer after a failed one has the wrong sum")
+
+
 def check_path(comm, path: str, bad: list[str]) -> None:
     n, r = comm.size, comm.rank
     engine = TransferEngine(comm, path)
@@ -52,22 +74,8 @@ def check_path(comm, path: str, bad: list[str]) -> None:
         if i and t.start < transfers[i - 1].end:
             bad.append(f"{path}: transfer {i} started before transfer {i - 1} ended")
     # an error in a transfer reaches the owner's thread; the engine goes on
-    failed = engine.submit(torch.zeros(4, dtype=torch.complex64))
-    after = engine.submit(torch.ones(5) * (r + 1))
-    try:
-        failed.wait()
-        bad.append(f"{path}: wait() on a refused transfer raised nothing")
-    except ValueError as e:
-        if "complex" not in str(e):
-            bad.append(f"{path}: wait() raised an unrelated error: {e}")
-    try:
-        failed.test()
-        bad.append(f"{path}: test() on a refused transfer raised nothing")
-    except ValueError:
-        pass
-    after.wait()
-    if not torch.equal(after.tensor, torch.full((5,), float(n * (n + 1) // 2))):
-        bad.append(f"{path}: the transfer after a failed one has the wrong sum")
+    if (comm.name.split("-")[0], path) not in UNCHECKED:
+        check_refusal(comm, engine, path, bad)
     thread = engine.thread
     engine.close()
     engine.close()  # a second close does nothing
@@ -83,6 +91,17 @@ def check_path(comm, path: str, bad: list[str]) -> None:
         eng.submit(x).wait()
     if engine_threads() or not torch.equal(x, torch.full((3,), float(n * (n + 1) // 2))):
         bad.append(f"{path}: the context manager's engine is wrong or left its thread")
+
+
+#: a dtype each backend refuses on every rank alike before any message (mpi: no complex op;
+#: torch: Gloo has no uint16), and words its error says
+REFUSED = {"mpi": (torch.complex64, ("complex",)),
+           "torch": (torch.uint16, ("Invalid scalar type",))}
+#: (backend, path) whose refusal is not checked, and why: on torch the ring refuses uint16
+#: only at its first addition, with its later messages posted and never matched, whose
+#: waiting threads then end the process at exit
+UNCHECKED = {("torch", "ring")}
+REFUSALS = (ValueError, RuntimeError, NotImplementedError)
 
 
 def main() -> int:
