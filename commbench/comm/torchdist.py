@@ -168,8 +168,8 @@ class _WorkHandle(Handle):
     completed handle means finished work, not work ordered before later kernels.
 
     ``wait_thread``: the work says it is complete only from inside its ``wait`` (Gloo's
-    sends, receives and reduce-scatter: ``is_completed`` stays False until then, so a ring that tests
-    its messages between sleeps waited forever on 2 ranks). The first ``test`` then
+    sends, receives and reduce-scatter: ``is_completed`` stays False until then, so a
+    ring that tests its messages between sleeps waited forever on 2 ranks). The first ``test`` then
     starts a thread that waits for it, and later ones ask whether that thread is done;
     a handle only ever waited for needs no thread. One thread per tested message, not
     one for all: a message behind another in one queue could not be seen to complete
