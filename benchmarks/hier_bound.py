@@ -23,11 +23,19 @@ per algorithm:
   Where the two-level algorithms run pipelined (``hier_segments`` > 1), each
   phase is its span from first segment to last, and the spans overlap.
 
+With ``--launchers mpirun,torchrun`` every case runs once per launcher, each its own
+job: under torchrun the tools take the torch backend on Gloo, so ``native`` is Gloo's
+all-reduce and ``ring`` the project's ring on Gloo's point-to-point messages, beside
+Open MPI's native and the ring on MPI; rows name their backend, and "vs ring" / "vs
+native" compare within a backend.
+
 Run it from the repository root, as root, with nothing else running::
 
     python -m benchmarks.hier_bound               # ~6 min on 2 cores
     python -m benchmarks.hier_bound --dry-run
     python -m benchmarks.hier_bound --cases 2x4@200mbit@16M --iters 10
+    python -m benchmarks.hier_bound --cases 2x2@1gbit@64M --launchers mpirun,torchrun \
+        --algos native,ring
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from commbench import hostload
 from commbench.flags import csv_list, parse_size
 from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
+from launch.commands import LAUNCHERS
 
 DEFAULT_CASES = "2x1@1gbit@64M,2x2@1gbit@64M,2x4@1gbit@64M,2x4@200mbit@16M"
 ALGOS = ("native", "ring", "hier", "hier-leader")
@@ -88,7 +97,7 @@ def case_link_bytes(algo: str, case: Case) -> float:
     return link_bytes(algo, case.size, case.nodes * case.slots, case.nodes, case.slots)
 
 
-TABLE = [Column("algo", "", 11), Column("time", "ms", 9, ".1f"),
+TABLE = [Column("algo", "", 11), Column("backend", "", 10), Column("time", "ms", 9, ".1f"),
          Column("link bytes", "MB", 10, ".1f"), Column("bound", "ms", 9, ".1f"),
          Column("link eff", "", 8, ".3f"), Column("vs ring", "", 7, ".3f"),
          Column("vs native", "", 9, ".3f"), Column("phase 1", "ms", 8, ".1f"),
@@ -97,28 +106,32 @@ TABLE = [Column("algo", "", 11), Column("time", "ms", 9, ".1f"),
 
 
 def case_rows(case: Case, recs: list[dict]) -> tuple[list[list], str, list[str]]:
-    """Table rows of one case, the link rate seen, and the phase names per algorithm."""
-    by = {r["algo"]: r for r in recs if r["size"] == case.size}
-    gbps = next((r.get("link_gbps") for r in by.values() if r.get("link_gbps")), None)
-    t = {a: r["time_us"]["avg"] / 1e6 for a, r in by.items()}
+    """Table rows of one case (per backend, per algorithm), the link rate seen, and the
+    phase names per algorithm."""
+    recs = [r for r in recs if r["size"] == case.size]
+    gbps = next((r.get("link_gbps") for r in recs if r.get("link_gbps")), None)
     rows, names = [], []
-    for algo in ALGOS:
-        if algo not in by:
-            continue
-        nbytes = case_link_bytes(algo, case)
-        bound = nbytes * 8 / (gbps * 1e9) if gbps and nbytes else None
-        phases = list((by[algo].get("phases_us") or {}).items())
-        if phases:
-            segs = by[algo].get("hier_segments")
-            how = f" (pipelined in {segs} segments: spans overlap)" if (segs or 1) > 1 else ""
-            names.append(f"{algo}{how}: " + ", ".join(k for k, _ in phases))
-        ph = [v / 1e3 for _, v in phases] + [None] * (3 - len(phases))
-        rows.append([algo, t[algo] * 1e3, nbytes / 1e6, bound * 1e3 if bound else None,
-                     bound / t[algo] if bound else None,
-                     t[algo] / t["ring"] if "ring" in t else None,
-                     t[algo] / t["native"] if "native" in t else None, *ph[:3],
-                     by[algo]["wrong"]])
-    return rows, f"{gbps:.3f}" if gbps else "not measured", names
+    for backend in dict.fromkeys(r["backend"] for r in recs):
+        by = {r["algo"]: r for r in recs if r["backend"] == backend}
+        t = {a: r["time_us"]["avg"] / 1e6 for a, r in by.items()}
+        for algo in ALGOS:
+            if algo not in by:
+                continue
+            nbytes = case_link_bytes(algo, case)
+            bound = nbytes * 8 / (gbps * 1e9) if gbps and nbytes else None
+            phases = list((by[algo].get("phases_us") or {}).items())
+            if phases:
+                segs = by[algo].get("hier_segments")
+                how = f" (pipelined in {segs} segments: spans overlap)" if (segs or 1) > 1 \
+                    else ""
+                names.append(f"{algo} [{backend}]{how}: " + ", ".join(k for k, _ in phases))
+            ph = [v / 1e3 for _, v in phases] + [None] * (3 - len(phases))
+            rows.append([algo, backend, t[algo] * 1e3, nbytes / 1e6,
+                         bound * 1e3 if bound else None, bound / t[algo] if bound else None,
+                         t[algo] / t["ring"] if "ring" in t else None,
+                         t[algo] / t["native"] if "native" in t else None, *ph[:3],
+                         by[algo]["wrong"]])
+    return rows, f"{gbps:.3f}" if gbps else "not measured", list(dict.fromkeys(names))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NODESxRANKS@RATE@SIZE[,...]")
     p.add_argument("--algos", type=csv_list(ALGOS, "--algos"), default=list(ALGOS),
                    help="algorithms, comma-separated")
+    p.add_argument("--launchers", type=csv_list(LAUNCHERS, "--launchers"), default=["mpirun"],
+                   help="launchers, one job each per case: mpirun (MPI), torchrun (the torch "
+                        "backend on Gloo), horovodrun")
     p.add_argument("--iters", type=int, default=5, help="timed all-reduces per algorithm")
     p.add_argument("--warmup", type=int, default=2)
     add_output_flags(p, "hier-bound")
@@ -136,12 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan(args: argparse.Namespace) -> list[ToolJob]:
-    """One microbenchmark job per case."""
-    return [ToolJob(case.stem, MicroConfig(minbytes=case.size, maxbytes=case.size,
+    """One microbenchmark job per case and launcher."""
+    several = len(args.launchers) > 1
+    return [ToolJob(f"{case.stem}-{launcher}" if several else case.stem, MicroConfig(minbytes=case.size, maxbytes=case.size,
                                            algos=list(args.algos), iters=args.iters,
                                            warmup_iters=args.warmup, quiet=True),
-                    case.nodes, case.slots, case.rate, timeout_s=JOB_TIMEOUT_S)
-            for case in args.cases]
+                    case.nodes, case.slots, case.rate, launcher=launcher,
+                    timeout_s=JOB_TIMEOUT_S)
+            for case in args.cases for launcher in args.launchers]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,11 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     if done is None:
         return 0
     outdir = done.outdir
-    for case, job in zip(args.cases, jobs):
-        recs = records(done.output(job), "microbench")
+    per_case = len(args.launchers)
+    for i, case in enumerate(args.cases):
+        recs = [r for job in jobs[i * per_case:(i + 1) * per_case]
+                for r in records(done.output(job), "microbench")]
         rows, gbps, names = case_rows(case, recs)
         host = hostload.footer_lines([r for r in recs if r["size"] == case.size],
-                                     lambda r: r["algo"],
+                                     lambda r: f"{r['algo']} [{r['backend']}]",
                                      next((r["dilation"] for r in recs if "dilation" in r), 1))
         print(format_table(TABLE, rows, title=f"hier_bound  {case.label}  link {gbps} Gbit/s",
                            footer=[*[f"phases {n}" for n in names], *host,
