@@ -154,12 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
 def plan(args: argparse.Namespace) -> list[ToolJob]:
     """One microbenchmark job per case and launcher."""
     several = len(args.launchers) > 1
-    return [ToolJob(f"{case.stem}-{launcher}" if several else case.stem, MicroConfig(minbytes=case.size, maxbytes=case.size,
-                                           algos=list(args.algos), iters=args.iters,
-                                           warmup_iters=args.warmup, quiet=True),
-                    case.nodes, case.slots, case.rate, launcher=launcher,
-                    timeout_s=JOB_TIMEOUT_S)
-            for case in args.cases for launcher in args.launchers]
+    config = [MicroConfig(minbytes=case.size, maxbytes=case.size, algos=list(args.algos),
+                          iters=args.iters, warmup_iters=args.warmup, quiet=True)
+              for case in args.cases]
+    return [ToolJob(f"{case.stem}-{launcher}" if several else case.stem, cfg, case.nodes,
+                    case.slots, case.rate, launcher=launcher, timeout_s=JOB_TIMEOUT_S)
+            for case, cfg in zip(args.cases, config) for launcher in args.launchers]
 
 
 def main(argv: list[str] | None = None) -> int:
