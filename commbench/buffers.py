@@ -66,9 +66,11 @@ class BufferSync:
         for b in buffers:
             by_dtype.setdefault(b.dtype, []).append(b)
         self.groups: list[list[torch.Tensor]] = list(by_dtype.values())
-        # One flat host buffer per dtype: one broadcast instead of one per tensor
-        # (ResNet-50 has 53 BatchNorm layers, 159 buffers).
-        self._flat = [FlatBuffer(group, device="cpu") for group in self.groups] \
+        # One flat buffer per dtype: one broadcast instead of one per tensor (ResNet-50 has
+        # 53 BatchNorm layers, 159 buffers); in host memory, or on the buffers' device where
+        # the backend's collectives take device tensors (NCCL).
+        self._flat = [FlatBuffer(group, device=group[0].device if comm.device_collectives
+                                 else "cpu") for group in self.groups] \
             if self.broadcasts else []
         self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
 

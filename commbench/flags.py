@@ -255,6 +255,12 @@ class ToolConfig:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def tensor_device(self) -> str:
+        """Where the tensors the backend reduces live (``cpu``, ``cuda``): the torch
+        backend's ``--dist-backend auto`` picks NCCL for CUDA. Host memory unless a tool
+        says otherwise."""
+        return "cpu"
+
 
 #: flags only rank 0 acts on (where it writes, whether it prints): ranks may differ in them
 RANK0_ONLY_FIELDS = frozenset({"output", "output_dir", "quiet"})

@@ -22,6 +22,8 @@ def detect_backend(environ: dict[str, str] | None = None) -> str:
     the shell's ``_`` names horovodrun); plain mpirun does neither.
     """
     env = os.environ if environ is None else environ
+    if _torchrun(env):  # decisive: torchrun's workers may also see NCCL_SOCKET_IFNAME,
+        return "torch"  # an exported btl setting, or Slurm's PMIx variables
     if "HOROVOD_RANK" in env or "HOROVOD_CONTROLLER" in env:
         return "horovod"
     if env.get("_", "").endswith("horovodrun"):
@@ -33,6 +35,11 @@ def detect_backend(environ: dict[str, str] | None = None) -> str:
     return "mpi"
 
 
+def _torchrun(env) -> bool:
+    """Started by torchrun: its elastic agent names the run in every worker."""
+    return "TORCHELASTIC_RUN_ID" in env and all(k in env for k in TORCHRUN_VARS)
+
+
 def _under_mpi(env) -> bool:
     return any(k in env for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
 
@@ -42,8 +49,7 @@ def launcher_name(environ: dict[str, str] | None = None) -> str:
     ``horovodrun``, ``mpirun``, ``srun`` or ``none`` (one process on its own); records
     carry it (the ``launcher`` matching field)."""
     env = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" in env or (all(k in env for k in TORCHRUN_VARS)
-                                        and not _under_mpi(env)):
+    if detect_backend(env) == "torch":
         return "torchrun"
     if detect_backend(env) == "horovod":
         return "horovodrun"
@@ -57,7 +63,8 @@ def launcher_name(environ: dict[str, str] | None = None) -> str:
 def launcher_rank(environ: dict[str, str] | None = None) -> int:
     """This process's rank as the launcher told it, without initialising any library."""
     env = os.environ if environ is None else environ
-    for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK", "RANK",
+    first = ("RANK",) if _torchrun(env) else ()  # a torchrun worker under srun: torchrun's
+    for k in (*first, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK", "RANK",
               "SLURM_PROCID"):
         if k in env:
             try:

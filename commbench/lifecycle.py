@@ -137,6 +137,16 @@ def report_bad_input(prog: str, message: str) -> None:
     sys.stderr.flush()
 
 
+def _why_on_host(cfg: ToolConfig) -> str:
+    """Why ``cfg``'s tensors are in host memory, for a message (empty where the reason is
+    plain: ``--device cpu``)."""
+    if getattr(cfg, "workload", None) == "synthetic":  # flagged only where a workload is
+        return " (--workload synthetic replays compute and keeps its gradients there)"
+    if not hasattr(cfg, "device"):  # a tool without --device (ps, staleness)
+        return " (this tool keeps its tensors there)"
+    return ""
+
+
 def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> str:
     """The backend ``cfg`` runs on (``--backend``, or what the launcher implies), checked
     before any library starts: the torch backend needs torchrun's rendezvous, and its
@@ -144,11 +154,16 @@ def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> st
     torch backend. A ConfigError names the flag."""
     env = os.environ if environ is None else environ
     backend = detect_backend(dict(env)) if cfg.backend == "auto" else cfg.backend
-    dist_backend = getattr(cfg, "dist_backend", "auto")
+    dist_backend = cfg.dist_backend
     if backend == "torch" or dist_backend != "auto":
         from commbench.comm.torchdist import dist_library  # torch.distributed: only here
+        device = torch.device(cfg.tensor_device())
+        if dist_backend == "nccl" and device.type != "cuda":
+            raise ConfigError(f"--dist-backend nccl reduces CUDA tensors only, and this "
+                              f"job's are in host memory{_why_on_host(cfg)}: use "
+                              "--dist-backend gloo")
         try:
-            dist_library(dist_backend, torch.device(getattr(cfg, "device", "cpu") or "cpu"))
+            dist_library(dist_backend, device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     if backend != "torch":
@@ -165,6 +180,11 @@ def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> st
                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
                           "set: start the job with torchrun (torchrun --nproc-per-node N -m "
                           "commbench.<tool>), or set them as torchrun does")
+    gpus = torch.cuda.device_count() if cfg.tensor_device() == "cuda" else 0
+    if gpus and env["LOCAL_RANK"].isdigit() and int(env["LOCAL_RANK"]) >= gpus:
+        raise ConfigError(f"--device cuda: LOCAL_RANK {env['LOCAL_RANK']} has no GPU of its own "
+                          f"(this node shows {gpus}): start at most {gpus} ranks per node "
+                          f"(torchrun --nproc-per-node {gpus})")
     return backend
 
 
@@ -185,8 +205,7 @@ def run_job(prog: str, argv: list[str] | None,
         before_init(cfg)
     step_timeout = cfg.step_timeout
     watchdog.horovod_stall_env(step_timeout)  # read by hvd.init, so before the backend
-    comm = make_communicator(backend, getattr(cfg, "dist_backend", "auto"),
-                             getattr(cfg, "device", "cpu") or "cpu")
+    comm = make_communicator(backend, cfg.dist_backend, cfg.tensor_device())
     try:
         check_agreement(comm, cfg)
         check(comm, cfg)

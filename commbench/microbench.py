@@ -165,6 +165,13 @@ class MicroConfig(ToolConfig):
                             "torchrun where CUDA is here (--dist-backend auto or nccl), else "
                             "cpu")
 
+    def tensor_device(self) -> str:
+        """Where the buffers live, for the torch backend's choice of library: ``auto`` is a
+        GPU where CUDA is here (the backend then picks NCCL), else the flag's device."""
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
 
@@ -220,20 +227,23 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
     return cfg
 
 
-def resolve_device(cfg: MicroConfig, backend: str, cuda: bool) -> None:
-    """``--device auto`` made concrete, and a device the backend cannot reduce on refused:
-    only the torch backend's NCCL takes device tensors here (``cuda``: whether CUDA is)."""
+def resolve_device(cfg: MicroConfig, backend: str, cuda: bool) -> str:
+    """Where the buffers will live (``--device auto``: a GPU under the torch backend on NCCL
+    where CUDA is here, else host memory); a device the backend cannot reduce on is
+    refused: only the torch backend's NCCL takes device tensors (``cuda``: whether CUDA
+    is here). ``cfg`` keeps the flag as given, so a planned job reads back the same."""
     nccl_possible = backend == "torch" and cfg.dist_backend in ("auto", "nccl")
     if cfg.device == "auto":
-        cfg.device = "cuda" if cuda and nccl_possible else "cpu"
+        return "cuda" if cuda and nccl_possible else "cpu"
     if cfg.device != "cuda":
-        return
+        return cfg.device
     if not cuda:
         raise ConfigError("--device cuda: no CUDA device here")
     if not nccl_possible:
         raise ConfigError(f"--device cuda: the {backend} backend reduces host memory here; "
                           "device buffers need the torch backend on NCCL (torchrun, "
                           "--dist-backend nccl or auto)")
+    return "cuda"
 
 
 def check_horovod_beside(backend: str) -> None:
@@ -402,8 +412,7 @@ def validate(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor) -> int
 def comm_device(comm: Communicator) -> torch.device:
     """Where the buffers live: the communicator's device where its collectives take device
     tensors (NCCL: this rank's GPU), else host memory."""
-    return getattr(comm, "device", torch.device("cpu")) if comm.device_collectives \
-        else torch.device("cpu")
+    return comm.device if comm.device_collectives else torch.device("cpu")
 
 
 TIME_W = 10

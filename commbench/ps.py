@@ -2,7 +2,8 @@
 
 Rank 0 serves (holds the parameters and the optimizer), every other rank
 works; the loops are ``commbench.paramserver``. Launch it under mpirun (or
-horovodrun --mpi: it needs point-to-point messages) with at least 2 ranks::
+horovodrun --mpi, or torchrun on Gloo: it needs point-to-point messages received from
+any rank) with at least 2 ranks::
 
     mpirun -np 4 python -m commbench.ps                                 # ResNet-50 gradients
     mpirun -np 4 python -m commbench.ps --workload real --model smallcnn \\
@@ -65,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                description="Train with a parameter server on rank 0 and workers on the other "
                            "ranks that push gradients and pull parameters without waiting for "
                            "each other; report staleness, throughput and the server's load. "
-                           "Run it under mpirun with at least 2 ranks.",
+                           "Run it under mpirun (or torchrun) with at least 2 ranks.",
                epilog="examples:\n  mpirun -np 4 python -m commbench.ps\n"
+                      "  torchrun --nproc-per-node 4 -m commbench.ps\n"
                       "  mpirun -np 4 python -m commbench.ps --workload real --model smallcnn "
                       "--dataset digits --image-size 32 --lr 0.01")
     g = p.add_argument_group("parameter server")
@@ -122,6 +124,11 @@ def write_steps(run: Run, per_worker: list, losses: list) -> None:
         run.record_step([s[k] for s in per_worker], [w[k] for w in losses], amend)
 
 
+#: how each backend moves the server's messages (records' ``transport``)
+TRANSPORTS = {"mpi": "mpi4py Send/Recv", "horovod": "mpi4py Send/Recv (Horovod's MPI)",
+              "torch": "torch.distributed send/recv (Gloo)"}
+
+
 def write_records(out: Output, cfg: PSConfig, workload, gathered: list) -> dict:
     """Rank 0: the step, update and summary records from every rank's ``PSResult`` (and
     the server's extras); return the summary."""
@@ -130,7 +137,8 @@ def write_records(out: Output, cfg: PSConfig, workload, gathered: list) -> dict:
     run = out.run(run_fields(strategy="ps", algo=None, workload=workload, knobs={
         "servers": 1, "workers": workers, "staleness_lr": cfg.staleness_lr,
         "lr_per_update": cfg.lr / workers, "compression": cfg.compression,
-        "transport": "mpi4py Send/Recv", "accum_steps": 1}))
+        "transport": TRANSPORTS.get(out.comm.name.split("-")[0], out.comm.name),
+        "accum_steps": 1}))
     write_steps(run, [g[0].samples for g in gathered[1:]], [g[0].losses for g in gathered[1:]])
     for u in server.updates:
         run.write("update", u)

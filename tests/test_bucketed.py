@@ -73,6 +73,7 @@ class _Comm:
 
     size = 1
     rank = 0
+    device_collectives = False  # host buffers, as MPI's
 
     def __init__(self, tests_needed: int = 2) -> None:
         self.issued: list[int] = []  # numel of each buffer, in issue order
@@ -127,7 +128,7 @@ def test_poll_records_the_real_in_flight_interval():
                          "bucket_bytes": [40, 40, 40],
                          "collective": "iallreduce", "progress": "poll",
                          "transfer_path": None, "compression": "none",
-                         "cast_dtype": "float32"}
+                         "cast_dtype": "float32", "staging": None, "comm_device": "cpu"}
 
 
 def test_finish_waits_for_what_progress_did_not_see_complete_and_takes_unannounced_grads():

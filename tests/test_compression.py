@@ -64,7 +64,8 @@ def test_compressed_buffers_carry_half_the_bytes():
 
     import torch
 
-    one = types.SimpleNamespace(rank=0, size=1)  # construction reduces nothing
+    one = types.SimpleNamespace(rank=0, size=1,
+                                device_collectives=False)  # construction reduces nothing
     grads = [torch.zeros(10), torch.zeros(5, 2)]
     for comp, nbytes in (("none", 80), ("fp16", 40), ("bf16", 40)):
         s = make_strategy("bucketed", one, grads, bucket_mb=0, compression=comp)

@@ -139,7 +139,7 @@ def test_bucket_mb_reaches_the_buckets_by_field_name(tmp_path):
     assert settings.bucket_mb == 0.001 and settings.broadcast_buffers
 
     class One:  # a one-rank communicator: the buckets are formed, nothing is sent
-        rank, size, name, supports_p2p = 0, 1, "one", True
+        rank, size, name, supports_p2p, device_collectives = 0, 1, "one", True, False
 
     grads = [torch.zeros(1000) for _ in range(3)]  # 4000 B each, cap 1048 B: one per bucket
     with make_strategy("bucketed", One(), grads, settings) as s:

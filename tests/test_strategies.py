@@ -14,6 +14,7 @@ class _Comm:
     rank = 0
     supports_p2p = True
     runs_horovod = False
+    device_collectives = False
 
     def allreduce_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from analysis.costmodel import native_label
+from commbench import allreduce
 from commbench.comm.base import lacks_p2p
 from commbench.flags import ConfigError, ToolConfig
 from commbench.launchenv import detect_backend, launcher_name, launcher_rank
@@ -37,6 +38,12 @@ def test_torchruns_environment_selects_the_torch_backend():
     assert detect_backend({**TORCHRUN_ENV, "OMPI_COMM_WORLD_RANK": "1"}) == "mpi"
     assert launcher_name({"OMPI_COMM_WORLD_RANK": "0"}) == "mpirun"
     assert launcher_name({"HOROVOD_RANK": "0"}) == "horovodrun"
+    # torchrun's own mark wins over what else the workers see: NCCL_SOCKET_IFNAME with an
+    # exported btl setting (horovodrun's sign), Slurm's PMIx rank under srun
+    elastic = {**TORCHRUN_ENV, "TORCHELASTIC_RUN_ID": "7", "NCCL_SOCKET_IFNAME": "eth0",
+               "OMPI_MCA_btl_tcp_if_include": "eth0", "PMIX_RANK": "0"}
+    assert (detect_backend(elastic), launcher_name(elastic), launcher_rank(elastic)) == \
+        ("torch", "torchrun", 1)
     assert launcher_name({"SLURM_PROCID": "0"}) == "srun"
     assert launcher_name({}) == "none"
 
@@ -52,18 +59,21 @@ def test_backend_checks_before_any_library_starts():
     with pytest.raises(ConfigError, match="--dist-backend gloo chooses the torch backend's "
                                           "library.*mpi backend \\(under mpirun\\)"):
         job_backend(ToolConfig(dist_backend="gloo"), {"OMPI_COMM_WORLD_RANK": "0"})
+    # NCCL reduces device tensors: replayed compute's gradients, a tool's own host tensors
+    synthetic = allreduce.parse_config(["--device", "cpu", "--dist-backend", "nccl"])
+    with pytest.raises(ConfigError, match="--dist-backend nccl reduces CUDA tensors only, "
+                                          "and this job's are in host memory \\(--workload "
+                                          "synthetic"):
+        job_backend(synthetic, TORCHRUN_ENV)
+    with pytest.raises(ConfigError, match="in host memory \\(this tool keeps its tensors"):
+        job_backend(ToolConfig(dist_backend="nccl"), TORCHRUN_ENV)
 
 
 def test_device_buffers_need_nccl():
-    cfg = MicroConfig()
-    resolve_device(cfg, "torch", cuda=False)
-    assert cfg.device == "cpu"
-    cfg = MicroConfig()
-    resolve_device(cfg, "torch", cuda=True)
-    assert cfg.device == "cuda"
-    cfg = MicroConfig(dist_backend="gloo")
-    resolve_device(cfg, "torch", cuda=True)
-    assert cfg.device == "cpu"
+    assert resolve_device(MicroConfig(), "torch", cuda=False) == "cpu"
+    assert resolve_device(MicroConfig(), "torch", cuda=True) == "cuda"
+    assert resolve_device(MicroConfig(), "mpi", cuda=True) == "cpu"
+    assert resolve_device(MicroConfig(dist_backend="gloo"), "torch", cuda=True) == "cpu"
     with pytest.raises(ConfigError, match="--device cuda: the mpi backend reduces host memory"):
         resolve_device(MicroConfig(device="cuda"), "mpi", cuda=True)
     with pytest.raises(ConfigError, match="--device cuda: no CUDA device here"):

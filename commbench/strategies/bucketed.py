@@ -274,7 +274,10 @@ class BucketedStrategy(Strategy):
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
                 "collective": self._collective(), "progress": self.progress,
-                "transfer_path": self.transfer if self.progress == "thread" else None}
+                "transfer_path": self.transfer if self.progress == "thread" else None,
+                "staging": "pinned host buffers" if self.buckets and self.buckets[0].dev
+                is not None else None,
+                "comm_device": str(self.buckets[0].buffer.device) if self.buckets else None}
 
     def _collective(self) -> str:
         if self.progress == "poll":

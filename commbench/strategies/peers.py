@@ -167,6 +167,16 @@ def _gloo_group(comm: Communicator):
     return dist.group.WORLD
 
 
+def _device_event(t: torch.Tensor) -> Any:
+    """A CUDA event recorded now on ``t``'s device's current stream (timing with
+    ``elapsed_time``); None for a tensor in host memory."""
+    if t.device.type != "cuda":
+        return None
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record(torch.cuda.current_stream(t.device))
+    return ev
+
+
 class DDPStrategy(Strategy):
     name = "ddp"
     needs_model = True
@@ -209,11 +219,14 @@ class DDPStrategy(Strategy):
         self._bucket_starts: list[float] = []
         self._early = 0
         self._callbacks: weakref.WeakSet = weakref.WeakSet()
+        #: buckets reduced on a GPU this step: (hand-over time, its event, end event, bytes)
+        self._on_device: list[tuple[float, Any, Any, int]] = []
 
     def begin_step(self, timer) -> None:
         super().begin_step(timer)
         self._buckets = 0
         self._bucket_starts = []
+        self._on_device.clear()  # a validation pass's buckets are not a step's
 
     def _reduce(self, buf: torch.Tensor) -> torch.futures.Future:
         """Mean of ``buf`` over ranks, in place, as a future (DDP's default hook's arithmetic).
@@ -225,11 +238,15 @@ class DDPStrategy(Strategy):
         start = now()
         send = buf.to(self._cast) if self._cast is not None else buf
         send.div_(self.comm.size)
+        began = _device_event(buf)
         fut = self._dist.all_reduce(send, group=self.group, async_op=True).get_future()
         nbytes = send.numel() * send.element_size()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
-            self.timer.comm(start, now(), nbytes)
+            if began is None:
+                self.timer.comm(start, now(), nbytes)
+            else:  # NCCL: this runs once the kernel is queued; its end is read at finish
+                self._on_device.append((start, began, _device_event(buf), nbytes))
             out = f.value()[0]
             if out is not buf:
                 buf.copy_(out)
@@ -247,7 +264,13 @@ class DDPStrategy(Strategy):
         return contextlib.nullcontext() if last else self.ddp.no_sync()
 
     def finish(self) -> None:
-        """DDP has already synchronised inside backward."""
+        """DDP has already synchronised inside backward. Buckets reduced on a GPU are timed
+        from their hand-over to the end of their kernel, by their CUDA events (``_reduce``):
+        the interval the host saw plus the device's time from the hand-over's event."""
+        for start, began, ended, nbytes in self._on_device:
+            ended.synchronize()
+            self.timer.comm(start, start + began.elapsed_time(ended) / 1e3, nbytes)
+        self._on_device.clear()
         self._step_buckets = self._buckets
         last = self.workload.last_ready
         self._early = sum(1 for t in self._bucket_starts if t < last)

@@ -178,6 +178,11 @@ class WorkloadSpec:
         if self.input_shape is not None:
             self.input_shape = tuple(self.input_shape)
 
+    def tensor_device(self) -> str:
+        """Where the gradients live: the device a real workload trains on; replayed compute
+        keeps its gradients in host memory, whatever ``--device`` says."""
+        return self.device if self.workload == "real" and self.device != "auto" else "cpu"
+
     def sample_shape(self) -> tuple[int, ...]:
         """One input sample's shape: ``--input-shape``, else a 3-channel image of
         ``--image-size`` pixels a side."""
