@@ -183,12 +183,16 @@ def test_uneven_nodes_get_contiguous_ranks(tmp_path):
     in node order, contiguous per node (3 + 1 here: 0-2, then 3). Both "nodes" are this
     machine (localhost runs without ssh), each torchrun with its own node rank."""
     script = tmp_path / "ranks.py"
-    script.write_text("import os\nprint('rank', os.environ['RANK'], 'node',"
-                      " os.environ['GROUP_RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n")
-    argv = commands.launcher_argv("torchrun", 4, [PY, str(script)],
+    # each worker writes a file of its own: lines of 4 processes on one pipe interleaved
+    # once in a full-suite run (one rank's line lost)
+    script.write_text("import os, sys\ne = os.environ\n"
+                      "open(os.path.join(sys.argv[1], 'rank' + e['RANK']), 'w').write("
+                      "' '.join((e['RANK'], e['GROUP_RANK'], e['WORLD_SIZE'])))\n")
+    out = tmp_path / "ranks"
+    out.mkdir()
+    argv = commands.launcher_argv("torchrun", 4, [PY, str(script), str(out)],
                                   hosts="localhost:3,localhost:1")
     res = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    got = sorted(tuple(line.split()[1::2]) for line in res.stdout.splitlines()
-                 if line.startswith("rank"))
+    got = sorted(tuple(f.read_text().split()) for f in out.iterdir())
     assert got == [("0", "0", "4"), ("1", "0", "4"), ("2", "0", "4"), ("3", "1", "4")]
