@@ -47,6 +47,7 @@ from analysis.load import get, knob, num, stat
 from analysis.match import PROFILES, VERDICT_WORDS, profile_file
 from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, MB
 from commbench.buckets import assign_buckets as _assign_buckets
+from commbench.buckets import schedule as _schedule
 from commbench.hostload import is_link_bound
 
 FLOAT32_BYTES = 4  # profiles are recorded in float32
@@ -136,15 +137,12 @@ class Step:
 
 def schedule(full_s: Sequence[float], allreduce_s: Sequence[float], backward_s: float
              ) -> tuple[list[float], float]:
-    """Bucket end times and exposed sync: bucket ``k`` starts at ``max(full_k, end_{k-1})``
-    and holds the link ``allreduce_s[k]``; exposed = ``max(0, last end - backward_s)``."""
-    if len(full_s) != len(allreduce_s):
-        raise ModelError(f"{len(full_s)} bucket ready times but {len(allreduce_s)} durations")
-    ends, end = [], 0.0
-    for r, t in zip(full_s, allreduce_s):
-        end = max(r, end) + t
-        ends.append(end)
-    return ends, max(0.0, (ends[-1] if ends else 0.0) - backward_s)
+    """``commbench.buckets.schedule`` (the rule ``--bucket-mb auto`` chooses by); a length
+    mismatch is a ModelError."""
+    try:
+        return _schedule(full_s, allreduce_s, backward_s)
+    except ValueError as e:
+        raise ModelError(str(e)) from None
 
 
 def bucketed_step(prof: Profile, allreduce, bucket_mb: float = DEFAULT_BUCKET_MB,

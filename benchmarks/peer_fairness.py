@@ -1,48 +1,63 @@
-"""The project's bucketed against Horovod and DDP under the same replayed compute.
+"""The project's bucketed against Horovod and DDP, per model and layout, same replayed compute.
 
-Every job runs on an emulated cluster (default 2 nodes x 4 ranks, links
-shaped to 1 Gbit/s) that ``launch.sweep`` brings up and measures the link of,
-and replays the committed H200 ResNet-50 batch-256 profile scaled by
-``--compute-scale`` (default 20: backward ~1.6 s, about as long as flat's
-all-reduce of 102 MB over that link, so bucketing has something to hide
-behind; at scale 1 backward could hide only ~5 % of it and the comparison
-would rank all-reduce libraries instead). The jobs, one at a time:
+A sweep of cells: every model with a committed profile (``--models``: the
+H200 ResNet-18 b64, ResNet-50 b256 and ResNet-101 b64 profiles and the CPU
+GPT-tiny b32 transformer) on every layout (``--layouts``, default 2x1, 2x2,
+2x4), on an emulated cluster at ``--rate`` (default 1 Gbit/s) that
+``launch.sweep`` brings up and measures the link of. In each cell the
+profile's compute is scaled so that backward lasts ``--balance`` (default 1)
+times the gradient's link bound: the bytes a ring all-reduce moves through each
+node link (``analysis.costmodel.link_bytes``, ``ring``: what DDP's Gloo and the
+project's ring move; Rabenseifner's fewer bytes are a bound Open MPI's native
+was measured at half of) at the nominal rate. Then bucketing has something to
+hide behind; at the profiles' own speed backward could hide only a few per
+cent of the all-reduce and the comparison would rank all-reduce libraries instead.
 
-1. ``horovodrun``: ``--strategy flat,bucketed,horovod`` at 25 MB buckets, in
-   one job. Under ``horovodrun`` the project's flat and bucketed run on
-   Horovod's own all-reduce (the horovod backend; the transfer engine hands
-   each bucket to Horovod's background thread), so this compares bucketing
-   with one library underneath.
-2. ``mpirun``: ``--strategy flat,bucketed,ddp`` at 25 MB (the project's
-   strategies on Open MPI's all-reduce, DDP on Gloo). DDP runs here rather
-   than beside Horovod: with Horovod's MPI background thread spinning beside
-   Gloo's on 8 ranks sharing 2 cores, DDP's exposed sync was 2.3 s against
-   0.4 s under ``mpirun`` (one run each, quiet machine).
-3. ``mpirun``: ``--strategy bucketed`` at each other ``--sweep`` size; the
-   best bucketed of jobs 2-3 is compared too.
-4. ``mpirun``: ``--strategy flat,bucketed`` with ``--slow-rank`` (default
-   1:2): transfer should stay where job 2 had it and the straggler's extra
-   time show as the other ranks' wait.
+Two jobs per cell, one at a time:
 
-It prints one table: per run, step time, exposed sync, its wait and transfer
-parts (critical-path rank; a collective's transfer is the shortest duration
-over ranks, a rank's wait its own minus that), overlap, and the ratios of
-bucketed (25 MB and best of the sweep) to the best peer (Horovod or DDP) in
-step time and exposed sync, within each launcher's job. The load average is
-printed first (warning above 1.5).
+1. ``mpirun``: ``--strategy bucketed,ddp``: the project's bucketed on the mpi
+   backend (its transfer engine; ``--transfer`` as the tool's default unless
+   ``--transfer`` is given) against DDP on Gloo.
+2. ``horovodrun``: ``--strategy bucketed,horovod``: bucketed on the horovod
+   backend against ``hvd.DistributedOptimizer``. DDP runs apart: with
+   Horovod's background thread spinning beside Gloo's on ranks sharing 2
+   cores, DDP's exposed sync was 2.3 s against 0.4 s under ``mpirun``.
+
+``--bucket-mb`` (a size or ``auto``) is bucketed's; DDP keeps its own default
+cap (25 MB) whatever bucketed is given. Optional extra jobs: ``--sweep`` (more
+bucketed caps, mpirun) and ``--slow-rank R:F`` (flat and bucketed with a
+straggler, mpirun, on the first cell).
+
+Run it at a dilation the fidelity check calls link-bound (``--dilation 4``;
+``auto`` probes each cluster): 8 ranks share this machine's 2 cores.
+
+It prints one row per run (step, its spread, compute, exposed sync, comm per
+step, overlap, buckets, link efficiency = the gradient's link bound at the
+measured rate / comm per step, #wrong, the run's verdict), then per cell the
+ratios of bucketed to the best peer (the faster of DDP and Horovod in step
+time): step, exposed sync, and link efficiency; and whether the goals held
+(step <= 1.00, exposed sync <= 1.10, link efficiency >= 0.95). Bucketed is
+judged by its better launcher in the cell (each launcher's bucketed against its
+own job's peer is printed too). The load average is printed first (warning
+above 1.5).
 
 Run it from the repository root, as root, with nothing else measuring::
 
-    python -m benchmarks.peer_fairness                  # ~9 min on 2 cores (estimate)
-    python -m benchmarks.peer_fairness --dry-run        # the commands only
+    python -m benchmarks.peer_fairness --dilation 4          # ~50 min on 2 cores
+    python -m benchmarks.peer_fairness --models resnet50 --layouts 2x2 --dilation 4
+    python -m benchmarks.peer_fairness --dry-run             # the commands only
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from dataclasses import dataclass
 
+from analysis.costmodel import link_bytes
+from analysis.overlap import Profile, load_profile
 from benchmarks.cluster_jobs import (
     ROOT,
     ToolJob,
@@ -52,36 +67,97 @@ from benchmarks.cluster_jobs import (
     records,
 )
 from commbench.allreduce import Config
-from commbench.buckets import DEFAULT_BUCKET_MB
+from commbench.buckets import DEFAULT_BUCKET_MB, parse_bucket_mb
+from commbench.comm.engine import TRANSFER_PATHS
 from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
 from commbench.workloads.spec import slow_rank
+from launch.cluster import ClusterError, parse_rate
 
-JOB_TIMEOUT_S = 420.0
-PROFILE = "profiles/h200-resnet50-b256.json"
+JOB_TIMEOUT_S = 900.0
+#: emulated seconds of measured steps per run at least (a latency-bound model's steps last
+#: milliseconds: 4 of them are noise), in at most MAX_STEPS steps
+MEASURED_S, MAX_STEPS = 3.0, 200
+#: each model's committed profile and the batch it was recorded at
+PROFILES = {"resnet18": ("profiles/h200-resnet18-b64.json", 64),
+            "resnet50": ("profiles/h200-resnet50-b256.json", 256),
+            "resnet101": ("profiles/h200-resnet101-b64.json", 64),
+            "gpt-tiny": ("profiles/cpu-gpt-tiny-b32.json", 32)}
+PEERS = ("ddp", "horovod")
+#: the goals of a cell: bucketed / best peer
+STEP_GOAL, EXPOSED_GOAL, LINK_GOAL = 1.00, 1.10, 0.95
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    nodes: int
+    slots: int
+    profile: Profile
+    scale: float  # on the profile's times
+    bound_bytes: float  # the gradient's bytes through the busiest node link
+    steps: int  # measured steps: --steps, or more where steps are short
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} {self.nodes}x{self.slots}"
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.slots
+
+
+def cells(args: argparse.Namespace) -> list[Cell]:
+    gbit = parse_rate(args.rate)
+    if gbit is None:
+        raise SystemExit("error: --rate: the cells are balanced against the link, so the link "
+                         "must be shaped (e.g. 1gbit)")
+    out = []
+    for model in args.models:
+        prof = load_profile(ROOT / PROFILES[model][0])
+        for nodes, slots in args.layouts:
+            p = nodes * slots
+            b = link_bytes("ring", prof.grad_bytes, p, nodes, slots)
+            bound_s = b * 8 / (gbit * 1e9)
+            scale = args.balance * bound_s / prof.backward_s
+            # a step is about compute + the bound; at least MEASURED_S of measured steps
+            step_s = prof.compute_s * scale + bound_s
+            steps = max(args.steps, min(MAX_STEPS, math.ceil(MEASURED_S / step_s)))
+            out.append(Cell(model, nodes, slots, prof, round(scale, 3), b, steps))
+    return out
 
 
 def plan(args: argparse.Namespace) -> list[ToolJob]:
-    """The jobs of the module docstring, in its order."""
-    nodes, slots = args.layout
+    """Each cell's two jobs (module docstring), then the optional extra jobs."""
+    jobs = []
 
-    def job(name: str, launcher: str, strategies: list[str], bucket_mb: float = DEFAULT_BUCKET_MB,
-            straggler: tuple[int, float] | None = None) -> ToolJob:
-        cfg = Config(model="resnet50", compute_profile=str(ROOT / PROFILE),
-                     compute_scale=args.compute_scale, batch_size=256,
-                     strategies=strategies, algos=["native"],
-                     sync=StrategySettings(bucket_mb=bucket_mb), slow_rank=straggler,
-                     steps=args.steps, warmup=args.warmup, quiet=True)
-        return ToolJob(name, cfg, nodes, slots, args.rate, launcher, JOB_TIMEOUT_S)
+    def job(cell: Cell, name: str, launcher: str, strategies: list[str],
+            bucket_mb: float | str | None = None, straggler=None,
+            transfer: str | None = None) -> ToolJob:
+        path, batch = PROFILES[cell.model]
+        transfer = transfer or args.transfer
+        sync = StrategySettings(bucket_mb=args.bucket_mb if bucket_mb is None else bucket_mb,
+                                **({"transfer": transfer} if transfer else {}))
+        cfg = Config(model=cell.model, compute_profile=str(ROOT / path),
+                     compute_scale=cell.scale, batch_size=batch, strategies=strategies,
+                     algos=["native"], sync=sync, slow_rank=straggler, steps=cell.steps,
+                     warmup=args.warmup, quiet=True)
+        return ToolJob(f"{cell.name} {name}", cfg, cell.nodes, cell.slots, args.rate,
+                       launcher, JOB_TIMEOUT_S)
 
-    jobs = [job("horovodrun", "horovodrun", ["flat", "bucketed", "horovod"]),
-            job("mpirun", "mpirun", ["flat", "bucketed", "ddp"])]
-    jobs += [job(f"mpirun {mb:g} MB", "mpirun", ["bucketed"], mb)
-             for mb in args.sweep if mb != DEFAULT_BUCKET_MB]
+    all_cells = cells(args)
+    for cell in all_cells:
+        for launcher in args.launchers:
+            peer = "ddp" if launcher == "mpirun" else "horovod"
+            jobs.append(job(cell, launcher, launcher, ["bucketed", peer]))
+            jobs += [job(cell, f"{launcher} {mb}/{path}", launcher, ["bucketed"], mb,
+                         transfer=path) for mb, path in args.variants]
+        jobs += [job(cell, f"mpirun {mb:g} MB", "mpirun", ["bucketed"], mb)
+                 for mb in args.sweep]
     if args.slow_rank:
         r, f = args.slow_rank
-        jobs.append(job(f"mpirun slow {r}:{f:g}", "mpirun", ["flat", "bucketed"],
-                        straggler=args.slow_rank))
+        jobs.append(job(all_cells[0], f"mpirun slow {r}:{f:g}", "mpirun",
+                        ["flat", "bucketed"], straggler=args.slow_rank))
     return jobs
 
 
@@ -89,64 +165,117 @@ def ms(v: float | None) -> float | None:
     return None if v is None else v * 1e3
 
 
-TABLE = [Column("job", "", 16), Column("strategy", "", 9), Column("bucket", "MB", 6, ".0f"),
-         Column("step", "ms", 8, ".0f"), Column("p5", "ms", 7, ".0f"),
-         Column("p95", "ms", 7, ".0f"), Column("compute", "ms", 8, ".0f"),
-         Column("exposed", "ms", 8, ".0f"), Column("wait", "ms", 7, ".0f"),
-         Column("transfer", "ms", 8, ".0f"), Column("overlap", "", 7, ".3f"),
-         Column("link", "Gbit/s", 7, ".3f"), Column("#wrong", "", 6)]
+TABLE = [Column("job", "", 26), Column("strategy", "", 9), Column("cap", "MB", 5),
+         Column("buckets", "", 7), Column("step", "ms", 7, ".0f"), Column("p5", "ms", 6, ".0f"),
+         Column("p95", "ms", 6, ".0f"), Column("compute", "ms", 7, ".0f"),
+         Column("exposed", "ms", 7, ".0f"), Column("comm", "ms", 7, ".0f"),
+         Column("overlap", "", 7, ".3f"), Column("link eff", "", 8, ".3f"),
+         Column("#wrong", "", 6), Column("bound", "", 10)]
 
 
-def bucket_of(s: dict) -> float | None:
+def bucket_of(s: dict) -> str | None:
     k = s.get("knobs") or {}
-    return k.get("bucket_mb", k.get("bucket_cap_mb"))
+    mb = k.get("bucket_mb", k.get("bucket_cap_mb"))
+    if mb is None:
+        return None
+    return f"{mb:g}" + ("*" if k.get("bucket_mb_auto") else "")
 
 
-def row(job: ToolJob, s: dict) -> list:
+def buckets_of(s: dict) -> int | None:
+    k = s.get("knobs") or {}
+    return k.get("buckets", k.get("num_buckets"))
+
+
+def link_efficiency(cell: Cell, s: dict) -> float | None:
+    """The gradient's link bound at the measured link rate / comm per step."""
+    gbps, comm = s.get("link_gbps"), s.get("comm_s")
+    if not gbps or not comm:
+        return None
+    return cell.bound_bytes * 8 / (gbps * 1e9) / comm
+
+
+def row(cell: Cell, job: ToolJob, s: dict) -> list:
     st = s["stats"]
-    return [job.name, s["strategy"], bucket_of(s), ms(st["step_s"]["median"]),
+    bound = s.get("bound") or ""
+    return [job.name, s["strategy"], bucket_of(s), buckets_of(s), ms(st["step_s"]["median"]),
             ms(st["step_s"]["p5"]), ms(st["step_s"]["p95"]), ms(s["compute_s"]),
-            ms(s["exposed_sync_s"]), ms(s.get("sync_wait_s")), ms(s.get("sync_transfer_s")),
-            s.get("overlap"), s.get("link_gbps"), s.get("wrong")]
+            ms(s["exposed_sync_s"]), ms(s.get("comm_s")), s.get("overlap"),
+            link_efficiency(cell, s), s.get("wrong"), bound.split(" (")[0]]
 
 
-def ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.3f}" if a is not None and b else "n/a"
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
-def verdicts(by_job: dict[str, list[dict]]) -> list[str]:
-    """bucketed / best peer within each launcher's job, and the sweep's best bucketed."""
-    out = []
-    sweep = [s for name, ss in by_job.items() if name.startswith("mpirun") and "slow" not in name
-             for s in ss if s["strategy"] == "bucketed"]
-    best = min(sweep, key=lambda s: s["step_s"], default=None)
-    for name in ("horovodrun", "mpirun"):
-        ss = {s["strategy"]: s for s in by_job.get(name, [])}
-        peers = [ss[p] for p in ("horovod", "ddp") if p in ss]
-        if "bucketed" not in ss or not peers:
+def fmt(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.3f}"
+
+
+@dataclass
+class Verdict:
+    cell: str
+    step: float | None
+    exposed: float | None
+    link: float | None
+    lines: list[str]
+
+    @property
+    def met(self) -> dict[str, bool | None]:
+        def ok(r, goal, le=True):
+            return None if r is None else (r <= goal if le else r >= goal)
+        return {"step": ok(self.step, STEP_GOAL), "exposed": ok(self.exposed, EXPOSED_GOAL),
+                "link": ok(self.link, LINK_GOAL, le=False)}
+
+
+def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
+    """Bucketed against the best peer in one cell. ``runs`` maps each job's name within the
+    cell (``mpirun``, ``horovodrun``, ``mpirun auto/ring``, ...) to its summaries; the
+    verdict is on the launchers' own jobs (the flags given), variants get a line each
+    against their launcher's peer."""
+    peer_of = {name: s for name, ss in runs.items() for s in ss if s["strategy"] in PEERS}
+    lines, bucketed = [], []
+    for name, ss in runs.items():
+        b = next((s for s in ss if s["strategy"] == "bucketed"), None)
+        peer = peer_of.get(name.split(" ")[0])
+        if b is None:
             continue
-        bp = min(peers, key=lambda s: s["step_s"])
-        b = ss["bucketed"]
-        out.append(f"{name}: bucketed {DEFAULT_BUCKET_MB:g} MB / best peer "
-                   f"({bp['strategy']}): step {ratio(b['step_s'], bp['step_s'])}, exposed sync "
-                   f"{ratio(b['exposed_sync_s'], bp['exposed_sync_s'])}")
-        if name == "mpirun" and best is not None:
-            out.append(f"mpirun: best bucketed ({bucket_of(best):g} MB) / best peer "
-                       f"({bp['strategy']}): step {ratio(best['step_s'], bp['step_s'])}, "
-                       f"exposed sync {ratio(best['exposed_sync_s'], bp['exposed_sync_s'])}")
-    base = {s["strategy"]: s for s in by_job.get("mpirun", [])}
-    slow = [ss for name, ss in by_job.items() if "slow" in name]
+        if name in peer_of:
+            bucketed.append((name, b))
+        if peer is not None:
+            eff = ratio(link_efficiency(cell, b), link_efficiency(cell, peer))
+            lines.append(f"  {name}: bucketed (cap {bucket_of(b)} MB, {buckets_of(b)} "
+                         f"buckets) / {peer['strategy']}: step "
+                         f"{fmt(ratio(b['step_s'], peer['step_s']))}, exposed sync "
+                         f"{fmt(ratio(b['exposed_sync_s'], peer['exposed_sync_s']))}, link "
+                         f"efficiency {fmt(eff)}")
+    if not bucketed or not peer_of:
+        return Verdict(cell.name, None, None, None,
+                       [f"{cell.name}: a job failed: no verdict", *lines])
+    bl, b = min(bucketed, key=lambda x: x[1]["step_s"])
+    pl, p = min(peer_of.items(), key=lambda x: x[1]["step_s"])
+    v = Verdict(cell.name, ratio(b["step_s"], p["step_s"]),
+                ratio(b["exposed_sync_s"], p["exposed_sync_s"]),
+                ratio(link_efficiency(cell, b), link_efficiency(cell, p)), [])
+    marks = {k: "n/a" if m is None else ("met" if m else "NOT met") for k, m in v.met.items()}
+    v.lines = [f"{cell.name} (compute x {cell.scale:g}, {cell.steps} steps): bucketed ({bl}) "
+               f"/ best peer ({p['strategy']}, {pl}): step {fmt(v.step)} [{marks['step']}], "
+               f"exposed sync {fmt(v.exposed)} [{marks['exposed']}], link efficiency {fmt(v.link)} "
+               f"[{marks['link']}]", *lines]
+    return v
+
+
+def straggler_lines(by_job: dict[str, list[dict]], base: dict[str, dict]) -> list[str]:
+    out = []
+    slow = [ss for name, ss in by_job.items() if " slow " in name]
     for s in slow[0] if slow else []:
         b = base.get(s["strategy"])
         if b is None:
             continue
-        tr = ratio(s.get("sync_transfer_s"), b.get("sync_transfer_s"))
-        out.append(f"straggler, {s['strategy']}: transfer {tr}x the run without; most any "
-                   f"rank waited {ms(s.get('sync_wait_max_s')) or 0:.0f} ms vs "
-                   f"{ms(b.get('sync_wait_max_s')) or 0:.0f} ms without (imbalance "
-                   f"{ms(s.get('imbalance_s')) or 0:.0f} ms, straggler rank "
-                   f"{s.get('straggler_rank')}); without a straggler median wait / transfer = "
-                   f"{ratio(b.get('sync_wait_s'), b.get('sync_transfer_s'))}")
+        out.append(f"straggler, {s['strategy']}: transfer "
+                   f"{fmt(ratio(s.get('sync_transfer_s'), b.get('sync_transfer_s')))}x the run "
+                   f"without; most any rank waited {ms(s.get('sync_wait_max_s')) or 0:.0f} ms "
+                   f"(imbalance {ms(s.get('imbalance_s')) or 0:.0f} ms, straggler rank "
+                   f"{s.get('straggler_rank')})")
     return out
 
 
@@ -154,40 +283,102 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.peer_fairness",
                                 description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--layout", type=lambda t: layouts(t)[0], default=(2, 4),
-                   help="NODESxRANKS")
+
+    def models(text: str) -> list[str]:
+        out = [m.strip() for m in text.split(",") if m.strip()]
+        bad = [m for m in out if m not in PROFILES]
+        if bad or not out:
+            raise argparse.ArgumentTypeError(f"unknown model(s) {bad or text!r}; choose from "
+                                             f"{', '.join(PROFILES)}")
+        return out
+
+    def launchers(text: str) -> list[str]:
+        out = [x.strip() for x in text.split(",") if x.strip()]
+        if not out or set(out) - {"mpirun", "horovodrun"}:
+            raise argparse.ArgumentTypeError(f"{text!r}: mpirun, horovodrun or both")
+        return out
+
+    def bucket(text: str) -> float | str:
+        try:
+            return parse_bucket_mb(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    p.add_argument("--models", type=models, default=list(PROFILES),
+                   help=f"models by their committed profile: {', '.join(PROFILES)}")
+    p.add_argument("--layouts", type=layouts, default=[(2, 1), (2, 2), (2, 4)],
+                   help="NODESxRANKS,...")
+    p.add_argument("--launchers", type=launchers, default=["mpirun", "horovodrun"],
+                   help="mpirun (bucketed against DDP), horovodrun (against Horovod)")
     p.add_argument("--rate", default="1gbit", help="link rate per node (tc syntax)")
-    p.add_argument("--compute-scale", type=float, default=20.0,
-                   help=f"factor on {PROFILE}'s times")
-    p.add_argument("--sweep", type=lambda t: [float(x) for x in t.split(",")],
-                   default=[10.0, 25.0, 50.0], help="bucket sizes (MB) of the project's bucketed")
+    p.add_argument("--balance", type=float, default=1.0,
+                   help="backward / the gradient's link bound, by scaling the profile")
+    p.add_argument("--bucket-mb", type=bucket, default=DEFAULT_BUCKET_MB, metavar="MB|auto",
+                   help="bucketed's cap (DDP keeps its default)")
+    p.add_argument("--transfer", default=None,
+                   help="bucketed's transfer path (default: the tool's)")
+    def variants(text: str) -> list[tuple[float | str, str]]:
+        out = []
+        for v in (x.strip() for x in text.split(",") if x.strip()):
+            mb, _, path = v.partition("/")
+            if path not in TRANSFER_PATHS:
+                raise argparse.ArgumentTypeError(f"variant {v!r}: write CAP/PATH, PATH one of "
+                                                 f"{', '.join(TRANSFER_PATHS)}")
+            out.append((bucket(mb), path))
+        return out
+
+    p.add_argument("--variants", type=variants, default=[], metavar="CAP/PATH,...",
+                   help="more bucketed runs per cell and launcher, e.g. auto/ring,25/thread: "
+                        "a job each")
+    p.add_argument("--sweep", type=lambda t: [float(x) for x in t.split(",") if x.strip()],
+                   default=[], help="more bucketed caps (MB), an mpirun job each per cell")
     p.add_argument("--slow-rank", type=lambda t: slow_rank(t) if t else None,
-                   default=(1, 2.0), metavar="R:F",
-                   help="the straggler job's --slow-rank ('' for none)")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=2)
+                   default=None, metavar="R:F",
+                   help="an mpirun job of flat and bucketed with this straggler, first cell")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
     add_output_flags(p, "peer-fairness")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        all_cells = cells(args)
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     jobs = plan(args)
     t0 = time.monotonic()
     done = execute(jobs, args, "peer-fairness")
     if done is None:
         return 0
-    outdir = done.outdir
     by_job = {job.name: records(done.output(job), "summary") for job in jobs}
-    rows = [row(job, s) for job in jobs for s in by_job[job.name]]
-    n, s = args.layout
-    print(format_table(TABLE, rows, title=f"peer_fairness  {n} nodes x {s} ranks  links "
-                       f"{args.rate}  resnet50 {PROFILE} x {args.compute_scale:g}  "
-                       f"{args.steps} steps (+{args.warmup} warm-up)",
-                       footer=["medians over measured steps of the critical-path rank; wait + "
-                               "transfer explain exposed sync only where nothing overlapped",
-                               *verdicts(by_job),
-                               f"{time.monotonic() - t0:.0f} s; records: {outdir}"]))
+    rows, footer = [], []
+    verdicts = []
+    for cell in all_cells:
+        mine = [j for j in jobs if j.name.startswith(cell.name + " ")]
+        rows += [row(cell, j, s) for j in mine for s in by_job[j.name]]
+        runs = {j.name.removeprefix(cell.name + " "): by_job[j.name] for j in mine
+                if j.launcher in j.name and " MB" not in j.name and " slow " not in j.name}
+        verdicts.append(judge(cell, runs))
+        footer += verdicts[-1].lines
+    first = all_cells[0]
+    footer += straggler_lines(by_job, {s["strategy"]: s
+                                       for s in by_job.get(f"{first.name} mpirun", [])})
+    met = {k: sum(1 for v in verdicts if v.met[k]) for k in ("step", "exposed", "link")}
+    footer.append(f"goals met in {len(verdicts)} cells: step <= {STEP_GOAL:.2f} in "
+                  f"{met['step']}, exposed sync <= {EXPOSED_GOAL:.2f} in {met['exposed']}, "
+                  f"link efficiency >= {LINK_GOAL:.2f} in {met['link']}")
+    k = args.dilation or 1
+    print(format_table(TABLE, rows, title=f"peer_fairness  links {args.rate}  dilation {k}  "
+                       f"backward = {args.balance:g} x the gradient's link bound  "
+                       f"at least {args.steps} steps (+{args.warmup} warm-up)",
+                       footer=["medians over measured steps of the critical-path rank; cap * "
+                               "= chosen by --bucket-mb auto; Horovod's comm is an upper bound "
+                               "(first ready gradient to the end of synchronize)",
+                               *footer, f"{time.monotonic() - t0:.0f} s; records: "
+                               f"{done.outdir}"]))
     return 1 if done.failed else 0
 
 

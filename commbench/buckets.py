@@ -44,3 +44,78 @@ def assign_buckets(nbytes: Sequence[int], order: Sequence[int], cap_bytes: float
             buckets.append([i])
             size = nbytes[i]
     return buckets
+
+
+#: ``--bucket-mb auto``: the caps it chooses among (MB); the first bucket keeps its own cap
+AUTO = "auto"
+AUTO_CAPS_MB = (1.0, 2.0, 4.0, 8.0, 16.0, 25.0, 32.0, 64.0, 128.0, 256.0)
+
+
+def parse_bucket_mb(text: str | float) -> float | str:
+    """``--bucket-mb``'s value: a finite number of MB >= 0, or ``auto``."""
+    if isinstance(text, str) and text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        mb = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"--bucket-mb: {text!r} is neither a number of MB nor 'auto'") from None
+    if not 0 <= mb < float("inf"):
+        raise ValueError(f"--bucket-mb must be a finite number >= 0 or 'auto', got {text!r}")
+    return mb
+
+
+def schedule(full_s: Sequence[float], allreduce_s: Sequence[float], backward_s: float
+             ) -> tuple[list[float], float]:
+    """Bucket end times and exposed sync: bucket ``k`` starts at ``max(full_k, end_{k-1})``
+    (one transfer at a time, in order, as the transfer engine runs them) and holds the link
+    ``allreduce_s[k]``; exposed = ``max(0, last end - backward_s)``."""
+    if len(full_s) != len(allreduce_s):
+        raise ValueError(f"{len(full_s)} bucket ready times but {len(allreduce_s)} durations")
+    ends, end = [], 0.0
+    for r, t in zip(full_s, allreduce_s):
+        end = max(r, end) + t
+        ends.append(end)
+    return ends, max(0.0, (ends[-1] if ends else 0.0) - backward_s)
+
+
+def choose_cap(nbytes: Sequence[int], order: Sequence[int], ready_s: Sequence[float],
+               alpha_s: float, s_per_byte: float, first_cap_bytes: float | None = None,
+               dtypes: Sequence[object] | None = None,
+               caps_mb: Sequence[float] = AUTO_CAPS_MB) -> tuple[float, dict[float, float]]:
+    """The cap (MB) whose buckets end the all-reduce soonest after backward, and each
+    candidate's predicted exposed sync (s).
+
+    Gradient ``i`` is ready at ``ready_s[i]`` (any common origin: one step's stamps); a
+    bucket of ``b`` bytes holds the link ``alpha_s + s_per_byte * b`` (fitted to the
+    transfer path on this job's ranks); buckets run one at a time in order (``schedule``).
+    Smaller caps start the link earlier; each bucket pays ``alpha_s``. Among caps within
+    0.5 % of the best the largest wins (fewer collectives, less host work per step).
+    """
+    if len(ready_s) != len(nbytes):
+        raise ValueError(f"{len(ready_s)} ready times for {len(nbytes)} gradients")
+    if not caps_mb:
+        raise ValueError("no candidate caps")
+    backward = max(ready_s, default=0.0)
+    exposed: dict[float, float] = {}
+    for cap in caps_mb:
+        groups = assign_buckets(nbytes, order, cap * MB, dtypes, first_cap_bytes)
+        full = [max(ready_s[i] for i in g) for g in groups]
+        times = [alpha_s + s_per_byte * sum(nbytes[i] for i in g) for g in groups]
+        exposed[cap] = schedule(full, times, backward)[1]
+    best = min(exposed.values())
+    slack = 0.005 * (best + backward) + 1e-9
+    return max(c for c, e in exposed.items() if e <= best + slack), exposed
+
+
+def fit_line(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``seconds = alpha + beta * size`` over at least two distinct sizes;
+    alpha is clamped at 0 and beta must come out > 0 (else ValueError)."""
+    n = len(sizes)
+    if n != len(seconds) or len(set(sizes)) < 2:
+        raise ValueError("a line needs times at two sizes or more")
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    beta = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
+    if not beta > 0:
+        raise ValueError(f"the times do not grow with size (slope {beta:.3g} s/byte)")
+    return max(0.0, my - beta * mx), beta

@@ -75,13 +75,17 @@ from typing import Any
 
 import torch
 
-from commbench.buckets import MB, assign_buckets
+from commbench.buckets import AUTO, MB, assign_buckets, choose_cap, fit_line
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.engine import TransferEngine
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, StrategySettings
-from commbench.timing import NullTimer, StepTimer
+from commbench.timing import NullTimer, StepTimer, now
+
+#: --bucket-mb auto's probe of the transfer path: sizes (bytes) and timed all-reduces each
+PROBE_BYTES = (2**16, 2**20, 8 * 2**20)
+PROBE_REPS = 2
 
 
 class _Bucket:
@@ -138,25 +142,21 @@ class BucketedStrategy(Strategy):
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
-        bucket_mb, first_bucket_mb = self.settings.bucket_mb, self.settings.first_bucket_mb
+        first_bucket_mb = self.settings.first_bucket_mb
         progress, transfer = self.settings.progress, self.settings.transfer
         self.progress = progress
         self.transfer = transfer
         # progress="thread": opened at the first bucket (a collective: every rank starts
         # its buckets in the same order), closed by close()
         self._engine: TransferEngine | None = None
-        self.bucket_mb = float(bucket_mb)
+        # --bucket-mb auto: DDP's default cap until the first step's gradient times are in
+        self.auto = self.settings.bucket_mb == AUTO
+        self.bucket_mb = self.settings.bucket_cap_mb
         self.first_bucket_mb = float(first_bucket_mb)
         # Caps count the gradients' own bytes, as DDP's do: its fp16 hook compresses each
         # bucket after bucketing, so a 25 MB bucket of float32 sends 12.5 MB.
-        cast = COMPRESSIONS[self.compression]
-        groups = assign_buckets([g.numel() * g.element_size() for g in self.grads],
-                                self.backward_order,
-                                self.bucket_mb * MB, [g.dtype for g in self.grads],
-                                first_cap_bytes=self.first_bucket_mb * MB)
-        self.buckets = [_Bucket(idx, self.grads, cast, comm.device_collectives)
-                        for idx in groups]
-        self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.indices}
+        self._cast = COMPRESSIONS[self.compression]
+        self._build(self.bucket_mb)
         self._next = 0  # first bucket not yet started; buckets start strictly in order
         self._in_flight: list[_Bucket] = []
         # The engine unpacks each bucket on its own thread, so nothing needs driving
@@ -164,12 +164,91 @@ class BucketedStrategy(Strategy):
         # when tested (poll) or buckets wait for their copy off a GPU (stage).
         gpu = any(b.dev is not None for b in self.buckets)
         self.poll = self._drive if progress == "poll" or gpu else None
+        self._ready: dict[int, float] = {}  # auto: this step's gradient times
+        self._timed_steps = 0
+        self._auto: dict[str, Any] | None = None
+        if self.auto:
+            self._auto = {"requested": AUTO, "chosen": None, **self._probe()}
         self.begin_step(self.timer)
+
+    def _build(self, bucket_mb: float) -> None:
+        """The buckets at this cap (in ``backward_order``), each with its buffer."""
+        groups = assign_buckets([g.numel() * g.element_size() for g in self.grads],
+                                self.backward_order,
+                                bucket_mb * MB, [g.dtype for g in self.grads],
+                                first_cap_bytes=self.first_bucket_mb * MB)
+        self.buckets = [_Bucket(idx, self.grads, self._cast, self.comm.device_collectives)
+                        for idx in groups]
+        self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.indices}
+
+    # -- --bucket-mb auto -------------------------------------------------------------------
+
+    def _time_transfer(self, t: torch.Tensor) -> float:
+        """Seconds one all-reduce of ``t`` takes on this strategy's transfer path."""
+        if self.progress == "thread":
+            h = self._open_engine().submit(t)
+            h.wait()
+            return h.end - h.start
+        t0 = now()
+        self.comm.iallreduce(t).wait()
+        return now() - t0
+
+    def _probe(self) -> dict[str, Any]:
+        """Fit ``alpha + bytes * s_per_byte`` to the transfer path: ``PROBE_REPS`` all-reduces
+        at each of ``PROBE_BYTES`` after one that warms the path (a collective: every rank
+        builds its strategies in the same order). Rank 0's fit decides for every rank."""
+        like = self.buckets[0].buffer
+        sizes, times = [], []
+        for nbytes in PROBE_BYTES:
+            t = torch.zeros(max(1, nbytes // like.element_size()), dtype=like.dtype,
+                            device=like.device)
+            for rep in range(PROBE_REPS + 1):
+                dt = self._time_transfer(t)
+                if rep:
+                    sizes.append(t.numel() * t.element_size())
+                    times.append(dt)
+        try:
+            alpha, beta = fit_line(sizes, times)
+        except ValueError as e:
+            return {"probe": None, "why": f"the probe's times fit no line: {e}"}
+        return {"probe": {"bytes": sizes, "seconds": [round(x, 6) for x in times],
+                          "alpha_s": alpha, "s_per_byte": beta}}
+
+    def _choose(self) -> None:
+        """Rank 0 picks the cap from the probe and the last step's gradient times
+        (``commbench.buckets.choose_cap``); every rank rebuilds its buckets at it."""
+        auto = dict(self._auto or {})
+        if self.comm.rank == 0:
+            probe = auto.get("probe")
+            if probe is None or not self._ready:
+                auto["why"] = auto.get("why") or "no gradient times were recorded"
+            else:
+                last = max(self._ready.values())
+                ready = [self._ready.get(i, last) for i in range(len(self.grads))]
+                origin = min(ready)
+                # the probe ran in the wire dtype; caps count the gradients' own bytes
+                wire = self.buckets[0].buffer.element_size() / self.grads[0].element_size()
+                cap, predicted = choose_cap(
+                    [g.numel() * g.element_size() for g in self.grads], self.backward_order,
+                    [t - origin for t in ready], probe["alpha_s"], probe["s_per_byte"] * wire,
+                    self.first_bucket_mb * MB, [g.dtype for g in self.grads])
+                auto.update(chosen=cap, backward_s=last - origin,
+                            predicted_exposed_s={f"{c:g}": round(e, 6)
+                                                 for c, e in predicted.items()})
+        auto = self.comm.bcast_object(auto)
+        auto["chosen_after_steps"] = self._timed_steps
+        self._auto = auto
+        if auto.get("chosen") is not None and auto["chosen"] != self.bucket_mb:
+            self.bucket_mb = float(auto["chosen"])
+            self._build(self.bucket_mb)
 
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         super().begin_step(timer)
         if self._in_flight or self._next not in (0, len(self.buckets)):
             raise RuntimeError("bucketed: a step began before the previous one finished")
+        if self.auto and self._timed_steps and self._auto.get("chosen_after_steps") is None:
+            self._choose()  # as DDP rebuilds its buckets after the first iteration
+        self._ready.clear()
         for b in self.buckets:
             b.pending = set(b.indices)
             b.handle = None
@@ -179,6 +258,8 @@ class BucketedStrategy(Strategy):
         bucket = self.buckets[self._bucket_of[i]]
         if i not in bucket.pending:
             raise RuntimeError(f"bucketed: gradient {i} announced twice in one step")
+        if self.auto and self.timer.enabled:
+            self._ready[i] = self.timer.clock()
         bucket.views[i].copy_(self.grads[i])
         bucket.pending.discard(i)
         if not bucket.pending:
@@ -194,14 +275,17 @@ class BucketedStrategy(Strategy):
             b.staged = None
             b.start = self.timer.clock()
             if self.progress == "thread":
-                if self._engine is None:
-                    self._engine = TransferEngine(self.comm, self.transfer)
-                b.handle = self._engine.submit(
+                b.handle = self._open_engine().submit(
                     b.buffer, after=partial(self._unpack, b) if self._engine_unpacks(b) else None)
             else:
                 b.handle = self.comm.iallreduce(b.buffer)
             self._in_flight.append(b)
             self._next += 1
+
+    def _open_engine(self) -> TransferEngine:
+        if self._engine is None:
+            self._engine = TransferEngine(self.comm, self.transfer)
+        return self._engine
 
     def _test_in_flight(self) -> list[_Bucket]:
         """Test every bucket in flight; record the end of those seen complete; return them."""
@@ -268,9 +352,11 @@ class BucketedStrategy(Strategy):
                 done.append(b)
         for b in done:
             self._unpack_here(b)
+        if self.timer.enabled:
+            self._timed_steps += 1
 
     def knobs(self) -> dict:
-        return {**super().knobs(), "bucket_mb": self.bucket_mb,
+        return {**super().knobs(), "bucket_mb": self.bucket_mb, "bucket_mb_auto": self._auto,
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
                 "collective": self._collective(), "progress": self.progress,

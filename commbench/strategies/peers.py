@@ -190,7 +190,9 @@ class DDPStrategy(Strategy):
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
-        bucket_mb, broadcast_buffers = self.settings.bucket_mb, self.settings.broadcast_buffers
+        # DDP has no auto: under --bucket-mb auto it keeps its default cap
+        bucket_mb = self.settings.bucket_cap_mb
+        broadcast_buffers = self.settings.broadcast_buffers
         self._dist = dist
         # under the torch backend DDP runs on the backend's own group (Gloo or NCCL);
         # elsewhere on a Gloo group of its own beside MPI or Horovod

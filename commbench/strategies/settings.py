@@ -18,12 +18,13 @@ point-to-point messages) is checked by the strategy's ``check``.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
-from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB
+from commbench.buckets import AUTO, DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, parse_bucket_mb
 from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS
 from commbench.flags import flag, nonneg_float, nonneg_int, positive_int
 
@@ -31,6 +32,15 @@ from commbench.flags import flag, nonneg_float, nonneg_int, positive_int
 #: all-reduce and back after, as ``hvd.Compression.fp16`` does.
 COMPRESSIONS: dict[str, torch.dtype | None] = {
     "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def bucket_mb_arg(text: str) -> float | str:
+    """``--bucket-mb``'s argparse type: MB >= 0, or ``auto``."""
+    try:
+        return parse_bucket_mb(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--bucket-mb: ")) from None
+
 
 #: ``--progress``: how bucketed's all-reduces advance while backward computes
 PROGRESS = ("poll", "thread")
@@ -65,10 +75,12 @@ class StrategySettings:
         "--compression", default="none", choices=tuple(COMPRESSIONS),
         help="cast gradients to this dtype for the all-reduce and back after "
              "(hvd.Compression.fp16)")
-    bucket_mb: float = flag(
-        "--bucket-mb", default=DEFAULT_BUCKET_MB, metavar="MB", type=nonneg_float,
+    bucket_mb: float | str = flag(
+        "--bucket-mb", default=DEFAULT_BUCKET_MB, metavar="MB|auto", type=bucket_mb_arg,
         help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
-             "bucket_cap_mb); 0 = one all-reduce per tensor")
+             "bucket_cap_mb); 0 = one all-reduce per tensor; auto (bucketed): the cap a "
+             "probe of the transfer path and the first step's gradient times predict ends "
+             "sync soonest (DDP then keeps its default, 25)")
     first_bucket_mb: float = flag(
         "--first-bucket-mb", default=FIRST_BUCKET_MB, metavar="MB", type=nonneg_float,
         help="--strategy bucketed: the first bucket's cap, DDP's 1 MiB by default, so the "
@@ -107,7 +119,9 @@ class StrategySettings:
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
-        for name in ("bucket_mb", "first_bucket_mb"):
+        if self.bucket_mb != AUTO:
+            parse_bucket_mb(self.bucket_mb)
+        for name in ("first_bucket_mb",):
             mb = getattr(self, name)
             if not 0 <= mb < math.inf:
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, "
@@ -117,6 +131,12 @@ class StrategySettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, "
                                  f"got {value!r}")
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        """A fixed cap: ``bucket_mb``, or DDP's default where it is ``auto`` (which only the
+        bucketed strategy resolves, from its probe)."""
+        return DEFAULT_BUCKET_MB if self.bucket_mb == AUTO else float(self.bucket_mb)
 
     def for_run(self, algo: str | None, buffers: str) -> StrategySettings:
         """These settings for one run: its ``--algo`` and its ``--buffers`` rule."""

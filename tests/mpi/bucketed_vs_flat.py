@@ -10,8 +10,10 @@ differently on every rank (the collectives must still be issued in the same
 order everywhere), then with some never announced (``finish`` takes them as
 they are); ``progress`` runs between announcements as a workload drives it.
 Every result must match flat within float tolerance and the exact mean, and
-the timer must have seen one collective per bucket. Two caps run again on
-the transfer engine (``progress="thread"``). Exits 1 on a mismatch.
+the timer must have seen one collective per bucket. Four caps (``auto``
+included: it chooses after the first step and rebuilds its buckets) run again on
+the transfer engine (``progress="thread"``), on each of its transfer paths the
+backend has (the project's ring needs point-to-point messages). Exits 1 on a mismatch.
 
     mpirun -np 3 python tests/mpi/bucketed_vs_flat.py mpi
 """
@@ -67,14 +69,18 @@ def main() -> int:
         flat.begin_step(StepTimer())
         flat.finish()
         steps.append((mine, exact, [g.clone() for g in grads]))
-    for mb, progress in [(mb, "poll") for mb in BUCKET_MB] + [(0, "thread"), (4, "thread")]:
+    runs = [(mb, "poll", "thread") for mb in BUCKET_MB] + [
+        (mb, "thread", path) for mb in (0, 4, 25, "auto")
+        for path in ("thread", "ring") if path == "thread" or comm.supports_p2p]
+    for mb, progress, path in runs:
         bucketed = make_strategy("bucketed", comm, grads, bucket_mb=mb, backward_order=order,
-                                 progress=progress)
+                                 progress=progress, transfer=path)
         knobs = bucketed.knobs()
         if sum(knobs["bucket_bytes"]) != bucketed.nbytes:
             bad.append(f"bucket_mb={mb}: buckets hold {sum(knobs['bucket_bytes'])} bytes, "
                        f"gradients {bucketed.nbytes}")
-        if any(len(b.indices) > 1 and b.nbytes > mb * MB for b in bucketed.buckets):
+        if mb != "auto" and any(len(b.indices) > 1 and b.nbytes > mb * MB
+                                for b in bucketed.buckets):
             bad.append(f"bucket_mb={mb}: a bucket of several tensors exceeds the cap")
         for step, (how, (mine, exact, want)) in enumerate(zip(HOW, steps)):
             for g, v in zip(grads, mine):
@@ -88,6 +94,7 @@ def main() -> int:
             timer = StepTimer()
             timer.begin_step(step, False)
             bucketed.begin_step(timer)
+            knobs = bucketed.knobs()  # auto: rebuilt at its choice after the first step
             for i in announce:
                 bucketed.on_ready(i)
                 if bucketed.poll is not None:  # None: the engine needs no driving
@@ -107,6 +114,8 @@ def main() -> int:
                            f"{bucketed.nbytes}")
             if not sample.comm_s > 0:
                 bad.append(f"bucket_mb={mb} {how}: no comm time recorded")
+        if mb == "auto" and knobs["bucket_mb_auto"].get("chosen") is None:
+            bad.append(f"bucket_mb=auto ({path}): nothing chosen: {knobs['bucket_mb_auto']}")
         bucketed.close()
         del bucketed
     return verdict(comm, bad, f"OK bucketed == flat on {n} ranks, bucket_mb {BUCKET_MB}")
