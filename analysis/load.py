@@ -189,7 +189,9 @@ KNOB_STRATEGIES: dict[str, tuple[str, ...]] = {
 }
 
 #: (strategy, knob) -> the name that strategy's ``knobs`` use for it (its flag keeps the name)
-KNOB_NAMES = {("ddp", "bucket_mb"): "bucket_cap_mb"}
+KNOB_NAMES = {("ddp", "bucket_mb"): "bucket_cap_mb",
+              # the path run: --transfer auto resolves per strategy and backend
+              ("bucketed", "transfer"): "transfer_path", ("async", "transfer"): "transfer_path"}
 
 
 def knob(rec: dict, name: str, default: Any = None) -> Any:

@@ -72,6 +72,8 @@ def sync_scheme(rec: dict) -> tuple:
     knobs = tuple((k, v) for k in KNOB_STRATEGIES
                   if not (family == "ps" and k == "staleness")
                   and (v := knob(rec, k)) is not None)
+    if family == "bucketed" and (rec.get("knobs") or {}).get("bucket_mb_auto"):
+        knobs += (("bucket_mb_auto", True),)  # a cap chosen by its probe: a set of its own
     if family == "horovod":  # its fusion threshold and cycle time, as in force
         knobs += tuple(sorted((k, v) for k, v in (rec.get("knobs") or {}).items()
                               if k.startswith("horovod_")))
@@ -89,7 +91,8 @@ def scheme_words(r: dict) -> str:
         return "ps" + ("" if math.isnan(s) else f" (measured staleness {s:.2g})")
     if family in ("bucketed", "ddp"):
         mb = num(knob(r, "bucket_mb"))
-        return f"{family}" + ("" if math.isnan(mb) else f" {mb:g} MB")
+        auto = " auto" if (r.get("knobs") or {}).get("bucket_mb_auto") else ""
+        return f"{family}{auto}" + ("" if math.isnan(mb) else f" {mb:g} MB")
     if family is None:
         return str(algo)
     return f"{family} ({algo})" if algo else str(family)

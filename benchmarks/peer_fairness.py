@@ -68,7 +68,7 @@ from benchmarks.cluster_jobs import (
 )
 from commbench.allreduce import Config
 from commbench.buckets import DEFAULT_BUCKET_MB, parse_bucket_mb
-from commbench.comm.engine import TRANSFER_PATHS
+from commbench.comm.engine import TRANSFER_CHOICES
 from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
 from commbench.workloads.spec import slow_rank
@@ -123,7 +123,7 @@ def cells(args: argparse.Namespace) -> list[Cell]:
             # a step is about compute + the bound; at least MEASURED_S of measured steps
             step_s = prof.compute_s * scale + bound_s
             steps = max(args.steps, min(MAX_STEPS, math.ceil(MEASURED_S / step_s)))
-            out.append(Cell(model, nodes, slots, prof, round(scale, 3), b, steps))
+            out.append(Cell(model, nodes, slots, prof, round(scale, 4), b, steps))
     return out
 
 
@@ -321,9 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
         out = []
         for v in (x.strip() for x in text.split(",") if x.strip()):
             mb, _, path = v.partition("/")
-            if path not in TRANSFER_PATHS:
+            if path not in TRANSFER_CHOICES:
                 raise argparse.ArgumentTypeError(f"variant {v!r}: write CAP/PATH, PATH one of "
-                                                 f"{', '.join(TRANSFER_PATHS)}")
+                                                 f"{', '.join(TRANSFER_CHOICES)}")
             out.append((bucket(mb), path))
         return out
 

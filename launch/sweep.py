@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from commbench import dilation as dil
+from commbench.buckets import parse_bucket_mb
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from commbench.flags import MOVED_STRATEGIES
 from commbench.hostload import LINK_BOUND
@@ -196,6 +197,11 @@ def _grid_value(name: str, key: str, value):
         except dil.DilationError as e:
             raise SweepError(str(e)) from None
         return k if k == "auto" else float(k)
+    if key == "bucket_mb":  # MB or auto
+        try:
+            return parse_bucket_mb(value)
+        except ValueError as e:
+            raise SweepError(f"{name}: {e}") from None
     return _check_value(name, value, GRID_KEYS[key])
 
 
@@ -314,7 +320,7 @@ def parse_set(items: list[str]) -> dict:
             raise SweepError(f"--set {item!r}: use KEY=V1,V2 with KEY one of "
                              f"{', '.join(GRID_KEYS)}")
         typ = GRID_KEYS[key]
-        if key in ("slots", "dilation"):  # checked with the grid ("3+1": one layout; "auto")
+        if key in ("slots", "dilation", "bucket_mb"):  # checked with the grid ("3+1"; "auto")
             grid[key] = [v for v in values.split(",") if v]
             continue
         try:

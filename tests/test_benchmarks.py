@@ -116,14 +116,75 @@ def test_horovod_presence_runs_each_mode_on_each_layout(tmp_path, capsys):
 
 def test_peer_fairness_runs_each_launcher_as_its_own_sweep(tmp_path):
     jobs = planned(peer_fairness, [], tmp_path)
-    assert [j.launcher for j in jobs] == ["horovodrun"] + ["mpirun"] * 4
+    models, layouts = list(peer_fairness.PROFILES), [(2, 1), (2, 2), (2, 4)]
+    assert len(jobs) == len(models) * len(layouts) * 2
+    assert [j.launcher for j in jobs] == ["mpirun", "horovodrun"] * (len(jobs) // 2)
+    assert [j.config.strategies for j in jobs[:2]] == [["bucketed", "ddp"],
+                                                       ["bucketed", "horovod"]]
     plan = Planned(jobs, tmp_path)
-    assert [s.launcher for s in plan.sweeps] == ["horovodrun", "mpirun"]
+    assert [s.launcher for s in plan.sweeps] == ["mpirun", "horovodrun"]
     assert {plan.output(j).parent for j in jobs} == {tmp_path / "horovodrun",
                                                       tmp_path / "mpirun"}
-    slow = jobs[-1].config
-    assert slow.slow_rank == (1, 2.0) and slow.strategies == ["flat", "bucketed"]
-    assert [j.config.sync.bucket_mb for j in jobs[2:4]] == [10.0, 50.0]
+    assert {(j.nodes, j.slots) for j in jobs} == set(layouts)
+
+
+def test_peer_fairness_balances_backward_against_the_rings_link_bound(tmp_path):
+    args = peer_fairness.build_parser().parse_args(["--models", "resnet50,gpt-tiny",
+                                                    "--layouts", "2x1,2x4"])
+    cells = {c.name: c for c in peer_fairness.cells(args)}
+    for c in cells.values():
+        bound_s = ring_bytes(c.profile.grad_bytes, c.ranks) * 8 / 1e9  # 1 Gbit/s
+        assert c.bound_bytes == pytest.approx(ring_bytes(c.profile.grad_bytes, c.ranks))
+        assert c.profile.backward_s * c.scale == pytest.approx(bound_s, rel=1e-3)
+    assert cells["resnet50 2x1"].steps == 4  # seconds-long steps: --steps
+    assert cells["gpt-tiny 2x1"].steps > 100  # millisecond steps: enough for 3 s measured
+    half = peer_fairness.cells(peer_fairness.build_parser().parse_args(
+        ["--models", "resnet50", "--layouts", "2x1", "--balance", "0.5"]))[0]
+    assert half.scale == pytest.approx(cells["resnet50 2x1"].scale / 2, rel=1e-3)
+
+
+def test_peer_fairness_variants_and_auto_reach_bucketed_only(tmp_path):
+    jobs = planned(peer_fairness, ["--models", "resnet18", "--layouts", "2x2", "--bucket-mb",
+                                   "auto", "--variants", "25/ring,auto/thread"], tmp_path)
+    assert [j.name for j in jobs] == [
+        "resnet18 2x2 mpirun", "resnet18 2x2 mpirun 25.0/ring", "resnet18 2x2 mpirun auto/thread",
+        "resnet18 2x2 horovodrun", "resnet18 2x2 horovodrun 25.0/ring",
+        "resnet18 2x2 horovodrun auto/thread"]
+    assert [(j.config.sync.bucket_mb, j.config.sync.transfer) for j in jobs[:3]] == [
+        ("auto", "auto"), (25.0, "ring"), ("auto", "thread")]
+    assert all(j.config.strategies == ["bucketed"] for j in jobs if "/" in j.name)
+    with pytest.raises(SystemExit):
+        peer_fairness.build_parser().parse_args(["--variants", "25/nbc"])
+    with pytest.raises(SystemExit):
+        peer_fairness.build_parser().parse_args(["--models", "resnet9"])
+
+
+def _summary(strategy: str, step: float, exposed: float, comm: float, **knobs) -> dict:
+    return {"strategy": strategy, "step_s": step, "exposed_sync_s": exposed, "comm_s": comm,
+            "link_gbps": 1.0, "knobs": knobs,
+            "stats": {"step_s": {"median": step, "p5": step, "p95": step}}}
+
+
+def test_peer_fairness_judges_bucketed_against_the_best_peer_of_the_cell():
+    args = peer_fairness.build_parser().parse_args(["--models", "resnet50", "--layouts", "2x1"])
+    cell = peer_fairness.cells(args)[0]
+    bound_s = cell.bound_bytes * 8 / 1e9
+    runs = {"mpirun": [_summary("bucketed", 2.0, 0.20, bound_s / 0.9, bucket_mb=25.0),
+                       _summary("ddp", 2.1, 0.21, bound_s / 0.95, bucket_cap_mb=25.0)],
+            "mpirun auto/ring": [_summary("bucketed", 1.9, 0.10, bound_s,
+                                          bucket_mb=4.0, bucket_mb_auto={"chosen": 4.0})],
+            "horovodrun": [_summary("bucketed", 2.2, 0.3, bound_s),
+                           _summary("horovod", 2.05, 0.25, bound_s)]}
+    v = peer_fairness.judge(cell, runs)
+    # judged on the launchers' own jobs: mpirun's bucketed (2.0) against Horovod (2.05)
+    assert v.step == pytest.approx(2.0 / 2.05) and v.exposed == pytest.approx(0.2 / 0.25)
+    assert v.link == pytest.approx(0.9)
+    assert v.met == {"step": True, "exposed": True, "link": False}
+    assert "NOT met" in v.lines[0] and "horovod, horovodrun" in v.lines[0]
+    variant = next(x for x in v.lines if "auto/ring" in x)
+    assert "cap 4* MB" in variant and f"step {1.9 / 2.1:.3f}" in variant
+    failed = peer_fairness.judge(cell, {"mpirun": runs["mpirun"][:1]})
+    assert failed.step is None and "no verdict" in failed.lines[0]
 
 
 def test_replay_fidelity_replays_the_file_its_profile_job_writes(tmp_path):
@@ -189,8 +250,8 @@ def test_execute_runs_one_sweep_per_launcher_between_load_readings(tmp_path, mon
     monkeypatch.setattr(cluster_jobs.signal, "signal", lambda *a: None)
     jobs = planned(peer_fairness, [], tmp_path)
     done = cluster_jobs.execute(jobs, argparse.Namespace(outdir=tmp_path, dry_run=False), "pf")
-    assert [s.launcher for s in ran] == ["horovodrun", "mpirun"] and done.failed == 1
+    assert [s.launcher for s in ran] == ["mpirun", "horovodrun"] and done.failed == 1
     assert done.outdir == tmp_path.resolve()
     out = capsys.readouterr()
     assert "# before starting:" in out.out and "# after the jobs:" in out.out
-    assert f"{tmp_path / 'mpirun'}/*.failed.json" in out.err
+    assert f"{tmp_path / 'horovodrun'}/*.failed.json" in out.err

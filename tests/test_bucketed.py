@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commbench.buckets import MB
+from commbench.buckets import AUTO_CAPS_MB, MB, choose_cap, fit_line, parse_bucket_mb, schedule
 from commbench.strategies import StrategySettings, make_strategy
 from commbench.strategies.bucketed import BucketedStrategy, assign_buckets
 from commbench.timing import StepTimer
@@ -51,6 +51,62 @@ def test_order_must_name_every_gradient_once():
         assign_buckets([1, 2, 3], [0, 1, 1], 10)
 
 
+# --- --bucket-mb auto: the rule (no MPI) --------------------------------------
+
+
+@pytest.mark.parametrize("text,want", [("auto", "auto"), (" AUTO ", "auto"), ("0", 0.0),
+                                       ("2.5", 2.5), (25, 25.0)])
+def test_bucket_mb_is_a_number_or_auto(text, want):
+    assert parse_bucket_mb(text) == want
+
+
+@pytest.mark.parametrize("text", ["-1", "inf", "nan", "automatic", ""])
+def test_a_bad_bucket_mb_names_the_flag(text):
+    with pytest.raises(ValueError, match="--bucket-mb"):
+        parse_bucket_mb(text)
+
+
+def test_fit_line_recovers_latency_and_rate_and_refuses_what_is_no_line():
+    alpha, beta = fit_line([1e3, 1e6, 8e6, 8e6], [0.002 + 1e-9 * x for x in
+                                                  (1e3, 1e6, 8e6, 8e6)])
+    assert alpha == pytest.approx(0.002) and beta == pytest.approx(1e-9)
+    assert fit_line([1, 2], [0.5, 0.6])[0] == pytest.approx(0.4)
+    assert fit_line([10, 20], [0.0, 1.0])[0] == 0.0  # a negative latency is clamped
+    with pytest.raises(ValueError, match="two sizes"):
+        fit_line([5, 5], [1.0, 2.0])
+    with pytest.raises(ValueError, match="do not grow"):
+        fit_line([1, 2], [0.2, 0.1])
+
+
+def test_choose_cap_trades_an_early_start_against_the_latency_each_bucket_pays():
+    mib4 = 4 * MB
+    nbytes, order = [mib4] * 8, list(range(8))
+    ready = [0.01 * i for i in order]  # one 4 MiB gradient every 10 ms
+    per_byte = 0.01 / mib4  # a 4 MiB bucket holds the link 10 ms
+    # free buckets: a bucket per gradient ends 10 ms after the last one is ready; larger caps
+    # leave more behind it. 1, 2 and 4 MB give the same buckets: the largest of them wins.
+    cap, exposed = choose_cap(nbytes, order, ready, 0.0, per_byte)
+    assert cap == 4.0 and exposed[4.0] == pytest.approx(0.01)
+    assert exposed[1.0] == exposed[4.0] and exposed[8.0] == pytest.approx(0.02)
+    # 50 ms a bucket: eight queue up (0.48 s); one bucket of 32 MiB ends 0.13 s after backward
+    cap, exposed = choose_cap(nbytes, order, ready, 0.05, per_byte)
+    assert exposed[4.0] == pytest.approx(0.48 - 0.07)
+    assert exposed[32.0] == pytest.approx(0.13) and cap == max(AUTO_CAPS_MB)
+    # the first bucket's own cap is kept: the 4 MiB gradient 0 stays alone
+    cap, exposed = choose_cap(nbytes, order, ready, 0.0, per_byte, first_cap_bytes=1 * MB)
+    assert exposed[8.0] == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="ready times"):
+        choose_cap(nbytes, order, ready[:3], 0.0, per_byte)
+
+
+def test_the_cost_model_schedules_buckets_by_the_rule_auto_chooses_by():
+    from analysis import overlap  # the cost model's schedule is this very rule
+    assert overlap.schedule([0.0, 0.1], [0.2, 0.05], 0.1) == schedule([0.0, 0.1], [0.2, 0.05],
+                                                                       0.1)
+    assert schedule([0.0, 0.1], [0.2, 0.05], 0.1) == (pytest.approx([0.2, 0.25]),
+                                                      pytest.approx(0.15))
+
+
 # --- issue order and timing, with a stand-in communicator ---------------------
 
 
@@ -74,6 +130,7 @@ class _Comm:
     size = 1
     rank = 0
     device_collectives = False  # host buffers, as MPI's
+    supports_p2p = False
 
     def __init__(self, tests_needed: int = 2) -> None:
         self.issued: list[int] = []  # numel of each buffer, in issue order
@@ -82,6 +139,10 @@ class _Comm:
     def iallreduce(self, tensor: torch.Tensor) -> _Handle:
         self.issued.append(tensor.numel())
         return _Handle(self.tests_needed)
+
+    @staticmethod
+    def bcast_object(obj):
+        return obj
 
 
 def _strategy(comm, numels, mb, order=None):
@@ -109,6 +170,58 @@ def test_a_bucket_starts_when_its_last_gradient_is_ready_and_never_before_earlie
         assert torch.equal(g, torch.full_like(g, float(i)))  # the mean over one rank
 
 
+class _ScriptedTimer(StepTimer):
+    """A step timer whose clock reads what the test sets."""
+
+    t = 0.0
+
+    def clock(self) -> float:
+        return self.t
+
+
+def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(monkeypatch):
+    per_byte = 0.1 / (4 * MB)  # the probe: no latency, 100 ms per 4 MiB
+    monkeypatch.setattr(BucketedStrategy, "_time_transfer",
+                        lambda self, t: per_byte * t.numel() * t.element_size())
+    comm = _Comm(tests_needed=0)
+    s, grads = _strategy(comm, [MB] * 4, "auto", order=[3, 2, 1, 0])  # 4 MiB each
+    assert s.bucket_mb == 25.0 and [b.indices for b in s.buckets] == [[3], [2, 1, 0]]
+    auto = s.knobs()["bucket_mb_auto"]
+    assert auto["requested"] == "auto" and auto["chosen"] is None
+    assert auto["probe"]["s_per_byte"] == pytest.approx(per_byte)
+    assert auto["probe"]["alpha_s"] == pytest.approx(0.0, abs=1e-12)
+    for step in range(2):
+        timer = _ScriptedTimer()
+        timer.begin_step(step, step == 0)
+        s.begin_step(timer)  # before step 1: chosen from step 0's gradient times
+        for k, i in enumerate([3, 2, 1, 0]):  # one every 100 ms: a bucket each ends soonest
+            timer.t = 0.1 * k
+            s.on_ready(i)
+        s.finish()
+        for i, g in enumerate(grads):
+            assert torch.equal(g, torch.full_like(g, float(i)))  # the mean over one rank
+    knobs = s.knobs()
+    assert knobs["bucket_mb"] == 4.0 and knobs["buckets"] == 4  # 1, 2 and 4 tie: the largest
+    assert knobs["bucket_mb_auto"]["chosen"] == 4.0
+    assert knobs["bucket_mb_auto"]["chosen_after_steps"] == 1
+    assert knobs["bucket_mb_auto"]["predicted_exposed_s"]["8"] == pytest.approx(0.2)
+    assert comm.issued[-4:] == [MB] * 4  # step 1 ran the new buckets
+
+
+def test_auto_keeps_its_cap_where_the_probe_fits_no_line(monkeypatch):
+    monkeypatch.setattr(BucketedStrategy, "_time_transfer", lambda self, t: 0.01)
+    s, _ = _strategy(_Comm(tests_needed=0), [10, 10], "auto")
+    timer = _ScriptedTimer()
+    for step in range(2):
+        timer.begin_step(step, False)
+        s.begin_step(timer)
+        s.on_ready(1)
+        s.on_ready(0)
+        s.finish()
+    auto = s.knobs()["bucket_mb_auto"]
+    assert auto["chosen"] is None and "fit no line" in auto["why"] and s.bucket_mb == 25.0
+
+
 def test_poll_records_the_real_in_flight_interval():
     comm = _Comm(tests_needed=3)
     s, _ = _strategy(comm, [10, 10, 10], 0)
@@ -124,7 +237,8 @@ def test_poll_records_the_real_in_flight_interval():
     sample = timer.end_step()
     assert sample.comm_calls == 3 and sample.comm_bytes == 120
     assert not any(h.waited for h in handles)  # seen complete by poll, no wait needed
-    assert s.knobs() == {"bucket_mb": 0.0, "first_bucket_mb": 1.0, "buckets": 3,
+    assert s.knobs() == {"bucket_mb": 0.0, "bucket_mb_auto": None, "first_bucket_mb": 1.0,
+                         "buckets": 3,
                          "bucket_bytes": [40, 40, 40],
                          "collective": "iallreduce", "progress": "poll",
                          "transfer_path": None, "compression": "none",
@@ -206,6 +320,28 @@ def test_job_validates_every_bucket_size(tmp_path, np_, mb, buckets):
     for r in steps:
         if r["strategy"] == "bucketed":
             assert r["comm_calls"] == buckets and r["comm_bytes"] == s["grad_bytes"]
+
+
+@pytest.mark.mpi
+def test_auto_job_records_its_choice_and_ddp_keeps_its_default(tmp_path):
+    summ, steps = _job("mpirun", 2, tmp_path, [
+        "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "60",
+        "--strategy", "bucketed,ddp", "--bucket-mb", "auto", "--transfer", "ring"])
+    s, ddp = summ["bucketed"], summ["ddp"]
+    assert s["wrong"] == 0 and ddp["wrong"] == 0
+    assert s["config"]["bucket_mb"] == "auto"
+    auto = s["knobs"]["bucket_mb_auto"]
+    assert auto["chosen"] in AUTO_CAPS_MB and auto["chosen_after_steps"] == 1, auto
+    assert s["knobs"]["bucket_mb"] == auto["chosen"]
+    assert set(auto["predicted_exposed_s"]) == {f"{c:g}" for c in AUTO_CAPS_MB}
+    assert len(auto["probe"]["bytes"]) == len(auto["probe"]["seconds"]) == 6
+    # the buckets were rebuilt at the chosen cap, and the measured steps ran them
+    sizes = s["knobs"]["bucket_bytes"]
+    assert sum(sizes) == s["grad_bytes"] and s["knobs"]["buckets"] == len(sizes)
+    assert max(sizes) <= max(auto["chosen"] * MB, 2_359_296 * 4)  # a tensor over it: alone
+    measured = [r for r in steps if r["strategy"] == "bucketed" and not r["warmup"]]
+    assert measured and all(r["comm_calls"] == len(sizes) for r in measured)
+    assert ddp["knobs"]["bucket_cap_mb"] == 25.0  # DDP has no auto
 
 
 @pytest.mark.horovod

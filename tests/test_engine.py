@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from commbench.allreduce import parse_config
-from commbench.comm.engine import TransferEngine, check_transfer_path
+from commbench.comm.engine import TransferEngine, check_transfer_path, resolve_path
 from commbench.flags import ConfigError
 from tests.conftest import run_check, run_tool, summaries
 
@@ -145,10 +145,23 @@ def test_ring_needs_point_to_point_and_unknown_paths_are_refused():
         check_transfer_path(_SlowComm(), "ring")
     with pytest.raises(ValueError, match="unknown transfer path"):
         TransferEngine(_SlowComm(), "carrier-pigeon")
+    with pytest.raises(ValueError, match="unknown transfer path"):
+        TransferEngine(_SlowComm(), "auto")  # the strategy resolves auto first
+    check_transfer_path(_SlowComm(), "auto")  # always runs: it falls back to thread
+
+
+def test_auto_is_each_strategys_path_where_the_backend_has_it():
+    class P2P(_SlowComm):
+        supports_p2p = True
+
+    assert resolve_path(P2P(), "auto", "ring") == "ring"
+    assert resolve_path(_SlowComm(), "auto", "ring") == "thread"  # no point-to-point
+    assert resolve_path(P2P(), "auto", "thread") == "thread"
+    assert resolve_path(_SlowComm(), "thread", "ring") == "thread"  # given: kept
 
 
 def test_transfer_flag_is_parsed_and_checked():
-    assert parse_config(["--output", "/tmp/x.jsonl"]).sync.transfer == "thread"
+    assert parse_config(["--output", "/tmp/x.jsonl"]).sync.transfer == "auto"
     assert parse_config(["--transfer", "ring", "--output", "/tmp/x.jsonl"]).sync.transfer == "ring"
     with pytest.raises(ConfigError, match="--transfer"):
         parse_config(["--transfer", "nbc", "--output", "/tmp/x.jsonl"])

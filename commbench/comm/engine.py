@@ -73,17 +73,30 @@ from commbench.timing import now
 
 #: how the engine runs a transfer; ``thread`` is the default (at link speed, blocking)
 TRANSFER_PATHS = ("thread", "ring")
-DEFAULT_TRANSFER_PATH = "thread"
+#: ``--transfer auto`` (the default): each strategy's measured path where the backend has it
+AUTO_PATH = "auto"
+TRANSFER_CHOICES = (AUTO_PATH, *TRANSFER_PATHS)
+DEFAULT_TRANSFER_PATH = AUTO_PATH
 #: the ring poller's sleep between tests: a 1 MiB segment takes ~8 ms at 1 Gbit/s, and
 #: socket buffers keep the link busy meanwhile
 POLL_S = 0.0005
 
 
+def resolve_path(comm: Communicator, path: str, preferred: str) -> str:
+    """The path ``path`` names: itself, or for ``auto`` the strategy's ``preferred`` one
+    where ``comm`` can run it (the ring needs point-to-point messages), else ``thread``."""
+    if path != AUTO_PATH:
+        return path
+    return preferred if preferred != "ring" or comm.supports_p2p else "thread"
+
+
 def check_transfer_path(comm: Communicator, path: str) -> None:
     """Raise ValueError, naming the cause, if transfer ``path`` cannot run on ``comm``."""
+    if path == AUTO_PATH:
+        return
     if path not in TRANSFER_PATHS:
         raise ValueError(f"unknown transfer path {path!r}; choose from "
-                         f"{', '.join(TRANSFER_PATHS)}")
+                         f"{', '.join(TRANSFER_CHOICES)}")
     if path == "ring" and not comm.supports_p2p:
         raise ValueError(lacks_p2p(comm, "--transfer ring", "--transfer thread"))
 
@@ -123,8 +136,11 @@ class Transfer(Handle):
 class TransferEngine:
     """Runs queued in-place all-reduces in issue order on one thread and communicator."""
 
-    def __init__(self, comm: Communicator, path: str = DEFAULT_TRANSFER_PATH,
+    def __init__(self, comm: Communicator, path: str = "thread",
                  poll_s: float = POLL_S) -> None:
+        if path not in TRANSFER_PATHS:  # auto is the strategy's to resolve
+            raise ValueError(f"unknown transfer path {path!r} for the engine; one of "
+                             f"{', '.join(TRANSFER_PATHS)}")
         check_transfer_path(comm, path)
         if not poll_s > 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s}")

@@ -57,7 +57,8 @@ Built like every strategy (``Strategy.__init__``); it reads these
     staleness: s >= 0.
     staleness_lr: scale the applied gradient by 1/s.
     staleness_warmup: steps run with s = 0 before staleness s starts.
-    transfer: the engine's path, ``thread`` or ``ring`` (``TRANSFER_PATHS``).
+    transfer: the engine's path, ``thread`` or ``ring`` (``TRANSFER_PATHS``); ``auto``
+        is ``thread``.
 
 Example::
 
@@ -77,7 +78,7 @@ import torch
 from commbench import metrics
 from commbench.comm.algos import wire_dtype
 from commbench.comm.base import Communicator
-from commbench.comm.engine import Transfer, TransferEngine
+from commbench.comm.engine import Transfer, TransferEngine, resolve_path
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import dtype_name, unpack_mean
 from commbench.strategies.flat import FlatStrategy
@@ -116,7 +117,8 @@ class AsyncStrategy(FlatStrategy):
         self.staleness = staleness
         self.staleness_lr = bool(settings.staleness_lr)
         self.staleness_warmup = staleness_warmup
-        self.transfer = transfer
+        # auto: the backend's blocking all-reduce, the path async's figures were taken on
+        self.transfer = resolve_path(comm, transfer, "thread")
         # One fused host buffer per step in flight (the first is flat's); packing casts,
         # or copies off a device, one tensor at a time where it must.
         self._slots = [FlatBuffer(self.grads, flat=self.buffer)]

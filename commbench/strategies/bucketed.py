@@ -27,6 +27,10 @@
    all-reduce rather than Open MPI's non-blocking one (libnbc), which is
    much slower across nodes; ``--transfer ring`` as the project's ring on
    point-to-point messages tested between sleeps (lighter on the CPU).
+   ``auto`` (the default) is the ring wherever the backend has
+   point-to-point messages: Open MPI's tuned all-reduce moves large
+   messages by its ``put`` pipeline, which runs at about half the link when
+   ranks enter apart, as back-to-back buckets do (``PREFERRED_PATH``).
 5. A bucket that ``poll`` sees complete is divided by the rank count
    into its gradients at once, while backward still runs (DDP divides in its
    hook too; with ``gradient_as_bucket_view`` it needs no copy at all).
@@ -49,7 +53,14 @@ the mean is taken after the sum, as ``flat`` does, not by pre-dividing.
 Built like every strategy (``Strategy.__init__``); ``backward_order`` is the
 order the buckets follow. It reads these ``StrategySettings`` fields:
 
-    bucket_mb: bucket cap in MB (2**20 bytes); 0 = one all-reduce per tensor.
+    bucket_mb: bucket cap in MB (2**20 bytes); 0 = one all-reduce per tensor;
+        ``auto``: DDP's 25 for the first step, then the cap that
+        ``commbench.buckets.choose_cap`` predicts ends sync soonest after
+        backward, from a probe of the transfer path at construction (all-reduces
+        of 64 KiB, 1 MiB and 8 MiB fit to latency + bytes / rate) and the first
+        step's gradient times; rank 0 decides, every rank rebuilds its buckets
+        (DDP too rebuilds its buckets once, after the first iteration). Records
+        carry the choice under ``knobs.bucket_mb_auto``.
     first_bucket_mb: the first bucket's cap (default 1, DDP's).
     compression: ``none``, ``fp16`` or ``bf16`` (buckets hold that dtype).
     progress: ``thread`` (default: the transfer engine runs the buckets in
@@ -58,8 +69,8 @@ order the buckets follow. It reads these ``StrategySettings`` fields:
         ResNet-50, 25 MB buckets: exposed sync 1.68 s with a comm thread
         running blocking all-reduces, 4.67 s polling Open MPI's iallreduce
         (flat native: 2.21 s).
-    transfer: with ``progress="thread"``, the engine's path: ``thread`` or
-        ``ring`` (``commbench.comm.engine.TRANSFER_PATHS``).
+    transfer: with ``progress="thread"``, the engine's path: ``thread``,
+        ``ring`` (``commbench.comm.engine.TRANSFER_PATHS``) or ``auto``.
 
 Example::
 
@@ -77,12 +88,16 @@ import torch
 
 from commbench.buckets import AUTO, MB, assign_buckets, choose_cap, fit_line
 from commbench.comm.base import Communicator, Handle
-from commbench.comm.engine import TransferEngine
+from commbench.comm.engine import TransferEngine, resolve_path
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, StrategySettings
 from commbench.timing import NullTimer, StepTimer, now
 
+#: --transfer auto's path: back-to-back buckets on the project's ring (peer_fairness, 2 x 1 at
+#: 1 Gbit/s, ResNet-18: Open MPI's tuned all-reduce ran them at 0.72 of the link, the ring
+#: at 0.97); the backend's all-reduce where it has no point-to-point messages
+PREFERRED_PATH = "ring"
 #: --bucket-mb auto's probe of the transfer path: sizes (bytes) and timed all-reduces each
 PROBE_BYTES = (2**16, 2**20, 8 * 2**20)
 PROBE_REPS = 2
@@ -143,9 +158,9 @@ class BucketedStrategy(Strategy):
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
         first_bucket_mb = self.settings.first_bucket_mb
-        progress, transfer = self.settings.progress, self.settings.transfer
+        progress = self.settings.progress
         self.progress = progress
-        self.transfer = transfer
+        self.transfer = resolve_path(comm, self.settings.transfer, PREFERRED_PATH)
         # progress="thread": opened at the first bucket (a collective: every rank starts
         # its buckets in the same order), closed by close()
         self._engine: TransferEngine | None = None

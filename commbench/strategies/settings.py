@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from commbench.buckets import AUTO, DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, parse_bucket_mb
-from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_PATHS
+from commbench.comm.engine import DEFAULT_TRANSFER_PATH, TRANSFER_CHOICES
 from commbench.flags import flag, nonneg_float, nonneg_int, positive_int
 
 #: ``--compression``: the dtype gradients travel in (None: their own), cast before the
@@ -57,7 +57,8 @@ class StrategySettings:
         bucket_mb: bucketed's and DDP's cap in MB; 0 = per tensor.
         first_bucket_mb: bucketed's first bucket's cap.
         progress: bucketed's ``thread`` (transfer engine) or ``poll``.
-        transfer: the transfer engine's path, ``thread`` or ``ring``
+        transfer: the transfer engine's path, ``thread``, ``ring`` or ``auto`` (each
+            strategy's own where the backend has it)
             (async; bucketed with ``progress="thread"``).
         staleness: async's s >= 0.
         staleness_lr: async scales applied gradients by 1/s.
@@ -91,12 +92,14 @@ class StrategySettings:
              "MPI non-blocking all-reduce tested from the compute loop, thread = blocking "
              "all-reduces on a comm thread (Horovod's design)")
     transfer: str = flag(
-        "--transfer", default=DEFAULT_TRANSFER_PATH, choices=TRANSFER_PATHS,
+        "--transfer", default=DEFAULT_TRANSFER_PATH, choices=TRANSFER_CHOICES,
         help="--strategy async and bucketed (--progress thread): how the background transfer "
              "engine runs each all-reduce: thread = the backend's blocking all-reduce on its "
-             "own thread (at link speed; Open MPI spins a core while it waits), ring = the "
+             "own thread (Open MPI spins a core while it waits, and its large-message "
+             "protocol runs back-to-back buckets at about half the link), ring = the "
              "project's ring on point-to-point messages, tested between sleeps (light on the "
-             "CPU; needs MPI)")
+             "CPU; needs point-to-point), auto = bucketed on ring and async on thread, each "
+             "where the backend has it (else thread)")
     staleness: int = flag(
         "--staleness", default=0, metavar="S", type=nonneg_int,
         help="--strategy async: step t's all-reduce runs while later steps compute and is "
@@ -115,7 +118,7 @@ class StrategySettings:
 
     def __post_init__(self) -> None:
         for name, choices in (("compression", COMPRESSIONS), ("progress", PROGRESS),
-                              ("transfer", TRANSFER_PATHS)):
+                              ("transfer", TRANSFER_CHOICES)):
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
