@@ -182,14 +182,15 @@ class _ScriptedTimer(StepTimer):
 def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(monkeypatch):
     per_byte = 0.1 / (4 * MB)  # the probe: no latency, 100 ms per 4 MiB
     monkeypatch.setattr(BucketedStrategy, "_time_transfer",
-                        lambda self, t: per_byte * t.numel() * t.element_size())
+                        lambda self, t, path: per_byte * t.numel() * t.element_size())
     comm = _Comm(tests_needed=0)
     s, grads = _strategy(comm, [MB] * 4, "auto", order=[3, 2, 1, 0])  # 4 MiB each
     assert s.bucket_mb == 25.0 and [b.indices for b in s.buckets] == [[3], [2, 1, 0]]
     auto = s.knobs()["bucket_mb_auto"]
     assert auto["requested"] == "auto" and auto["chosen"] is None
-    assert auto["probe"]["s_per_byte"] == pytest.approx(per_byte)
-    assert auto["probe"]["alpha_s"] == pytest.approx(0.0, abs=1e-12)
+    assert list(auto["probe"]) == ["iallreduce"]  # --progress poll: the one path it runs
+    assert auto["probe"]["iallreduce"]["s_per_byte"] == pytest.approx(per_byte)
+    assert auto["probe"]["iallreduce"]["alpha_s"] == pytest.approx(0.0, abs=1e-12)
     for step in range(2):
         timer = _ScriptedTimer()
         timer.begin_step(step, step == 0)
@@ -204,12 +205,14 @@ def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(m
     assert knobs["bucket_mb"] == 4.0 and knobs["buckets"] == 4  # 1, 2 and 4 tie: the largest
     assert knobs["bucket_mb_auto"]["chosen"] == 4.0
     assert knobs["bucket_mb_auto"]["chosen_after_steps"] == 1
-    assert knobs["bucket_mb_auto"]["predicted_exposed_s"]["8"] == pytest.approx(0.2)
+    assert knobs["bucket_mb_auto"]["predicted_exposed_s"]["iallreduce"]["8"] == \
+        pytest.approx(0.2)
+    assert knobs["bucket_mb_auto"]["chosen_path"] == "iallreduce"
     assert comm.issued[-4:] == [MB] * 4  # step 1 ran the new buckets
 
 
 def test_auto_keeps_its_cap_where_the_probe_fits_no_line(monkeypatch):
-    monkeypatch.setattr(BucketedStrategy, "_time_transfer", lambda self, t: 0.01)
+    monkeypatch.setattr(BucketedStrategy, "_time_transfer", lambda self, t, path: 0.01)
     s, _ = _strategy(_Comm(tests_needed=0), [10, 10], "auto")
     timer = _ScriptedTimer()
     for step in range(2):
@@ -219,7 +222,8 @@ def test_auto_keeps_its_cap_where_the_probe_fits_no_line(monkeypatch):
         s.on_ready(0)
         s.finish()
     auto = s.knobs()["bucket_mb_auto"]
-    assert auto["chosen"] is None and "fit no line" in auto["why"] and s.bucket_mb == 25.0
+    assert auto["chosen"] is None and "fit no line" in auto["why"]["iallreduce"]
+    assert s.bucket_mb == 25.0
 
 
 def test_poll_records_the_real_in_flight_interval():
@@ -323,18 +327,25 @@ def test_job_validates_every_bucket_size(tmp_path, np_, mb, buckets):
 
 
 @pytest.mark.mpi
-def test_auto_job_records_its_choice_and_ddp_keeps_its_default(tmp_path):
+@pytest.mark.parametrize("transfer", ["ring", "auto"])
+def test_auto_job_records_its_choice_and_ddp_keeps_its_default(tmp_path, transfer):
     summ, steps = _job("mpirun", 2, tmp_path, [
         "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "60",
-        "--strategy", "bucketed,ddp", "--bucket-mb", "auto", "--transfer", "ring"])
+        "--strategy", "bucketed,ddp", "--bucket-mb", "auto", "--transfer", transfer])
     s, ddp = summ["bucketed"], summ["ddp"]
     assert s["wrong"] == 0 and ddp["wrong"] == 0
     assert s["config"]["bucket_mb"] == "auto"
     auto = s["knobs"]["bucket_mb_auto"]
     assert auto["chosen"] in AUTO_CAPS_MB and auto["chosen_after_steps"] == 1, auto
     assert s["knobs"]["bucket_mb"] == auto["chosen"]
-    assert set(auto["predicted_exposed_s"]) == {f"{c:g}" for c in AUTO_CAPS_MB}
-    assert len(auto["probe"]["bytes"]) == len(auto["probe"]["seconds"]) == 6
+    # --transfer auto on MPI: both engine paths probed, the one chosen runs the buckets
+    paths = ["ring", "thread"] if transfer == "auto" else ["ring"]
+    assert list(auto["probe"]) == list(auto["predicted_exposed_s"]) == paths
+    assert auto["chosen_path"] in paths and auto["chosen_path"] == s["knobs"]["transfer_path"]
+    for path in paths:
+        assert set(auto["predicted_exposed_s"][path]) == {f"{c:g}" for c in AUTO_CAPS_MB}
+        probe = auto["probe"][path]
+        assert len(probe["bytes"]) == len(probe["seconds"]) == 6 and probe["s_per_byte"] > 0
     # the buckets were rebuilt at the chosen cap, and the measured steps ran them
     sizes = s["knobs"]["bucket_bytes"]
     assert sum(sizes) == s["grad_bytes"] and s["knobs"]["buckets"] == len(sizes)

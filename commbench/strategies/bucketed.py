@@ -88,7 +88,7 @@ import torch
 
 from commbench.buckets import AUTO, MB, assign_buckets, choose_cap, fit_line
 from commbench.comm.base import Communicator, Handle
-from commbench.comm.engine import TransferEngine, resolve_path
+from commbench.comm.engine import AUTO_PATH, TRANSFER_PATHS, TransferEngine, resolve_path
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, StrategySettings
@@ -162,8 +162,8 @@ class BucketedStrategy(Strategy):
         self.progress = progress
         self.transfer = resolve_path(comm, self.settings.transfer, PREFERRED_PATH)
         # progress="thread": opened at the first bucket (a collective: every rank starts
-        # its buckets in the same order), closed by close()
-        self._engine: TransferEngine | None = None
+        # its buckets in the same order), closed by close(); auto's probe opens one per path
+        self._engines: dict[str, TransferEngine] = {}
         # --bucket-mb auto: DDP's default cap until the first step's gradient times are in
         self.auto = self.settings.bucket_mb == AUTO
         self.bucket_mb = self.settings.bucket_cap_mb
@@ -198,62 +198,89 @@ class BucketedStrategy(Strategy):
 
     # -- --bucket-mb auto -------------------------------------------------------------------
 
-    def _time_transfer(self, t: torch.Tensor) -> float:
-        """Seconds one all-reduce of ``t`` takes on this strategy's transfer path."""
-        if self.progress == "thread":
-            h = self._open_engine().submit(t)
-            h.wait()
-            return h.end - h.start
-        t0 = now()
-        self.comm.iallreduce(t).wait()
-        return now() - t0
+    def _paths(self) -> list[str]:
+        """The transfer paths auto chooses among: both engine paths where ``--transfer auto``
+        and the backend has point-to-point messages (the preferred first), else the one
+        this strategy runs (``iallreduce`` under ``--progress poll``)."""
+        if self.progress != "thread":
+            return ["iallreduce"]
+        if self.settings.transfer == AUTO_PATH and self.comm.supports_p2p:
+            return [PREFERRED_PATH, *(p for p in TRANSFER_PATHS if p != PREFERRED_PATH)]
+        return [self.transfer]
+
+    def _time_transfer(self, t: torch.Tensor, path: str) -> float:
+        """Seconds one all-reduce of ``t`` takes on transfer path ``path``."""
+        if path == "iallreduce":
+            t0 = now()
+            self.comm.iallreduce(t).wait()
+            return now() - t0
+        h = self._open_engine(path).submit(t)
+        h.wait()
+        return h.end - h.start
 
     def _probe(self) -> dict[str, Any]:
-        """Fit ``alpha + bytes * s_per_byte`` to the transfer path: ``PROBE_REPS`` all-reduces
-        at each of ``PROBE_BYTES`` after one that warms the path (a collective: every rank
-        builds its strategies in the same order). Rank 0's fit decides for every rank."""
+        """Per path (``_paths``), a fit of ``alpha + bytes * s_per_byte``: ``PROBE_REPS``
+        all-reduces at each of ``PROBE_BYTES`` after one that warms the path (collectives:
+        every rank builds its strategies, and probes, in the same order). Rank 0's fits
+        decide for every rank."""
         like = self.buckets[0].buffer
-        sizes, times = [], []
-        for nbytes in PROBE_BYTES:
-            t = torch.zeros(max(1, nbytes // like.element_size()), dtype=like.dtype,
-                            device=like.device)
-            for rep in range(PROBE_REPS + 1):
-                dt = self._time_transfer(t)
-                if rep:
-                    sizes.append(t.numel() * t.element_size())
-                    times.append(dt)
-        try:
-            alpha, beta = fit_line(sizes, times)
-        except ValueError as e:
-            return {"probe": None, "why": f"the probe's times fit no line: {e}"}
-        return {"probe": {"bytes": sizes, "seconds": [round(x, 6) for x in times],
-                          "alpha_s": alpha, "s_per_byte": beta}}
+        fits: dict[str, Any] = {}
+        why: dict[str, str] = {}
+        for path in self._paths():
+            sizes, times = [], []
+            for nbytes in PROBE_BYTES:
+                t = torch.zeros(max(1, nbytes // like.element_size()), dtype=like.dtype,
+                                device=like.device)
+                for rep in range(PROBE_REPS + 1):
+                    dt = self._time_transfer(t, path)
+                    if rep:
+                        sizes.append(t.numel() * t.element_size())
+                        times.append(dt)
+            try:
+                alpha, beta = fit_line(sizes, times)
+            except ValueError as e:
+                fits[path] = None
+                why[path] = f"the probe's times fit no line: {e}"
+                continue
+            fits[path] = {"bytes": sizes, "seconds": [round(x, 6) for x in times],
+                          "alpha_s": alpha, "s_per_byte": beta}
+        return {"probe": fits, **({"why": why} if why else {})}
 
     def _choose(self) -> None:
-        """Rank 0 picks the cap from the probe and the last step's gradient times
-        (``commbench.buckets.choose_cap``); every rank rebuilds its buckets at it."""
+        """Rank 0 picks the path and cap from the probe and the last step's gradient times
+        (``commbench.buckets.choose_cap`` per path; the path whose cap predicts the least
+        exposed sync, the preferred on a tie); every rank rebuilds its buckets at it."""
         auto = dict(self._auto or {})
+        fits = {p: f for p, f in (auto.get("probe") or {}).items() if f is not None}
         if self.comm.rank == 0:
-            probe = auto.get("probe")
-            if probe is None or not self._ready:
-                auto["why"] = auto.get("why") or "no gradient times were recorded"
+            if not fits or not self._ready:
+                auto.setdefault("why", "no gradient times were recorded")
             else:
                 last = max(self._ready.values())
                 ready = [self._ready.get(i, last) for i in range(len(self.grads))]
                 origin = min(ready)
                 # the probe ran in the wire dtype; caps count the gradients' own bytes
                 wire = self.buckets[0].buffer.element_size() / self.grads[0].element_size()
-                cap, predicted = choose_cap(
+                choices = {path: choose_cap(
                     [g.numel() * g.element_size() for g in self.grads], self.backward_order,
-                    [t - origin for t in ready], probe["alpha_s"], probe["s_per_byte"] * wire,
+                    [t - origin for t in ready], fit["alpha_s"], fit["s_per_byte"] * wire,
                     self.first_bucket_mb * MB, [g.dtype for g in self.grads])
-                auto.update(chosen=cap, backward_s=last - origin,
-                            predicted_exposed_s={f"{c:g}": round(e, 6)
-                                                 for c, e in predicted.items()})
+                    for path, fit in fits.items()}
+                path = min(choices, key=lambda p: choices[p][1][choices[p][0]])  # first: tie
+                auto.update(chosen=choices[path][0], chosen_path=path, backward_s=last - origin,
+                            predicted_exposed_s={p: {f"{c:g}": round(e, 6) for c, e in
+                                                     pred.items()}
+                                                 for p, (_, pred) in choices.items()})
         auto = self.comm.bcast_object(auto)
         auto["chosen_after_steps"] = self._timed_steps
         self._auto = auto
-        if auto.get("chosen") is not None and auto["chosen"] != self.bucket_mb:
+        if auto.get("chosen") is None:
+            return
+        if auto["chosen_path"] != "iallreduce":
+            self.transfer = auto["chosen_path"]
+        for path in [p for p in self._engines if p != self.transfer]:  # in the same order
+            self._engines.pop(path).close()
+        if auto["chosen"] != self.bucket_mb:
             self.bucket_mb = float(auto["chosen"])
             self._build(self.bucket_mb)
 
@@ -297,10 +324,12 @@ class BucketedStrategy(Strategy):
             self._in_flight.append(b)
             self._next += 1
 
-    def _open_engine(self) -> TransferEngine:
-        if self._engine is None:
-            self._engine = TransferEngine(self.comm, self.transfer)
-        return self._engine
+    def _open_engine(self, path: str | None = None) -> TransferEngine:
+        """The engine of ``path`` (default: the one buckets run on), opened at first use."""
+        path = path or self.transfer
+        if path not in self._engines:
+            self._engines[path] = TransferEngine(self.comm, path)
+        return self._engines[path]
 
     def _test_in_flight(self) -> list[_Bucket]:
         """Test every bucket in flight; record the end of those seen complete; return them."""
@@ -387,7 +416,6 @@ class BucketedStrategy(Strategy):
             "ring on the engine thread, polled"
 
     def close(self) -> None:
-        """Stop the transfer engine (after its last bucket)."""
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        """Stop the transfer engines (after their last bucket)."""
+        for path in list(self._engines):
+            self._engines.pop(path).close()

@@ -71,7 +71,8 @@ def main() -> int:
         steps.append((mine, exact, [g.clone() for g in grads]))
     runs = [(mb, "poll", "thread") for mb in BUCKET_MB] + [
         (mb, "thread", path) for mb in (0, 4, 25, "auto")
-        for path in ("thread", "ring") if path == "thread" or comm.supports_p2p]
+        for path in ("thread", "ring") if path == "thread" or comm.supports_p2p] + [
+        ("auto", "thread", "auto")]  # both paths probed, one chosen
     for mb, progress, path in runs:
         bucketed = make_strategy("bucketed", comm, grads, bucket_mb=mb, backward_order=order,
                                  progress=progress, transfer=path)
