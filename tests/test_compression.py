@@ -64,7 +64,7 @@ def test_compressed_buffers_carry_half_the_bytes():
 
     import torch
 
-    one = types.SimpleNamespace(rank=0, size=1,
+    one = types.SimpleNamespace(rank=0, size=1, supports_p2p=False,
                                 device_collectives=False)  # construction reduces nothing
     grads = [torch.zeros(10), torch.zeros(5, 2)]
     for comp, nbytes in (("none", 80), ("fp16", 40), ("bf16", 40)):
