@@ -122,13 +122,10 @@ class StrategySettings:
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
-        if self.bucket_mb != AUTO:
-            parse_bucket_mb(self.bucket_mb)
-        for name in ("first_bucket_mb",):
-            mb = getattr(self, name)
-            if not 0 <= mb < math.inf:
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, "
-                                 f"got {mb}")
+        parse_bucket_mb(self.bucket_mb)  # MB >= 0 or auto
+        if not 0 <= self.first_bucket_mb < math.inf:
+            raise ValueError(f"--first-bucket-mb must be a finite number >= 0, "
+                             f"got {self.first_bucket_mb}")
         for name, least in (("staleness", 0), ("staleness_warmup", 0), ("accum_steps", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
