@@ -165,7 +165,7 @@ def ms(v: float | None) -> float | None:
     return None if v is None else v * 1e3
 
 
-TABLE = [Column("job", "", 26), Column("strategy", "", 9), Column("cap", "MB", 5),
+TABLE = [Column("job", "", 26), Column("strategy", "", 9), Column("cap", "MB", 7),
          Column("buckets", "", 7), Column("step", "ms", 7, ".0f"), Column("p5", "ms", 6, ".0f"),
          Column("p95", "ms", 6, ".0f"), Column("compute", "ms", 7, ".0f"),
          Column("exposed", "ms", 7, ".0f"), Column("comm", "ms", 7, ".0f"),

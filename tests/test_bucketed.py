@@ -99,6 +99,18 @@ def test_choose_cap_trades_an_early_start_against_the_latency_each_bucket_pays()
         choose_cap(nbytes, order, ready[:3], 0.0, per_byte)
 
 
+def test_choose_cap_splits_a_gradient_smaller_than_a_megabyte():
+    # GPT-tiny's shape: 0.5 MB in eight 64 KiB gradients, one every 0.5 ms; a 64 KiB bucket
+    # holds the link 0.05 + 0.4 ms. At 1 MB and up it is one bucket sent after backward.
+    kib64 = 64 * 1024
+    nbytes, order = [kib64] * 8, list(range(8))
+    ready = [0.0005 * i for i in order]
+    cap, exposed = choose_cap(nbytes, order, ready, 0.00005, 0.0004 / kib64, first_cap_bytes=MB)
+    assert exposed[1.0] == pytest.approx(0.00325)  # the whole gradient after backward
+    assert cap == 1 / 16 and exposed[cap] == pytest.approx(0.00045)  # one gradient a bucket
+    assert exposed[1 / 8] == pytest.approx(0.00085)  # two a bucket: the last waits for a pair
+
+
 def test_the_cost_model_schedules_buckets_by_the_rule_auto_chooses_by():
     from analysis import overlap  # the cost model's schedule is this very rule
     assert overlap.schedule([0.0, 0.1], [0.2, 0.05], 0.1) == schedule([0.0, 0.1], [0.2, 0.05],

@@ -1,6 +1,7 @@
 import pytest
 
-from commbench.comm.ring import chunk_bounds
+from commbench.comm import ring
+from commbench.comm.ring import POLL_FIRST_S, POLL_S, chunk_bounds
 from tests.conftest import run_check
 
 
@@ -13,6 +14,32 @@ def test_chunk_bounds_cover_exactly_and_balance(n, p):
     sizes = [b - a for a, b in bounds]
     assert max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)  # the larger chunks come first
+
+
+class _LandsAfter:
+    """A message that tests complete on its ``n``-th test."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.tests = n, 0
+
+    def test(self) -> bool:
+        self.tests += 1
+        return self.tests >= self.n
+
+
+def test_poll_backs_off_from_a_short_first_sleep_to_the_longest(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(ring.dilation, "sleep", slept.append)
+    ring.poll(_LandsAfter(1))
+    assert slept == []  # a message already in is never slept on
+    h = _LandsAfter(9)
+    ring.poll(h)
+    assert h.tests == 9
+    want = [min(POLL_FIRST_S * 2 ** i, POLL_S) for i in range(8)]
+    assert slept == pytest.approx(want) and slept[0] < POLL_S / 8 and slept[-1] == POLL_S
+    slept.clear()
+    ring.poll(_LandsAfter(4), poll_s=POLL_FIRST_S / 2)  # a shorter longest sleep caps the first
+    assert slept == [POLL_FIRST_S / 2] * 3
 
 
 @pytest.mark.mpi

@@ -33,7 +33,7 @@ for the same reason.
      ``queued`` and the previous transfer's ``end``.
    * ``ring``: the project's pipelined ring (``commbench.comm.ring``:
      reduce-scatter + all-gather on non-blocking point-to-point messages),
-     each message tested between sleeps of ``poll_s``: light on the CPU, at
+     each message tested between sleeps that double up to ``poll_s``: light on the CPU, at
      the price of up to ``poll_s`` of latency per segment. Needs
      point-to-point messages (``comm.supports_p2p``; not Horovod on Gloo).
 4. Every transfer is stamped on this rank's clock (``commbench.timing.now``):
@@ -61,14 +61,14 @@ from __future__ import annotations
 
 import queue
 import threading
+from functools import partial
 from types import TracebackType
 from typing import Callable
 
 import torch
 
-from commbench import dilation
 from commbench.comm.base import Communicator, Handle, lacks_p2p
-from commbench.comm.ring import ring_allreduce
+from commbench.comm.ring import POLL_S, poll, ring_allreduce
 from commbench.timing import now
 
 #: how the engine runs a transfer; ``thread`` is the default (at link speed, blocking)
@@ -77,9 +77,6 @@ TRANSFER_PATHS = ("thread", "ring")
 AUTO_PATH = "auto"
 TRANSFER_CHOICES = (AUTO_PATH, *TRANSFER_PATHS)
 DEFAULT_TRANSFER_PATH = AUTO_PATH
-#: the ring poller's sleep between tests: a 1 MiB segment takes ~8 ms at 1 Gbit/s, and
-#: socket buffers keep the link busy meanwhile
-POLL_S = 0.0005
 
 
 def resolve_path(comm: Communicator, path: str, preferred: str) -> str:
@@ -178,12 +175,8 @@ class TransferEngine:
         self._queue.put(t)
         return t
 
-    def _wait_polling(self, h: Handle) -> None:
-        while not h.test():
-            dilation.sleep(self.poll_s)
-
     def _ring(self, tensor: torch.Tensor) -> None:
-        ring_allreduce(self.comm, tensor, wait=self._wait_polling)
+        ring_allreduce(self.comm, tensor, wait=partial(poll, poll_s=self.poll_s))
 
     def _loop(self) -> None:
         last_end = 0.0
