@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commbench.buckets import AUTO_CAPS_MB, MB, choose_cap, fit_line, parse_bucket_mb, schedule
+from commbench.buckets import AUTO_CAPS_MB, MB, ProbeCost, choose_cap, parse_bucket_mb, schedule
 from commbench.strategies import StrategySettings, make_strategy
-from commbench.strategies.bucketed import BucketedStrategy, assign_buckets
+from commbench.strategies.bucketed import (
+    BY_SIZE,
+    PROBE_BYTES,
+    PROBE_REPS,
+    BucketedStrategy,
+    assign_buckets,
+)
 from commbench.timing import StepTimer
 from tests.conftest import of_kind, run_check, run_tool, summaries
 
@@ -66,16 +72,28 @@ def test_a_bad_bucket_mb_names_the_flag(text):
         parse_bucket_mb(text)
 
 
-def test_fit_line_recovers_latency_and_rate_and_refuses_what_is_no_line():
-    alpha, beta = fit_line([1e3, 1e6, 8e6, 8e6], [0.002 + 1e-9 * x for x in
-                                                  (1e3, 1e6, 8e6, 8e6)])
-    assert alpha == pytest.approx(0.002) and beta == pytest.approx(1e-9)
-    assert fit_line([1, 2], [0.5, 0.6])[0] == pytest.approx(0.4)
-    assert fit_line([10, 20], [0.0, 1.0])[0] == 0.0  # a negative latency is clamped
+def _line(alpha, per_byte):
+    return lambda nbytes: alpha + per_byte * nbytes
+
+
+def test_probe_cost_goes_through_the_fastest_time_at_each_size():
+    # the ring on 2 x 2 as probed: 64 KiB cost 0.86 ms, far above a line through 1 and 8 MiB
+    cost = ProbeCost([2**16, 2**16, 2**20, 2**20, 2**23, 2**23],
+                     [0.00086, 0.0009, 0.0133, 0.02, 0.1056, 0.1086])
+    assert cost.record() == [[2**16, 0.00086], [2**20, 0.0133], [2**23, 0.1056]]
+    assert cost(2**16) == pytest.approx(0.00086) and cost(100) == pytest.approx(0.00086)
+    mid = (2**16 + 2**20) / 2
+    assert cost(mid) == pytest.approx((0.00086 + 0.0133) / 2)  # a straight line between
+    slope = (0.1056 - 0.0133) / (2**23 - 2**20)
+    assert cost(2**24) == pytest.approx(0.1056 + slope * 2**23)  # the last slope beyond
+    assert cost.scaled(0.5)(2**20) == pytest.approx(cost(2**19))  # fp16 on the wire
+    # a size probed slower than a smaller one costs what the smaller did: never decreasing
+    flat = ProbeCost([1, 2, 3], [0.5, 0.4, 0.9])
+    assert flat.record() == [[1, 0.5], [2, 0.5], [3, 0.9]] and flat(4) == pytest.approx(1.3)
     with pytest.raises(ValueError, match="two sizes"):
-        fit_line([5, 5], [1.0, 2.0])
+        ProbeCost([5, 5], [1.0, 2.0])
     with pytest.raises(ValueError, match="do not grow"):
-        fit_line([1, 2], [0.2, 0.1])
+        ProbeCost([1, 2], [0.2, 0.1])
 
 
 def test_choose_cap_trades_an_early_start_against_the_latency_each_bucket_pays():
@@ -85,18 +103,19 @@ def test_choose_cap_trades_an_early_start_against_the_latency_each_bucket_pays()
     per_byte = 0.01 / mib4  # a 4 MiB bucket holds the link 10 ms
     # free buckets: a bucket per gradient ends 10 ms after the last one is ready; larger caps
     # leave more behind it. 1, 2 and 4 MB give the same buckets: the largest of them wins.
-    cap, exposed = choose_cap(nbytes, order, ready, 0.0, per_byte)
+    cap, exposed = choose_cap(nbytes, order, ready, _line(0.0, per_byte))
     assert cap == 4.0 and exposed[4.0] == pytest.approx(0.01)
     assert exposed[1.0] == exposed[4.0] and exposed[8.0] == pytest.approx(0.02)
     # 50 ms a bucket: eight queue up (0.48 s); one bucket of 32 MiB ends 0.13 s after backward
-    cap, exposed = choose_cap(nbytes, order, ready, 0.05, per_byte)
+    cap, exposed = choose_cap(nbytes, order, ready, _line(0.05, per_byte))
     assert exposed[4.0] == pytest.approx(0.48 - 0.07)
     assert exposed[32.0] == pytest.approx(0.13) and cap == max(AUTO_CAPS_MB)
     # the first bucket's own cap is kept: the 4 MiB gradient 0 stays alone
-    cap, exposed = choose_cap(nbytes, order, ready, 0.0, per_byte, first_cap_bytes=1 * MB)
+    cap, exposed = choose_cap(nbytes, order, ready, _line(0.0, per_byte),
+                              first_cap_bytes=1 * MB)
     assert exposed[8.0] == pytest.approx(0.02)
     with pytest.raises(ValueError, match="ready times"):
-        choose_cap(nbytes, order, ready[:3], 0.0, per_byte)
+        choose_cap(nbytes, order, ready[:3], _line(0.0, per_byte))
 
 
 def test_choose_cap_splits_a_gradient_smaller_than_a_megabyte():
@@ -105,7 +124,8 @@ def test_choose_cap_splits_a_gradient_smaller_than_a_megabyte():
     kib64 = 64 * 1024
     nbytes, order = [kib64] * 8, list(range(8))
     ready = [0.0005 * i for i in order]
-    cap, exposed = choose_cap(nbytes, order, ready, 0.00005, 0.0004 / kib64, first_cap_bytes=MB)
+    cap, exposed = choose_cap(nbytes, order, ready, _line(0.00005, 0.0004 / kib64),
+                              first_cap_bytes=MB)
     assert exposed[1.0] == pytest.approx(0.00325)  # the whole gradient after backward
     assert cap == 1 / 16 and exposed[cap] == pytest.approx(0.00045)  # one gradient a bucket
     assert exposed[1 / 8] == pytest.approx(0.00085)  # two a bucket: the last waits for a pair
@@ -201,8 +221,9 @@ def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(m
     auto = s.knobs()["bucket_mb_auto"]
     assert auto["requested"] == "auto" and auto["chosen"] is None
     assert list(auto["probe"]) == ["iallreduce"]  # --progress poll: the one path it runs
-    assert auto["probe"]["iallreduce"]["s_per_byte"] == pytest.approx(per_byte)
-    assert auto["probe"]["iallreduce"]["alpha_s"] == pytest.approx(0.0, abs=1e-12)
+    cost = auto["probe"]["iallreduce"]["cost"]
+    assert [n for n, _ in cost] == list(PROBE_BYTES)
+    assert [t for _, t in cost] == pytest.approx([per_byte * n for n in PROBE_BYTES], abs=1e-6)
     for step in range(2):
         timer = _ScriptedTimer()
         timer.begin_step(step, step == 0)
@@ -223,7 +244,7 @@ def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(m
     assert comm.issued[-4:] == [MB] * 4  # step 1 ran the new buckets
 
 
-def test_auto_keeps_its_cap_where_the_probe_fits_no_line(monkeypatch):
+def test_auto_keeps_its_cap_where_the_probe_gives_no_cost(monkeypatch):
     monkeypatch.setattr(BucketedStrategy, "_time_transfer", lambda self, t, path: 0.01)
     s, _ = _strategy(_Comm(tests_needed=0), [10, 10], "auto")
     timer = _ScriptedTimer()
@@ -234,7 +255,7 @@ def test_auto_keeps_its_cap_where_the_probe_fits_no_line(monkeypatch):
         s.on_ready(0)
         s.finish()
     auto = s.knobs()["bucket_mb_auto"]
-    assert auto["chosen"] is None and "fit no line" in auto["why"]["iallreduce"]
+    assert auto["chosen"] is None and "give no cost" in auto["why"]["iallreduce"]
     assert s.bucket_mb == 25.0
 
 
@@ -257,7 +278,7 @@ def test_poll_records_the_real_in_flight_interval():
                          "buckets": 3,
                          "bucket_bytes": [40, 40, 40],
                          "collective": "iallreduce", "progress": "poll",
-                         "transfer_path": None, "compression": "none",
+                         "transfer_path": None, "bucket_paths": None, "compression": "none",
                          "cast_dtype": "float32", "staging": None, "comm_device": "cpu"}
 
 
@@ -322,6 +343,21 @@ def _job(launcher, np_, tmp_path, extra):
 
 
 @pytest.mark.mpi
+def test_by_size_prices_each_bucket_on_the_cheaper_path():
+    s, _ = _strategy(_Comm(), [MB // 4] * 4, 25.0)
+    # the ring: 0.9 ms at 64 KiB, 10 ms a MiB; Open MPI's: 0.1 ms at 64 KiB, 20 ms a MiB
+    probe = {"ring": {"cost": [[2**16, 0.0009], [2**20, 0.010]]},
+             "thread": {"cost": [[2**16, 0.0001], [2**20, 0.020]]}}
+    costs = s._costs({"probe": probe})
+    assert list(costs) == ["ring", "thread", BY_SIZE]
+    for n in (2**10, 2**16, 2**18, 2**20, 2**24):
+        assert costs[BY_SIZE](n) == min(costs["ring"](n), costs["thread"](n))
+    assert s._path_by_size(costs, 2**16) == "thread" and s._path_by_size(costs, 2**20) == "ring"
+    tie = s._costs({"probe": {"thread": probe["ring"], "ring": probe["ring"]}})
+    assert s._path_by_size(tie, 2**16) == "ring"  # the preferred path on a tie
+    assert BY_SIZE not in s._costs({"probe": {"ring": probe["ring"], "thread": None}})
+
+
 # ResNet-18's gradients; the first bucket is capped at DDP's 1 MiB (fc.bias alone)
 @pytest.mark.parametrize("np_,mb,buckets", [(1, 0, 62), (2, 25, 3), (3, 1000, 2), (2, 5, 11)])
 def test_job_validates_every_bucket_size(tmp_path, np_, mb, buckets):
@@ -352,12 +388,19 @@ def test_auto_job_records_its_choice_and_ddp_keeps_its_default(tmp_path, transfe
     assert s["knobs"]["bucket_mb"] == auto["chosen"]
     # --transfer auto on MPI: both engine paths probed, the one chosen runs the buckets
     paths = ["ring", "thread"] if transfer == "auto" else ["ring"]
-    assert list(auto["probe"]) == list(auto["predicted_exposed_s"]) == paths
-    assert auto["chosen_path"] in paths and auto["chosen_path"] == s["knobs"]["transfer_path"]
-    for path in paths:
+    assert list(auto["probe"]) == paths
+    priced = [*paths, BY_SIZE] if transfer == "auto" else paths  # by size: both at once
+    assert list(auto["predicted_exposed_s"]) == priced
+    assert auto["chosen_path"] in priced and auto["chosen_path"] == s["knobs"]["transfer_path"]
+    by_size = s["knobs"]["bucket_paths"]
+    assert (by_size is None) == (auto["chosen_path"] != BY_SIZE)
+    assert by_size is None or len(by_size) == s["knobs"]["buckets"]
+    for path in priced:
         assert set(auto["predicted_exposed_s"][path]) == {f"{c:g}" for c in AUTO_CAPS_MB}
+    for path in paths:
         probe = auto["probe"][path]
-        assert len(probe["bytes"]) == len(probe["seconds"]) == 6 and probe["s_per_byte"] > 0
+        assert len(probe["bytes"]) == len(probe["seconds"]) == len(PROBE_BYTES) * PROBE_REPS
+        assert [n for n, _ in probe["cost"]] == sorted(set(probe["bytes"]))
     # the buckets were rebuilt at the chosen cap, and the measured steps ran them
     sizes = s["knobs"]["bucket_bytes"]
     assert sum(sizes) == s["grad_bytes"] and s["knobs"]["buckets"] == len(sizes)

@@ -150,6 +150,31 @@ def test_ring_needs_point_to_point_and_unknown_paths_are_refused():
     check_transfer_path(_SlowComm(), "auto")  # always runs: it falls back to thread
 
 
+class _P2PComm(_SlowComm):
+    """The stand-in with point-to-point messages (its ring is never run here)."""
+
+    supports_p2p = True
+
+    def dup(self) -> _P2PComm:
+        twin = _P2PComm(self.delay_s)
+        self.dups.append(twin)
+        return twin
+
+
+def test_a_transfer_may_run_on_another_path_than_its_engines():
+    engine = TransferEngine(_P2PComm(), "ring")
+    ts = [engine.submit(torch.full((2,), float(i)), path="thread") for i in range(3)]
+    ts[-1].wait()
+    assert engine.comm.order == [0.0, 1.0, 2.0]  # the backend's all-reduce, in issue order
+    engine.close()
+    with TransferEngine(_SlowComm(), "thread") as engine, \
+            pytest.raises(ValueError, match="--transfer ring needs point-to-point"):
+        engine.submit(torch.ones(2), path="ring")
+    with TransferEngine(_SelfProgressingComm(), "thread") as engine, \
+            pytest.raises(ValueError, match="runs this engine's transfers itself"):
+        engine.submit(torch.ones(2), path="ring")
+
+
 def test_auto_is_each_strategys_path_where_the_backend_has_it():
     class P2P(_SlowComm):
         supports_p2p = True

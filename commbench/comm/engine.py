@@ -104,12 +104,13 @@ class Transfer(Handle):
     ``start`` and ``end`` are None until the engine has begun and finished it.
     """
 
-    __slots__ = ("tensor", "after", "queued", "start", "end", "error", "_done", "handle")
+    __slots__ = ("tensor", "after", "queued", "start", "end", "error", "_done", "handle", "run")
 
     def __init__(self, tensor: torch.Tensor, after: Callable[[], None] | None = None) -> None:
         self.tensor = tensor
         self.after = after
         self.handle: Handle | None = None  # the library's own, where it runs the op itself
+        self.run: Callable[[torch.Tensor], None] | None = None  # another path than the engine's
         self.queued = now()
         self.start: float | None = None
         self.end: float | None = None
@@ -144,8 +145,8 @@ class TransferEngine:
         self.path = path
         self.poll_s = poll_s
         self.comm = comm.dup()  # a collective: every rank opens its engines alike
-        self._run_one: Callable[[torch.Tensor], None] = (
-            self.comm.allreduce if path == "thread" else self._ring)
+        self._runs: dict[str, Callable[[torch.Tensor], None]] = {
+            "thread": self.comm.allreduce, "ring": self._ring}
         #: hand transfers to the library's own background thread as they are submitted
         self._handoff = path == "thread" and self.comm.progresses_itself
         self._queue: queue.SimpleQueue[Transfer | None] = queue.SimpleQueue()
@@ -160,16 +161,26 @@ class TransferEngine:
         """The engine's thread (tests check that ``close`` ends it)."""
         return self._thread
 
-    def submit(self, tensor: torch.Tensor, after: Callable[[], None] | None = None) -> Transfer:
+    def submit(self, tensor: torch.Tensor, after: Callable[[], None] | None = None,
+               path: str | None = None) -> Transfer:
         """Queue an in-place sum of ``tensor`` over all ranks; do not touch it until done.
 
         ``after`` runs on the engine's thread once the sum is in (after ``end`` is
         stamped, before the transfer counts as done): e.g. unpacking a bucket into its
         gradients while the main thread computes, as DDP's comm-hook futures do.
+        ``path`` runs this one transfer on another of ``TRANSFER_PATHS`` (same thread,
+        communicator and order): bucketed's ``by-size`` sends small buckets on the
+        backend's all-reduce and large ones on the ring.
         """
         if self._closed:
             raise RuntimeError("transfer engine: submit after close")
         t = Transfer(tensor, after)
+        if path is not None and path != self.path:
+            if self._handoff:
+                raise ValueError(f"transfer engine: the library runs this engine's "
+                                 f"transfers itself; no {path} path beside it")
+            check_transfer_path(self.comm, path)
+            t.run = self._runs[path]
         if self._handoff:
             t.handle = self.comm.iallreduce(tensor)
         self._queue.put(t)
@@ -187,7 +198,7 @@ class TransferEngine:
             t.start = now() if t.handle is None else max(t.queued, last_end)
             try:
                 if t.handle is None:
-                    self._run_one(t.tensor)
+                    (t.run or self._runs[self.path])(t.tensor)
                 else:
                     t.handle.wait()
                 t.end = last_end = now()

@@ -86,7 +86,7 @@ from typing import Any
 
 import torch
 
-from commbench.buckets import AUTO, MB, assign_buckets, choose_cap, fit_line
+from commbench.buckets import AUTO, MB, ProbeCost, assign_buckets, choose_cap
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.engine import AUTO_PATH, TRANSFER_PATHS, TransferEngine, resolve_path
 from commbench.flatbuf import FlatBuffer
@@ -99,8 +99,15 @@ from commbench.timing import NullTimer, StepTimer, now
 #: at 0.97); the backend's all-reduce where it has no point-to-point messages
 PREFERRED_PATH = "ring"
 #: --bucket-mb auto's probe of the transfer path: sizes (bytes) and timed all-reduces each
-PROBE_BYTES = (2**16, 2**20, 8 * 2**20)
+PROBE_BYTES = (2**13, 2**16, 2**20, 8 * 2**20)
 PROBE_REPS = 2
+#: --bucket-mb auto's third path where both engine paths were probed: each bucket on the
+#: path the probe prices cheaper for its size, both on the engine's one thread, in order.
+#: Small buckets are latency-bound, and the ring pays a Python-driven message per step
+#: (2(p-1) steps); Open MPI's all-reduce of a small message is one call into C, and its
+#: put pipeline (the ring's reason) moves only large ones (peer_fairness, GPT-tiny on
+#: 2 x 2 at K = 4: 64 KiB buckets stepped 18 ms on the ring, 12 on Open MPI's; DDP 15).
+BY_SIZE = "by-size"
 
 
 class _Bucket:
@@ -114,7 +121,7 @@ class _Bucket:
     """
 
     __slots__ = ("indices", "buffer", "dev", "views", "nbytes", "pending", "handle", "start",
-                 "staged")
+                 "staged", "path")
 
     def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
                  dtype: torch.dtype | None = None, on_device: bool = False) -> None:
@@ -130,6 +137,7 @@ class _Bucket:
         self.handle: Handle | None = None
         self.start = 0.0
         self.staged = None  # torch.cuda.Event once the device-to-host copy is queued
+        self.path: str | None = None  # by-size: its transfer path (None: the engine's)
 
     def stage(self) -> None:
         """Queue the copy of the packed device buffer to the host (GPU only)."""
@@ -228,11 +236,10 @@ class BucketedStrategy(Strategy):
         return h.end - h.start
 
     def _probe(self) -> dict[str, Any]:
-        """Per path (``_paths``), a fit of ``alpha + bytes * s_per_byte`` to the fastest of
-        ``PROBE_REPS`` all-reduces at each of ``PROBE_BYTES``, after one that warms the path
-        (collectives:
-        every rank builds its strategies, and probes, in the same order). Rank 0's fits
-        decide for every rank."""
+        """Per path (``_paths``), the transfer's cost by size (``ProbeCost``) from the
+        fastest of ``PROBE_REPS`` all-reduces at each of ``PROBE_BYTES``, after one that
+        warms the path (collectives: every rank builds its strategies, and probes, in the
+        same order). Rank 0's costs decide for every rank."""
         like = self.buckets[0].buffer
         fits: dict[str, Any] = {}
         why: dict[str, str] = {}
@@ -246,41 +253,53 @@ class BucketedStrategy(Strategy):
                     if rep:
                         sizes.append(t.numel() * t.element_size())
                         times.append(dt)
-            # the fastest of each size: a transfer slowed once by something else on the
-            # ranks' cores (Horovod's thread, a rank descheduled) says nothing of the path
-            # (ResNet-50 under horovodrun on 2 x 2: one 8 MiB probe took 309 ms against
-            # 105, the fit over all tripled the rate's cost and auto chose 64 MB)
-            fastest = {n: min(t for m, t in zip(sizes, times) if m == n) for n in sizes}
+            fits[path] = {"bytes": sizes, "seconds": [round(x, 6) for x in times]}
             try:
-                alpha, beta = fit_line(list(fastest), list(fastest.values()))
+                fits[path]["cost"] = ProbeCost(sizes, times).record()
             except ValueError as e:
                 fits[path] = None
-                why[path] = f"the probe's times fit no line: {e}"
-                continue
-            fits[path] = {"bytes": sizes, "seconds": [round(x, 6) for x in times],
-                          "alpha_s": alpha, "s_per_byte": beta}
+                why[path] = f"the probe's times give no cost: {e}"
         return {"probe": fits, **({"why": why} if why else {})}
+
+    def _costs(self, auto: dict[str, Any]) -> dict[str, Any]:
+        """Each candidate path's cost of a bucket by its gradient bytes, from the probe in
+        ``auto`` (taken in the wire dtype), ``BY_SIZE`` included where two engine paths
+        were probed: the cheaper of them at each size."""
+        costs = {path: ProbeCost(*zip(*fit["cost"])).scaled(self._wire_ratio())
+                 for path, fit in (auto.get("probe") or {}).items() if fit is not None}
+        engine = [p for p in costs if p in TRANSFER_PATHS]
+        if len(engine) > 1:
+            costs[BY_SIZE] = lambda b: min(costs[p](b) for p in engine)
+        return costs
+
+    def _wire_ratio(self) -> float:
+        """Bytes on the wire per byte of gradient (0.5 under fp16 or bf16 compression)."""
+        return self.buckets[0].buffer.element_size() / self.grads[0].element_size()
+
+    def _path_by_size(self, costs: dict[str, Any], nbytes: int) -> str:
+        """Under ``BY_SIZE``, the engine path the probe prices cheapest for ``nbytes``
+        (the preferred one on a tie)."""
+        return min((p for p in costs if p in TRANSFER_PATHS),
+                   key=lambda p: (costs[p](nbytes), p != PREFERRED_PATH))
 
     def _choose(self) -> None:
         """Rank 0 picks the path and cap from the probe and the last step's gradient times
         (``commbench.buckets.choose_cap`` per path; the path whose cap predicts the least
         exposed sync, the preferred on a tie); every rank rebuilds its buckets at it."""
         auto = dict(self._auto or {})
-        fits = {p: f for p, f in (auto.get("probe") or {}).items() if f is not None}
         if self.comm.rank == 0:
-            if not fits or not self._ready:
+            costs = self._costs(auto)
+            if not costs or not self._ready:
                 auto.setdefault("why", "no gradient times were recorded")
             else:
                 last = max(self._ready.values())
                 ready = [self._ready.get(i, last) for i in range(len(self.grads))]
                 origin = min(ready)
-                # the probe ran in the wire dtype; caps count the gradients' own bytes
-                wire = self.buckets[0].buffer.element_size() / self.grads[0].element_size()
                 choices = {path: choose_cap(
                     [g.numel() * g.element_size() for g in self.grads], self.backward_order,
-                    [t - origin for t in ready], fit["alpha_s"], fit["s_per_byte"] * wire,
-                    self.first_bucket_mb * MB, [g.dtype for g in self.grads])
-                    for path, fit in fits.items()}
+                    [t - origin for t in ready], cost, self.first_bucket_mb * MB,
+                    [g.dtype for g in self.grads])
+                    for path, cost in costs.items()}
                 path = min(choices, key=lambda p: choices[p][1][choices[p][0]])  # first: tie
                 auto.update(chosen=choices[path][0], chosen_path=path, backward_s=last - origin,
                             predicted_exposed_s={p: {f"{c:g}": round(e, 6) for c, e in
@@ -293,13 +312,20 @@ class BucketedStrategy(Strategy):
         self._ready.clear()
         if auto.get("chosen") is None:
             return
-        if auto["chosen_path"] != "iallreduce":
-            self.transfer = auto["chosen_path"]
+        chosen = auto["chosen_path"]
+        if chosen in TRANSFER_PATHS:
+            self.transfer = chosen
+        elif chosen == BY_SIZE:
+            self.transfer = PREFERRED_PATH
         for path in [p for p in self._engines if p != self.transfer]:  # in the same order
             self._engines.pop(path).close()
         if auto["chosen"] != self.bucket_mb:
             self.bucket_mb = float(auto["chosen"])
             self._build(self.bucket_mb)
+        if chosen == BY_SIZE:  # every rank prices its buckets alike: rank 0's probe
+            costs = self._costs(auto)
+            for b in self.buckets:
+                b.path = self._path_by_size(costs, b.nbytes / self._wire_ratio())
 
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         super().begin_step(timer)
@@ -336,7 +362,8 @@ class BucketedStrategy(Strategy):
             b.start = self.timer.clock()
             if self.progress == "thread":
                 b.handle = self._open_engine().submit(
-                    b.buffer, after=partial(self._unpack, b) if self._engine_unpacks(b) else None)
+                    b.buffer, after=partial(self._unpack, b) if self._engine_unpacks(b) else None,
+                    path=b.path)
             else:
                 b.handle = self.comm.iallreduce(b.buffer)
             self._in_flight.append(b)
@@ -422,14 +449,26 @@ class BucketedStrategy(Strategy):
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
                 "collective": self._collective(), "progress": self.progress,
-                "transfer_path": self.transfer if self.progress == "thread" else None,
+                "transfer_path": self._transfer_path(),
+                "bucket_paths": [b.path for b in self.buckets] if self._by_size() else None,
                 "staging": "pinned host buffers" if self.buckets and self.buckets[0].dev
                 is not None else None,
                 "comm_device": str(self.buckets[0].buffer.device) if self.buckets else None}
 
+    def _by_size(self) -> bool:
+        return bool(self._auto and self._auto.get("chosen_path") == BY_SIZE)
+
+    def _transfer_path(self) -> str | None:
+        """The path buckets ran on, as records carry it (``knobs.transfer_path``)."""
+        if self.progress != "thread":
+            return None
+        return BY_SIZE if self._by_size() else self.transfer
+
     def _collective(self) -> str:
         if self.progress == "poll":
             return "iallreduce"
+        if self._by_size():
+            return "by size on the engine thread: small buckets blocking allreduce, large ring"
         return "blocking allreduce on the engine thread" if self.transfer == "thread" else \
             "ring on the engine thread, polled"
 

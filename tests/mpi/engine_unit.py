@@ -7,7 +7,10 @@ gathers on the job's communicator while they are in flight (the engine's own
 communicator keeps the two apart); a transfer the backend refuses (complex64)
 re-raises its error from ``test`` and ``wait`` and the engine runs the next
 one; ``close`` ends the thread, refuses later submits, and may be repeated;
-the context manager closes too. Exits 1 on a mismatch.
+the context manager closes too. Where the backend has point-to-point messages, a
+ring engine also runs transfers submitted for the thread path (bucketed's
+``by-size``), interleaved with its own, in order and with the right sums. Exits 1
+on a mismatch.
 
     mpirun -np 3 python tests/mpi/engine_unit.py mpi
 """
@@ -104,11 +107,29 @@ UNCHECKED = {("torch", "ring")}
 REFUSALS = (ValueError, RuntimeError, NotImplementedError)
 
 
+def check_by_size(comm, bad: list[str]) -> None:
+    """A ring engine with the smaller transfers submitted for the thread path."""
+    n, r = comm.size, comm.rank
+    with TransferEngine(comm, "ring") as engine:
+        tensors = [(torch.arange(k) % 9 + 1).float() * (r + 1) for k in SIZES]
+        transfers = [engine.submit(t, path="thread" if k < 2000 else None)
+                     for k, t in zip(SIZES, tensors)]
+        transfers[-1].wait()
+        for i, t in enumerate(transfers):
+            want = (torch.arange(SIZES[i]) % 9 + 1).float() * (n * (n + 1) // 2)
+            if not t.test() or not torch.equal(tensors[i], want):
+                bad.append(f"by size: transfer {i} of {SIZES[i]} has the wrong sum")
+            if i and t.start < transfers[i - 1].end:
+                bad.append(f"by size: transfer {i} started before transfer {i - 1} ended")
+
+
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
     bad: list[str] = []
     for path in TRANSFER_PATHS:
         check_path(comm, path, bad)
+    if comm.supports_p2p:
+        check_by_size(comm, bad)
     return verdict(comm, bad, f"OK transfer engine on {comm.size} ranks")
 
 
