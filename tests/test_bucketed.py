@@ -213,8 +213,8 @@ class _ScriptedTimer(StepTimer):
 
 def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(monkeypatch):
     per_byte = 0.1 / (4 * MB)  # the probe: no latency, 100 ms per 4 MiB
-    monkeypatch.setattr(BucketedStrategy, "_time_transfer",
-                        lambda self, t, path: per_byte * t.numel() * t.element_size())
+    monkeypatch.setattr(BucketedStrategy, "_time_transfers",
+                        lambda self, t, path, n: [per_byte * t.numel() * t.element_size()] * n)
     comm = _Comm(tests_needed=0)
     s, grads = _strategy(comm, [MB] * 4, "auto", order=[3, 2, 1, 0])  # 4 MiB each
     assert s.bucket_mb == 25.0 and [b.indices for b in s.buckets] == [[3], [2, 1, 0]]
@@ -245,7 +245,8 @@ def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(m
 
 
 def test_auto_keeps_its_cap_where_the_probe_gives_no_cost(monkeypatch):
-    monkeypatch.setattr(BucketedStrategy, "_time_transfer", lambda self, t, path: 0.01)
+    monkeypatch.setattr(BucketedStrategy, "_time_transfers",
+                        lambda self, t, path, n: [0.01] * n)
     s, _ = _strategy(_Comm(tests_needed=0), [10, 10], "auto")
     timer = _ScriptedTimer()
     for step in range(2):
