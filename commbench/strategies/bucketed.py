@@ -56,11 +56,12 @@ order the buckets follow. It reads these ``StrategySettings`` fields:
     bucket_mb: bucket cap in MB (2**20 bytes); 0 = one all-reduce per tensor;
         ``auto``: DDP's 25 for the first step, then the cap that
         ``commbench.buckets.choose_cap`` predicts ends sync soonest after
-        backward, from a probe of the transfer path at construction (all-reduces
-        of 64 KiB, 1 MiB and 8 MiB fit to latency + bytes / rate) and the first
-        step's gradient times; rank 0 decides, every rank rebuilds its buckets
-        (DDP too rebuilds its buckets once, after the first iteration). Records
-        carry the choice under ``knobs.bucket_mb_auto``.
+        backward, from a probe of the transfer paths at construction (all-reduces
+        of 8 KiB to 8 MiB: ``commbench.buckets.ProbeCost``) and the first step's
+        gradient times; with two engine paths probed, also ``by-size`` (each
+        bucket on the path priced cheaper for its size). Rank 0 decides, every
+        rank rebuilds its buckets (DDP too rebuilds its buckets once, after the
+        first iteration). Records carry the choice under ``knobs.bucket_mb_auto``.
     first_bucket_mb: the first bucket's cap (default 1, DDP's).
     compression: ``none``, ``fp16`` or ``bf16`` (buckets hold that dtype).
     progress: ``thread`` (default: the transfer engine runs the buckets in
