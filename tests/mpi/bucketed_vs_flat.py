@@ -13,7 +13,9 @@ Every result must match flat within float tolerance and the exact mean, and
 the timer must have seen one collective per bucket. Four caps (``auto``
 included: it chooses after the first step and rebuilds its buckets) run again on
 the transfer engine (``progress="thread"``), on each of its transfer paths the
-backend has (the project's ring needs point-to-point messages). Exits 1 on a mismatch.
+backend has (the project's ring needs point-to-point messages), and where it has
+them once more as auto's ``by-size`` leaves the buckets: on the ring's engine,
+every other bucket on the backend's all-reduce. Exits 1 on a mismatch.
 
     mpirun -np 3 python tests/mpi/bucketed_vs_flat.py mpi
 """
@@ -30,6 +32,7 @@ from commbench.buckets import MB
 from commbench.comm import make_communicator
 from commbench.models import parameter_shapes
 from commbench.strategies import make_strategy
+from commbench.strategies.bucketed import BY_SIZE
 from commbench.timing import StepTimer
 
 BUCKET_MB = [0, 0.01, 1, 4, 1000]
@@ -73,9 +76,15 @@ def main() -> int:
         (mb, "thread", path) for mb in (0, 4, 25, "auto")
         for path in ("thread", "ring") if path == "thread" or comm.supports_p2p] + [
         ("auto", "thread", "auto")]  # both paths probed, one chosen
+    if comm.supports_p2p:
+        runs.append((1, "thread", BY_SIZE))
     for mb, progress, path in runs:
         bucketed = make_strategy("bucketed", comm, grads, bucket_mb=mb, backward_order=order,
-                                 progress=progress, transfer=path)
+                                 progress=progress,
+                                 transfer="ring" if path == BY_SIZE else path)
+        if path == BY_SIZE:  # as --bucket-mb auto's by-size runs them: paths interleaved
+            for k, b in enumerate(bucketed.buckets):
+                b.path = "thread" if k % 2 else None
         knobs = bucketed.knobs()
         if sum(knobs["bucket_bytes"]) != bucketed.nbytes:
             bad.append(f"bucket_mb={mb}: buckets hold {sum(knobs['bucket_bytes'])} bytes, "
