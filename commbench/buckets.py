@@ -127,10 +127,10 @@ class ProbeCost:
     largest the last segment's slope.
 
     Not one line through all the probes: fitted by least squares, latency + bytes / rate
-    is set by the largest sizes, and its latency came out 0.08 ms for the project's ring
-    on 2 x 2 ranks, where 64 KiB took 0.86 ms against 0.13 ms for Open MPI's all-reduce;
-    auto then put GPT-tiny's 64 KiB buckets on the ring, 1.31 x DDP's step
-    (peer_fairness, K = 4), where Open MPI's ran them at 0.80.
+    is set by the largest sizes: on 2 x 2 ranks it priced 64 KiB on Open MPI's all-reduce
+    at 1.03 ms, where the probe took 0.13 (the ring's 0.86), and auto put GPT-tiny's
+    64 KiB buckets on the ring, 1.31 x DDP's step (peer_fairness, K = 4), where Open
+    MPI's ran them at 0.80.
     """
 
     def __init__(self, sizes: Sequence[float], seconds: Sequence[float]) -> None:
