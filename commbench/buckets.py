@@ -93,7 +93,7 @@ def choose_cap(nbytes: Sequence[int], order: Sequence[int], ready_s: Sequence[fl
     candidate's predicted exposed sync (s).
 
     Gradient ``i`` is ready at ``ready_s[i]`` (any common origin: one step's stamps); a
-    bucket of ``b`` bytes holds the link ``cost(b)`` seconds (``probe_cost``: measured on
+    bucket of ``b`` bytes holds the link ``cost(b)`` seconds (``ProbeCost``: measured on
     this job's ranks); buckets run one at a time in order (``schedule``). Smaller caps
     start the link earlier; each bucket pays the path's latency. Among caps whose
     exposed sync is within ``AUTO_SLACK`` of the best (+ ``AUTO_SLACK_BACKWARD`` of
@@ -138,9 +138,10 @@ class ProbeCost:
             raise ValueError("a transfer's cost needs times at two sizes or more")
         fastest = {n: min(t for m, t in zip(sizes, seconds) if m == n) for n in set(sizes)}
         self.points: list[tuple[float, float]] = []
+        slowest = 0.0  # so far: a larger size never costs less than a smaller one
         for n in sorted(fastest):
-            t = max([fastest[n], *(t for _, t in self.points[-1:])])
-            self.points.append((n, t))
+            slowest = max(slowest, fastest[n])
+            self.points.append((n, slowest))
         (n0, _), (n1, t1) = self.points[0], self.points[-1]
         if not t1 > self.points[0][1]:
             raise ValueError(f"the times do not grow with size ({n0:g} to {n1:g} bytes)")

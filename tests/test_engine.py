@@ -34,7 +34,7 @@ class _SlowComm:
         self.closed = False
 
     def dup(self) -> _SlowComm:
-        twin = _SlowComm(self.delay_s)
+        twin = type(self)(self.delay_s)  # a subclass's twin is of its class
         self.dups.append(twin)
         return twin
 
@@ -85,11 +85,6 @@ class _SelfProgressingComm(_SlowComm):
     """A library that runs each op on a thread of its own (as Horovod does)."""
 
     progresses_itself = True
-
-    def dup(self) -> _SelfProgressingComm:
-        twin = _SelfProgressingComm(self.delay_s)
-        self.dups.append(twin)
-        return twin
 
     def iallreduce(self, tensor: torch.Tensor) -> _Handle:
         done = threading.Event()
@@ -154,11 +149,6 @@ class _P2PComm(_SlowComm):
     """The stand-in with point-to-point messages (its ring is never run here)."""
 
     supports_p2p = True
-
-    def dup(self) -> _P2PComm:
-        twin = _P2PComm(self.delay_s)
-        self.dups.append(twin)
-        return twin
 
 
 def test_a_transfer_may_run_on_another_path_than_its_engines():
