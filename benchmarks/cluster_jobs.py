@@ -123,6 +123,7 @@ class ToolJob:
     launcher: str = "mpirun"
     timeout_s: float = 600.0  # emulated: the sweep multiplies it by the dilation
     dilation: float | str | None = None  # time dilation K, "auto", or None: the command line's
+    repeats: int = 1  # jobs of it (launch.sweep --repeats): each a run of its own, own file
 
     @property
     def program(self) -> str:
@@ -138,7 +139,8 @@ class ToolJob:
                 "slots": self.slots if isinstance(self.slots, int) else list(self.slots),
                 "rate": self.rate, "program": self.program, "args": to_argv(self.config),
                 "timeout": float(self.timeout_s),
-                **({} if self.dilation in (None, 1, 1.0) else {"dilation": self.dilation})}
+                **({} if self.dilation in (None, 1, 1.0) else {"dilation": self.dilation}),
+                **({} if self.repeats == 1 else {"repeats": self.repeats})}
 
 
 class Planned:
@@ -167,8 +169,15 @@ class Planned:
     def output(self, job: ToolJob) -> Path:
         """The results file the sweep gives ``job``: named by its planned point's id (the
         point as planned, with the dilation ``execute`` gave it)."""
+        return self.outputs(job)[0]
+
+    def outputs(self, job: ToolJob) -> list[Path]:
+        """The results file of each of ``job``'s repeats, repeat 0 first (``launch.sweep``:
+        repeat r > 0 adds ``-r<r>`` to the point's id)."""
         sweep, pt = self._where[job.name]
-        return Path(sweep.output) / f"{sweeps.point_id(pt, sweep)}.jsonl"
+        pid = sweeps.point_id(pt, sweep)
+        return [Path(sweep.output) / f"{pid if r == 0 else f'{pid}-r{r}'}.jsonl"
+                for r in range(pt.get("repeats", sweep.repeats))]
 
     def commands(self) -> list[tuple[ToolJob, list[str]]]:
         """Each job's command, as the sweep will run it on its cluster."""
@@ -188,8 +197,9 @@ def output_of(job: ToolJob, sweep_dir: Path) -> Path:
 def describe(job: ToolJob) -> str:
     slots = job.slots if isinstance(job.slots, int) else "+".join(map(str, job.slots))
     k = "" if job.dilation in (None, 1, 1.0) else f", dilation {job.dilation}"
+    n = "" if job.repeats == 1 else f", {job.repeats} repeats"
     return (f"{job.name}: {job.launcher}, {job.nodes} nodes x {slots} ranks, link "
-            f"{job.rate}{k}")
+            f"{job.rate}{k}{n}")
 
 
 def execute(jobs: Sequence[ToolJob], args: argparse.Namespace, stem: str) -> Planned | None:

@@ -41,10 +41,21 @@ judged by its better launcher in the cell (each launcher's bucketed against its
 own job's peer is printed too). The load average is printed first (warning
 above 1.5).
 
+``--repeats N`` runs every job N times (``launch.sweep --repeats``: each
+repeat a job of its own, shuffled within its cluster, so the machine's drift
+spreads over every cell). Each ratio is then of the medians over the repeats,
+with its spread (``analysis.stats.ratio_spread``: the range of every pairwise
+ratio below 6 repeats, a bootstrap 95 % interval from 6), and each goal is
+judged on the whole spread (``analysis.stats.judge``): met, NOT met, or
+undecided where the spread straddles the goal. Horovod's step moved up to 15 %
+between single runs of one cell, more than most gaps the goals judge: one run
+a cell can flip a verdict that repeats show undecided.
+
 Run it from the repository root, as root, with nothing else measuring::
 
     python -m benchmarks.peer_fairness --dilation 4          # ~50 min on 2 cores
     python -m benchmarks.peer_fairness --models resnet50 --layouts 2x2 --dilation 4
+    python -m benchmarks.peer_fairness --dilation 4 --bucket-mb auto --repeats 2   # ~90 min
     python -m benchmarks.peer_fairness --dry-run             # the commands only
 """
 
@@ -56,6 +67,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
+from analysis import stats
 from analysis.costmodel import link_bytes
 from analysis.overlap import Profile, load_profile
 from benchmarks.cluster_jobs import (
@@ -143,7 +157,7 @@ def plan(args: argparse.Namespace) -> list[ToolJob]:
                      algos=["native"], sync=sync, slow_rank=straggler, steps=cell.steps,
                      warmup=args.warmup, quiet=True)
         return ToolJob(f"{cell.name} {name}", cfg, cell.nodes, cell.slots, args.rate,
-                       launcher, JOB_TIMEOUT_S)
+                       launcher, JOB_TIMEOUT_S, repeats=args.repeats)
 
     all_cells = cells(args)
     for cell in all_cells:
@@ -165,7 +179,7 @@ def ms(v: float | None) -> float | None:
     return None if v is None else v * 1e3
 
 
-TABLE = [Column("job", "", 26), Column("strategy", "", 9), Column("cap", "MB", 7),
+TABLE = [Column("job", "", 29), Column("strategy", "", 9), Column("cap", "MB", 7),
          Column("buckets", "", 7), Column("step", "ms", 7, ".0f"), Column("p5", "ms", 6, ".0f"),
          Column("p95", "ms", 6, ".0f"), Column("compute", "ms", 7, ".0f"),
          Column("exposed", "ms", 7, ".0f"), Column("comm", "ms", 7, ".0f"),
@@ -197,7 +211,8 @@ def link_efficiency(cell: Cell, s: dict) -> float | None:
 def row(cell: Cell, job: ToolJob, s: dict) -> list:
     st = s["stats"]
     bound = s.get("bound") or ""
-    return [job.name, s["strategy"], bucket_of(s), buckets_of(s), ms(st["step_s"]["median"]),
+    name = job.name + (f" r{s.get('repeat') or 0}" if job.repeats > 1 else "")
+    return [name, s["strategy"], bucket_of(s), buckets_of(s), ms(st["step_s"]["median"]),
             ms(st["step_s"]["p5"]), ms(st["step_s"]["p95"]), ms(s["compute_s"]),
             ms(s["exposed_sync_s"]), ms(s.get("comm_s")), s.get("overlap"),
             link_efficiency(cell, s), s.get("wrong"), bound.split(" (")[0]]
@@ -211,57 +226,111 @@ def fmt(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.3f}"
 
 
+#: a goal's verdict from ``stats.judge``'s, in this benchmark's words
+MET, NOT_MET, UNDECIDED = "met", "NOT met", "undecided"
+_WORDS = {stats.REPRODUCED: MET, stats.REFUTED: NOT_MET, stats.UNDECIDED: UNDECIDED}
+
+
+def spread(num: list[dict], den: list[dict], figure) -> stats.Spread:
+    """The ratio of ``figure``'s median over ``num``'s repeats to its median over ``den``'s,
+    with its spread (``stats.ratio_spread``: one run each is one value, fewer than 6 a side
+    the range of every pairwise ratio, from 6 a bootstrap 95 % interval)."""
+    return stats.ratio_spread([math.nan if figure(s) is None else figure(s) for s in num],
+                              [math.nan if figure(s) is None else figure(s) for s in den])
+
+
+def median_of(ss: list[dict], key: str) -> float:
+    return float(np.median([s[key] for s in ss]))
+
+
 @dataclass
 class Verdict:
+    """Bucketed against the best peer in one cell: each goal's ratio with its spread over
+    the repeats, and whether the goal is met, NOT met or undecided (the interval straddles
+    the goal), or None where a job failed."""
+
     cell: str
-    step: float | None
-    exposed: float | None
-    link: float | None
+    step: stats.Spread | None
+    exposed: stats.Spread | None
+    link: stats.Spread | None
+    met: dict[str, str | None]
     lines: list[str]
 
-    @property
-    def met(self) -> dict[str, bool | None]:
-        def ok(r, goal, le=True):
-            return None if r is None else (r <= goal if le else r >= goal)
-        return {"step": ok(self.step, STEP_GOAL), "exposed": ok(self.exposed, EXPOSED_GOAL),
-                "link": ok(self.link, LINK_GOAL, le=False)}
+
+def by_strategy(runs: dict[str, list[dict]]) -> dict[tuple[str, str], list[dict]]:
+    """(job name, strategy) -> its summaries, one per repeat."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for name, ss in runs.items():
+        for s in ss:
+            out.setdefault((name, s["strategy"]), []).append(s)
+    return out
 
 
 def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
     """Bucketed against the best peer in one cell. ``runs`` maps each job's name within the
-    cell (``mpirun``, ``horovodrun``, ``mpirun auto/ring``, ...) to its summaries; the
-    verdict is on the launchers' own jobs (the flags given), variants get a line each
-    against their launcher's peer."""
-    peer_of = {name: s for name, ss in runs.items() for s in ss if s["strategy"] in PEERS}
+    cell (``mpirun``, ``horovodrun``, ``mpirun auto/ring``, ...) to its summaries, every
+    repeat's; the verdict is on the launchers' own jobs (the flags given), variants get a
+    line each against their launcher's peer.
+
+    Bucketed is its better launcher's, the best peer the peer with the lower median step
+    over the repeats. Each goal is judged on the whole spread of its ratio
+    (``stats.judge``): met when it lies on the goal's side, NOT met when it lies on the
+    other, undecided when it straddles the goal. The step goal (bucketed <= the best peer)
+    is bucketed <= every peer, so it is met only when met against each peer and NOT met as
+    soon as it is NOT met against one: which peer is best may itself be undecided. With
+    one repeat every spread is one value, judged as it stands."""
+    runs_of = by_strategy(runs)
+    peers = {name: ss for (name, strategy), ss in runs_of.items() if strategy in PEERS}
+    eff = lambda s: link_efficiency(cell, s)  # noqa: E731
     lines, bucketed = [], []
-    for name, ss in runs.items():
-        b = next((s for s in ss if s["strategy"] == "bucketed"), None)
-        peer = peer_of.get(name.split(" ")[0])
-        if b is None:
+    for (name, strategy), bs in runs_of.items():
+        if strategy != "bucketed":
             continue
-        if name in peer_of:
-            bucketed.append((name, b))
+        if name in peers:
+            bucketed.append((name, bs))
+        peer = peers.get(name.split(" ")[0])
         if peer is not None:
-            eff = ratio(link_efficiency(cell, b), link_efficiency(cell, peer))
-            lines.append(f"  {name}: bucketed (cap {bucket_of(b)} MB, {buckets_of(b)} "
-                         f"buckets) / {peer['strategy']}: step "
-                         f"{fmt(ratio(b['step_s'], peer['step_s']))}, exposed sync "
-                         f"{fmt(ratio(b['exposed_sync_s'], peer['exposed_sync_s']))}, link "
-                         f"efficiency {fmt(eff)}")
-    if not bucketed or not peer_of:
-        return Verdict(cell.name, None, None, None,
+            lines.append(f"  {name}: bucketed (cap {bucket_of(bs[0])} MB, {buckets_of(bs[0])} "
+                         f"buckets) / {peer[0]['strategy']}: step "
+                         f"{spread(bs, peer, lambda s: s['step_s']).words('.3f')}, exposed "
+                         f"sync {spread(bs, peer, lambda s: s['exposed_sync_s']).words('.3f')},"
+                         f" link efficiency {spread(bs, peer, eff).words('.3f')}")
+    if not bucketed or not peers:
+        return Verdict(cell.name, None, None, None, dict.fromkeys(GOALS),
                        [f"{cell.name}: a job failed: no verdict", *lines])
-    bl, b = min(bucketed, key=lambda x: x[1]["step_s"])
-    pl, p = min(peer_of.items(), key=lambda x: x[1]["step_s"])
-    v = Verdict(cell.name, ratio(b["step_s"], p["step_s"]),
-                ratio(b["exposed_sync_s"], p["exposed_sync_s"]),
-                ratio(link_efficiency(cell, b), link_efficiency(cell, p)), [])
-    marks = {k: "n/a" if m is None else ("met" if m else "NOT met") for k, m in v.met.items()}
-    v.lines = [f"{cell.name} (compute x {cell.scale:g}, {cell.steps} steps): bucketed ({bl}) "
-               f"/ best peer ({p['strategy']}, {pl}): step {fmt(v.step)} [{marks['step']}], "
-               f"exposed sync {fmt(v.exposed)} [{marks['exposed']}], link efficiency {fmt(v.link)} "
-               f"[{marks['link']}]", *lines]
-    return v
+    bl, b = min(bucketed, key=lambda x: median_of(x[1], "step_s"))
+    pl, p = min(peers.items(), key=lambda x: median_of(x[1], "step_s"))
+    step = spread(b, p, lambda s: s["step_s"])
+    exposed = spread(b, p, lambda s: s["exposed_sync_s"])
+    link = spread(b, p, eff)
+    each_peer = [stats.judge(spread(b, ps, lambda s: s["step_s"]), STEP_GOAL, True)
+                 for ps in peers.values()]
+    step_verdict = (stats.REFUTED if stats.REFUTED in each_peer else stats.REPRODUCED
+                    if all(v == stats.REPRODUCED for v in each_peer) else stats.UNDECIDED)
+    met = {"step": _WORDS[step_verdict],
+           "exposed": _WORDS[stats.judge(exposed, EXPOSED_GOAL, True)],
+           "link": _WORDS[stats.judge(link, LINK_GOAL, False)]}
+    if math.isnan(link.value):
+        met["link"] = None
+    reps = f", {min(len(b), len(p))} repeats" if max(len(b), len(p)) > 1 else ""
+    head = (f"{cell.name} (compute x {cell.scale:g}, {cell.steps} steps{reps}): bucketed ({bl}) "
+            f"/ best peer ({p[0]['strategy']}, {pl}): step {step.words('.3f')} "
+            f"[{met['step']}], exposed sync {exposed.words('.3f')} [{met['exposed']}], link "
+            f"efficiency {link.words('.3f')} [{met['link'] or 'n/a'}]")
+    return Verdict(cell.name, step, exposed, link, met, [head, *lines])
+
+
+GOALS = ("step", "exposed", "link")
+
+
+def tally(verdicts: list[Verdict]) -> str:
+    """How many cells met each goal, and how many were undecided or NOT met."""
+    def count(goal: str) -> str:
+        n = {w: sum(1 for v in verdicts if v.met[goal] == w) for w in (MET, UNDECIDED, NOT_MET)}
+        return f"{n[MET]}" + "".join(f" ({n[w]} {w})" for w in (UNDECIDED, NOT_MET) if n[w])
+    return (f"goals met in {len(verdicts)} cells: step <= {STEP_GOAL:.2f} in {count('step')}, "
+            f"exposed sync <= {EXPOSED_GOAL:.2f} in {count('exposed')}, link efficiency >= "
+            f"{LINK_GOAL:.2f} in {count('link')}")
 
 
 def straggler_lines(by_job: dict[str, list[dict]], base: dict[str, dict]) -> list[str]:
@@ -335,6 +404,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-rank", type=lambda t: slow_rank(t) if t else None,
                    default=None, metavar="R:F",
                    help="an mpirun job of flat and bucketed with this straggler, first cell")
+    def repeats(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
+        return int(text)
+
+    p.add_argument("--repeats", type=repeats, default=1, metavar="N",
+                   help="run every job N times (launch.sweep --repeats: each a job of its "
+                        "own, shuffled within its cluster); each goal is then judged on the "
+                        "spread of its ratio over the repeats: met, NOT met or undecided")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)
     add_output_flags(p, "peer-fairness")
@@ -353,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     done = execute(jobs, args, "peer-fairness")
     if done is None:
         return 0
-    by_job = {job.name: records(done.output(job), "summary") for job in jobs}
+    by_job = {job.name: [s for path in done.outputs(job) for s in records(path, "summary")]
+              for job in jobs}
     rows, footer = [], []
     verdicts = []
     for cell in all_cells:
@@ -366,17 +445,19 @@ def main(argv: list[str] | None = None) -> int:
     first = all_cells[0]
     footer += straggler_lines(by_job, {s["strategy"]: s
                                        for s in by_job.get(f"{first.name} mpirun", [])})
-    met = {k: sum(1 for v in verdicts if v.met[k]) for k in ("step", "exposed", "link")}
-    footer.append(f"goals met in {len(verdicts)} cells: step <= {STEP_GOAL:.2f} in "
-                  f"{met['step']}, exposed sync <= {EXPOSED_GOAL:.2f} in {met['exposed']}, "
-                  f"link efficiency >= {LINK_GOAL:.2f} in {met['link']}")
+    footer.append(tally(verdicts))
     k = args.dilation or 1
     print(format_table(TABLE, rows, title=f"peer_fairness  links {args.rate}  dilation {k}  "
                        f"backward = {args.balance:g} x the gradient's link bound  "
-                       f"at least {args.steps} steps (+{args.warmup} warm-up)",
+                       f"at least {args.steps} steps (+{args.warmup} warm-up)"
+                       + (f"  {args.repeats} repeats" if args.repeats > 1 else ""),
                        footer=["medians over measured steps of the critical-path rank; cap * "
                                "= chosen by --bucket-mb auto; Horovod's comm is an upper bound "
                                "(first ready gradient to the end of synchronize)",
+                               *([] if args.repeats == 1 else [
+                                   "ratios: of the medians over the repeats; range: of every "
+                                   "pairwise ratio (fewer than 6 repeats); a goal is met or "
+                                   "NOT met only where the whole spread says so"]),
                                *footer, f"{time.monotonic() - t0:.0f} s; records: "
                                f"{done.outdir}"]))
     return 1 if done.failed else 0

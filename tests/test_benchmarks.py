@@ -165,9 +165,13 @@ def _summary(strategy: str, step: float, exposed: float, comm: float, **knobs) -
             "stats": {"step_s": {"median": step, "p5": step, "p95": step}}}
 
 
+def _cell(model="resnet50", layout="2x1"):
+    args = peer_fairness.build_parser().parse_args(["--models", model, "--layouts", layout])
+    return peer_fairness.cells(args)[0]
+
+
 def test_peer_fairness_judges_bucketed_against_the_best_peer_of_the_cell():
-    args = peer_fairness.build_parser().parse_args(["--models", "resnet50", "--layouts", "2x1"])
-    cell = peer_fairness.cells(args)[0]
+    cell = _cell()
     bound_s = cell.bound_bytes * 8 / 1e9
     runs = {"mpirun": [_summary("bucketed", 2.0, 0.20, bound_s / 0.9, bucket_mb=25.0),
                        _summary("ddp", 2.1, 0.21, bound_s / 0.95, bucket_cap_mb=25.0)],
@@ -177,14 +181,102 @@ def test_peer_fairness_judges_bucketed_against_the_best_peer_of_the_cell():
                            _summary("horovod", 2.05, 0.25, bound_s)]}
     v = peer_fairness.judge(cell, runs)
     # judged on the launchers' own jobs: mpirun's bucketed (2.0) against Horovod (2.05)
-    assert v.step == pytest.approx(2.0 / 2.05) and v.exposed == pytest.approx(0.2 / 0.25)
-    assert v.link == pytest.approx(0.9)
-    assert v.met == {"step": True, "exposed": True, "link": False}
-    assert "NOT met" in v.lines[0] and "horovod, horovodrun" in v.lines[0]
+    assert v.step.value == pytest.approx(2.0 / 2.05) and v.step.kind == "single"
+    assert v.exposed.value == pytest.approx(0.2 / 0.25)
+    assert v.link.value == pytest.approx(0.9)
+    assert v.met == {"step": "met", "exposed": "met", "link": "NOT met"}
+    assert "[NOT met]" in v.lines[0] and "horovod, horovodrun" in v.lines[0]
+    assert "(one run)" in v.lines[0] and "repeats" not in v.lines[0]
     variant = next(x for x in v.lines if "auto/ring" in x)
     assert "cap 4* MB" in variant and f"step {1.9 / 2.1:.3f}" in variant
     failed = peer_fairness.judge(cell, {"mpirun": runs["mpirun"][:1]})
     assert failed.step is None and "no verdict" in failed.lines[0]
+    assert failed.met == {"step": None, "exposed": None, "link": None}
+
+
+def _repeats(strategy: str, steps: list[float], exposed: list[float], comm_s: float) -> list:
+    return [_summary(strategy, st, ex, comm_s) | {"repeat": r}
+            for r, (st, ex) in enumerate(zip(steps, exposed))]
+
+
+def test_peer_fairness_judges_each_goal_on_the_spread_over_repeats():
+    cell = _cell()
+    bound_s = cell.bound_bytes * 8 / 1e9
+    # bucketed 0.93-0.95 s; DDP 1.00-1.02; Horovod 0.94-1.10: against Horovod the pairwise
+    # range of the step ratio straddles 1 (0.95 / 0.94), so the step goal is undecided
+    runs = {"mpirun": _repeats("bucketed", [0.93, 0.95], [0.10, 0.12], bound_s)
+            + _repeats("ddp", [1.00, 1.02], [0.20, 0.22], bound_s),
+            "horovodrun": _repeats("bucketed", [1.2, 1.3], [0.4, 0.5], bound_s)
+            + _repeats("horovod", [0.94, 1.10], [0.11, 0.30], bound_s)}
+    v = peer_fairness.judge(cell, runs)
+    assert v.step.kind == "range" and v.step.n == 2
+    # the best peer is the lower median: DDP's 1.01 against Horovod's 1.02
+    assert v.step.value == pytest.approx(0.94 / 1.01)
+    assert (v.step.lo, v.step.hi) == (pytest.approx(0.93 / 1.02), pytest.approx(0.95 / 1.00))
+    assert v.met["step"] == "undecided" and v.met["exposed"] == "met"
+    assert "ddp, mpirun" in v.lines[0] and "2 repeats" in v.lines[0]
+    assert "range 0.912-0.950 over 2 repeats" in v.lines[0]
+    # bucketed decisively slower than one peer: NOT met, whatever the other
+    runs["horovodrun"][2:] = _repeats("horovod", [0.80, 0.82], [0.10, 0.10], bound_s)
+    assert peer_fairness.judge(cell, runs).met["step"] == "NOT met"
+    # decisively faster than both: met
+    runs["horovodrun"][2:] = _repeats("horovod", [0.98, 1.05], [0.10, 0.12], bound_s)
+    assert peer_fairness.judge(cell, runs).met["step"] == "met"
+    # an exposed-sync range across 1.10: undecided
+    runs["mpirun"][:2] = _repeats("bucketed", [0.93, 0.95], [0.10, 0.30], bound_s)
+    assert peer_fairness.judge(cell, runs).met["exposed"] == "undecided"
+
+
+def test_peer_fairness_tallies_each_goals_verdicts():
+    v = [peer_fairness.Verdict("c", None, None, None, met, [])
+         for met in ({"step": "met", "exposed": "met", "link": "met"},
+                     {"step": "undecided", "exposed": "met", "link": "NOT met"},
+                     {"step": None, "exposed": None, "link": None})]
+    line = peer_fairness.tally(v)
+    assert line.startswith("goals met in 3 cells: step <= 1.00 in 1 (1 undecided), ")
+    assert "exposed sync <= 1.10 in 2, link efficiency >= 0.95 in 1 (1 NOT met)" in line
+
+
+def test_peer_fairness_repeats_each_job_and_reads_every_repeats_file(tmp_path):
+    jobs = planned(peer_fairness, ["--models", "resnet18", "--layouts", "2x2", "--repeats",
+                                   "3"], tmp_path)
+    assert [j.repeats for j in jobs] == [3, 3] and all(j.point()["repeats"] == 3 for j in jobs)
+    plan = Planned(jobs, tmp_path)
+    for job in jobs:
+        sweep, _ = plan._where[job.name]
+        # the files the sweep writes, repeat by repeat, are the ones read back
+        written = sorted(f"{i}.jsonl" for i, _, _ in sweep.jobs())
+        assert sorted(p.name for p in plan.outputs(job)) == written
+        assert plan.output(job) == plan.outputs(job)[0]
+    # repeats are not part of a job's identity: one run's files stay repeat 0's
+    one = Planned(planned(peer_fairness, ["--models", "resnet18", "--layouts", "2x2"],
+                          tmp_path), tmp_path)
+    assert [one.output(j) for j in one.jobs] == [plan.output(j) for j in jobs]
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(SystemExit):
+            peer_fairness.build_parser().parse_args(["--repeats", bad])
+
+
+def test_peer_fairness_prints_every_repeats_rows_and_the_verdict_over_them(tmp_path,
+                                                                          monkeypatch, capsys):
+    """main() on records where the sweep leaves them: each repeat's file read, each repeat
+    a row, the verdict on the spread over the repeats."""
+    argv = ["--models", "resnet18", "--layouts", "2x1", "--repeats", "2", "--launchers",
+            "mpirun", "--outdir", str(tmp_path)]
+    plan = Planned(planned(peer_fairness, argv, tmp_path), tmp_path.resolve())
+    [job] = plan.jobs
+    steps = {"bucketed": [0.90, 0.92], "ddp": [1.00, 1.01]}
+    for r, path in enumerate(plan.outputs(job)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(_summary(k, v[r], v[r] / 10, 0.5) | {
+            "kind": "summary", "repeat": r, "compute_s": 0.5}) + "\n" for k, v in steps.items()))
+    monkeypatch.setattr(peer_fairness, "execute", lambda jobs, args, stem: plan)
+    assert peer_fairness.main(argv) == 0
+    out = capsys.readouterr().out
+    for r in (0, 1):
+        assert f"resnet18 2x1 mpirun r{r}" in out
+    assert "2 repeats" in out and "range 0.891-0.920 over 2 repeats) [met]" in out
+    assert "step <= 1.00 in 1," in out
 
 
 def test_replay_fidelity_replays_the_file_its_profile_job_writes(tmp_path):
