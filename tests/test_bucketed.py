@@ -321,9 +321,11 @@ SMALL = ["--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms",
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [2, 3])  # one rank: test_job_validates_every_bucket_size
-def test_bucketed_equals_flat_mpi(np_):
-    run_check("mpirun", np_, "bucketed_vs_flat.py", "mpi", f"OK bucketed == flat on {np_} ranks")
+# one rank: test_job_validates_every_bucket_size; a,a,b,b: the hier path too
+@pytest.mark.parametrize("np_,nodes", [(2, None), (3, None), (4, "a,a,b,b")])
+def test_bucketed_equals_flat_mpi(np_, nodes):
+    run_check("mpirun", np_, "bucketed_vs_flat.py", "mpi", f"OK bucketed == flat on {np_} ranks",
+              nodes=nodes)
 
 
 @pytest.mark.torchrun
@@ -337,9 +339,10 @@ def test_bucketed_equals_flat_horovod():
     run_check("horovodrun", 2, "bucketed_vs_flat.py", "horovod", "OK bucketed == flat on 2 ranks")
 
 
-def _job(launcher, np_, tmp_path, extra):
+def _job(launcher, np_, tmp_path, extra, **fakes):
     """(summaries by strategy, step records) of one ``commbench.allreduce`` job."""
-    recs = run_tool(launcher, np_, "commbench.allreduce", extra, tmp_path / "r.jsonl").records
+    recs = run_tool(launcher, np_, "commbench.allreduce", extra, tmp_path / "r.jsonl",
+                    **fakes).records
     return summaries(recs), of_kind(recs, "step")
 
 
@@ -376,21 +379,25 @@ def test_job_validates_every_bucket_size(tmp_path, np_, mb, buckets):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("transfer", ["ring", "auto"])
-def test_auto_job_records_its_choice_and_ddp_keeps_its_default(tmp_path, transfer):
-    summ, steps = _job("mpirun", 2, tmp_path, [
+# --transfer auto on MPI: every engine path probed (hier where nodes differ and one has two
+# ranks), the one chosen runs the buckets
+@pytest.mark.parametrize("transfer,np_,nodes,paths", [
+    ("ring", 2, None, ["ring"]), ("auto", 2, None, ["ring", "thread"]),
+    ("auto", 4, "a,a,b,b", ["ring", "thread", "hier"])])
+def test_auto_job_records_its_choice_and_ddp_keeps_its_default(tmp_path, transfer, np_,
+                                                               nodes, paths):
+    summ, steps = _job("mpirun", np_, tmp_path, [
         "--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms", "60",
-        "--strategy", "bucketed,ddp", "--bucket-mb", "auto", "--transfer", transfer])
+        "--strategy", "bucketed,ddp", "--bucket-mb", "auto", "--transfer", transfer],
+        nodes=nodes)
     s, ddp = summ["bucketed"], summ["ddp"]
     assert s["wrong"] == 0 and ddp["wrong"] == 0
     assert s["config"]["bucket_mb"] == "auto"
     auto = s["knobs"]["bucket_mb_auto"]
     assert auto["chosen"] in AUTO_CAPS_MB and auto["chosen_after_steps"] == 1, auto
     assert s["knobs"]["bucket_mb"] == auto["chosen"]
-    # --transfer auto on MPI: both engine paths probed, the one chosen runs the buckets
-    paths = ["ring", "thread"] if transfer == "auto" else ["ring"]
     assert list(auto["probe"]) == paths
-    priced = [*paths, BY_SIZE] if transfer == "auto" else paths  # by size: both at once
+    priced = [*paths, BY_SIZE] if transfer == "auto" else paths  # by size: all at once
     assert list(auto["predicted_exposed_s"]) == priced
     assert auto["chosen_path"] in priced and auto["chosen_path"] == s["knobs"]["transfer_path"]
     by_size = s["knobs"]["bucket_paths"]

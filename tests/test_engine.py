@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from commbench.allreduce import parse_config
-from commbench.comm.engine import TransferEngine, check_transfer_path, resolve_path
+from commbench.comm.base import topology_from_hostnames
+from commbench.comm.engine import (
+    TransferEngine,
+    check_transfer_path,
+    engine_paths,
+    resolve_path,
+)
 from commbench.flags import ConfigError
 from tests.conftest import run_check, run_tool, summaries
 
@@ -165,6 +171,23 @@ def test_a_transfer_may_run_on_another_path_than_its_engines():
         engine.submit(torch.ones(2), path="ring")
 
 
+def test_hier_runs_where_the_engines_thread_is_the_librarys_only_caller_and_differs():
+    def comm(hosts: str, p2p=True, itself=False):
+        c = _SlowComm()
+        c.supports_p2p, c.progresses_itself = p2p, itself
+        c.topo = topology_from_hostnames(0, hosts.split(","))
+        return c
+
+    assert engine_paths(comm("a,a,b,b")) == ["thread", "ring", "hier"]
+    assert engine_paths(comm("a,a,b")) == ["thread", "ring", "hier"]  # uneven nodes too
+    assert engine_paths(comm("a,b")) == ["thread", "ring"]  # one rank a node: the ring
+    assert engine_paths(comm("a,a,a")) == ["thread", "ring"]  # one node: no link to spare
+    assert engine_paths(comm("a,a,b,b", p2p=False)) == ["thread", "hier"]
+    assert engine_paths(comm("a,a,b,b", itself=True)) == ["thread", "ring"]
+    with pytest.raises(ValueError, match="--transfer hier: the stand-in backend runs"):
+        check_transfer_path(comm("a,a,b,b", itself=True), "hier")
+
+
 def test_auto_is_each_strategys_path_where_the_backend_has_it():
     class P2P(_SlowComm):
         supports_p2p = True
@@ -188,24 +211,30 @@ SMALL_SEGMENTS = {"COMMBENCH_RING_SEGMENT_BYTES": "512"}  # many ring segments p
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [2, 3])
-def test_engine_order_stamps_errors_and_close_mpi(np_):
-    run_check("mpirun", np_, "engine_unit.py", "mpi", f"OK transfer engine on {np_} ranks",
-              SMALL_SEGMENTS)
+# hier runs where nodes differ and one has two ranks: a,a,b,b
+@pytest.mark.parametrize("np_,layout,paths", [(2, None, "'thread', 'ring'"),
+                                               (3, None, "'thread', 'ring'"),
+                                               (4, "a,a,b,b", "'thread', 'ring', 'hier'")])
+def test_engine_order_stamps_errors_and_close_mpi(np_, layout, paths):
+    run_check("mpirun", np_, "engine_unit.py", "mpi",
+              f"OK transfer engine on {np_} ranks, paths [{paths}]", SMALL_SEGMENTS,
+              nodes=layout)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_,layout", [(1, None), (2, None), (3, "a,a,b"), (4, "a,a,a,b")])
-def test_engine_strategies_equal_flat_native_mpi(np_, layout):
+@pytest.mark.parametrize("np_,layout,paths", [
+    (1, None, "'thread', 'ring'"), (2, None, "'thread', 'ring'"),
+    (3, "a,a,b", "'thread', 'ring', 'hier'"), (4, "a,a,a,b", "'thread', 'ring', 'hier'")])
+def test_engine_strategies_equal_flat_native_mpi(np_, layout, paths):
     run_check("mpirun", np_, "engine_vs_flat.py", "mpi",
-              f"OK engine == flat native on {np_} ranks, paths ['thread', 'ring']",
+              f"OK engine == flat native on {np_} ranks, paths [{paths}]",
               SMALL_SEGMENTS, nodes=layout)
 
 
 @pytest.mark.torchrun
 def test_engine_unit_torch():
-    run_check("torchrun", 2, "engine_unit.py", "torch", "OK transfer engine on 2 ranks",
-              SMALL_SEGMENTS)
+    run_check("torchrun", 2, "engine_unit.py", "torch",
+              "OK transfer engine on 2 ranks, paths ['thread', 'ring']", SMALL_SEGMENTS)
 
 
 @pytest.mark.torchrun

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from commbench.comm import base
-from commbench.comm.engine import TRANSFER_PATHS, TransferEngine
+from commbench.comm.engine import TransferEngine, engine_paths
 from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce
 from commbench.comm.ring import ring_allreduce
 from commbench.comm.torchdist import TorchDistCommunicator, dist_library, rendezvous_env
@@ -325,7 +325,7 @@ def check_dup(comm, bad: list[str]) -> None:
         if sums[k] != want:
             bad.append(f"thread {k} on {'the dup' if k else 'comm'}: {sums[k]}")
     twin.close()
-    for path in TRANSFER_PATHS:
+    for path in engine_paths(comm):
         with TransferEngine(comm, path) as engine:
             tensors = [torch.full((k,), float(r + 1)) for k in (1, 1009, 5000)]
             transfers = [engine.submit(t) for t in tensors]

@@ -36,6 +36,16 @@ for the same reason.
      each message tested between sleeps that double up to ``poll_s``: light on the CPU, at
      the price of up to ``poll_s`` of latency per segment. Needs
      point-to-point messages (``comm.supports_p2p``; not Horovod on Gloo).
+   * ``hier``: the two-level all-reduce (``commbench.comm.hierarchical``):
+     reduce-scatter in the node, the shards across nodes on the ring, all-gather
+     in the node. Each node link carries ``2(n-1)/n`` of the tensor for ``n``
+     nodes where a flat ring's busiest link carries ``2(p-1)/p`` for ``p``
+     ranks: on 2 nodes x 4 ranks, 1 against 1.75. Unpipelined (``HIER_SEGMENT``:
+     the engine runs one transfer at a time; the node's phases are the
+     backend's blocking collectives, not libnbc's non-blocking ones), the
+     ring's messages waited for as on the ``ring`` path. Only
+     where the engine's thread is the library's one caller
+     (not ``comm.progresses_itself``: its groups are made on that thread).
 4. Every transfer is stamped on this rank's clock (``commbench.timing.now``):
    ``queued`` when submitted, ``start`` when the engine began it (later than
    ``queued`` while earlier transfers still run), ``end`` when it finished.
@@ -68,11 +78,15 @@ from typing import Callable
 import torch
 
 from commbench.comm.base import Communicator, Handle, lacks_p2p
+from commbench.comm.hierarchical import hierarchical_allreduce
 from commbench.comm.ring import POLL_S, poll, ring_allreduce
 from commbench.timing import now
 
 #: how the engine runs a transfer; ``thread`` is the default (at link speed, blocking)
-TRANSFER_PATHS = ("thread", "ring")
+TRANSFER_PATHS = ("thread", "ring", "hier")
+#: the ``hier`` path's segment: above any transfer, so it never pipelines (one transfer at a
+#: time on the engine's thread; the pipeline's non-blocking node collectives are libnbc's)
+HIER_SEGMENT = 1 << 62
 #: ``--transfer auto`` (the default): each strategy's measured path where the backend has it
 AUTO_PATH = "auto"
 TRANSFER_CHOICES = (AUTO_PATH, *TRANSFER_PATHS)
@@ -96,6 +110,26 @@ def check_transfer_path(comm: Communicator, path: str) -> None:
                          f"{', '.join(TRANSFER_CHOICES)}")
     if path == "ring" and not comm.supports_p2p:
         raise ValueError(lacks_p2p(comm, "--transfer ring", "--transfer thread"))
+    if path == "hier" and comm.progresses_itself:
+        raise ValueError(f"--transfer hier: the {comm.name} backend runs its operations on "
+                         "a thread of its own, and the two-level all-reduce's node groups "
+                         "would be made and used from the engine's thread beside it; use "
+                         "--transfer thread or ring, or the mpi backend")
+
+
+def engine_paths(comm: Communicator) -> list[str]:
+    """The paths an engine can run on ``comm`` that run differently there: ``hier`` only
+    across several nodes with more than one rank on some node (else it is the ring)."""
+    out = []
+    for path in TRANSFER_PATHS:
+        try:
+            check_transfer_path(comm, path)
+        except ValueError:
+            continue
+        if path == "hier" and (comm.topo.nodes < 2 or max(comm.topo.local_sizes) < 2):
+            continue
+        out.append(path)
+    return out
 
 
 class Transfer(Handle):
@@ -146,7 +180,7 @@ class TransferEngine:
         self.poll_s = poll_s
         self.comm = comm.dup()  # a collective: every rank opens its engines alike
         self._runs: dict[str, Callable[[torch.Tensor], None]] = {
-            "thread": self.comm.allreduce, "ring": self._ring}
+            "thread": self.comm.allreduce, "ring": self._ring, "hier": self._hier}
         #: hand transfers to the library's own background thread as they are submitted
         self._handoff = path == "thread" and self.comm.progresses_itself
         self._queue: queue.SimpleQueue[Transfer | None] = queue.SimpleQueue()
@@ -169,8 +203,8 @@ class TransferEngine:
         stamped, before the transfer counts as done): e.g. unpacking a bucket into its
         gradients while the main thread computes, as DDP's comm-hook futures do.
         ``path`` runs this one transfer on another of ``TRANSFER_PATHS`` (same thread,
-        communicator and order): bucketed's ``by-size`` sends small buckets on the
-        backend's all-reduce and large ones on the ring.
+        communicator and order): bucketed's ``by-size`` sends each bucket on the path
+        its probe priced cheapest for its size.
         """
         if self._closed:
             raise RuntimeError("transfer engine: submit after close")
@@ -188,6 +222,10 @@ class TransferEngine:
 
     def _ring(self, tensor: torch.Tensor) -> None:
         ring_allreduce(self.comm, tensor, wait=partial(poll, poll_s=self.poll_s))
+
+    def _hier(self, tensor: torch.Tensor) -> None:
+        hierarchical_allreduce(self.comm, tensor, segment_bytes=HIER_SEGMENT,
+                               ring_wait=partial(poll, poll_s=self.poll_s))
 
     def _loop(self) -> None:
         last_end = 0.0

@@ -60,6 +60,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
@@ -113,14 +114,17 @@ class Plan:
     library_thread: bool = False
 
 
-_PLANS: dict[int, Plan] = {}
+#: each communicator's plan, for as long as the communicator lives: keyed by the object, not
+#: its ``id``, which a communicator made after another is freed (a transfer engine's) may
+#: reuse on one rank and not on another, and one rank would then skip the splits the others
+#: make
+_PLANS: weakref.WeakKeyDictionary[Communicator, Plan] = weakref.WeakKeyDictionary()
 
 
 def plan_for(comm: Communicator) -> Plan:
     """The groups of ``comm``'s topology, made once (collectively) and kept."""
-    key = id(comm)
-    if key in _PLANS:
-        return _PLANS[key]
+    if comm in _PLANS:
+        return _PLANS[comm]
     hosts = comm.topo.hostnames
     order = list(dict.fromkeys(hosts))
     nodes = [[r for r, h in enumerate(hosts) if h == host] for host in order]
@@ -150,7 +154,7 @@ def plan_for(comm: Communicator) -> Plan:
                 cross=cross, leaders=leaders, nodes=len(nodes),
                 cross_p2p=all(comm.allgather_object(mine_p2p)),
                 library_thread=comm.progresses_itself)
-    _PLANS[key] = plan
+    _PLANS[comm] = plan
     return plan
 
 
@@ -182,7 +186,8 @@ def plan_wire_dtype(comm: Communicator, dtype: torch.dtype) -> torch.dtype:
     return max((g.wire_dtype(dtype) for g in groups), key=lambda d: d.itemsize)
 
 
-def _inter_node_allreduce(group: Group, tensor: torch.Tensor) -> None:
+def _inter_node_allreduce(group: Group, tensor: torch.Tensor,
+                          wait: Callable[[Handle], None] | None = None) -> None:
     """All-reduce across nodes with the project's pipelined ring where the group allows.
 
     Open MPI's tuned all-reduce between two ranks moved 16 MiB at 0.67 of a
@@ -192,7 +197,7 @@ def _inter_node_allreduce(group: Group, tensor: torch.Tensor) -> None:
     inter-node phase ran at ~0.6 of the link on the native all-reduce.
     """
     if inter_node_algo(group) == "ring":
-        ring_allreduce(group, tensor)
+        ring_allreduce(group, tensor, wait=wait)
     else:
         group.allreduce(tensor)
 
@@ -418,11 +423,13 @@ def _shard_regions(numel: int, p: Plan) -> tuple[list[tuple[int, int]], list[int
 
 
 def _cross_allreduce(p: Plan, flat: torch.Tensor, part: torch.Tensor,
-                     shard: list[tuple[int, int]], start: int) -> None:
+                     shard: list[tuple[int, int]], start: int,
+                     wait: Callable[[Handle], None] | None = None) -> None:
     """All-reduce across nodes every shard this rank owns (``part`` holds them, from
-    element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node)."""
+    element ``start`` of ``flat``; ``part`` is ``flat`` itself on a one-rank node); the
+    ring's messages completed by ``wait`` (default: the ring's)."""
     for g, x in _cross_shards(p, flat, part, shard, start):
-        _inter_node_allreduce(g, x)
+        _inter_node_allreduce(g, x, wait)
 
 
 def _cross_shards(p: Plan, flat: torch.Tensor, part: torch.Tensor,
@@ -446,13 +453,17 @@ def _cross_ring(p: Plan, flat: torch.Tensor, part: torch.Tensor,
 
 def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
                            on_phase: PhaseHook | None = None,
-                           segment_bytes: int = SEGMENT_BYTES) -> None:
+                           segment_bytes: int = SEGMENT_BYTES,
+                           ring_wait: Callable[[Handle], None] | None = None) -> None:
     """Reduce-scatter in the node, all-reduce shards across nodes, all-gather in the node.
 
     Pipelined in segments of ``segment_bytes`` where ``pipeline_segments`` says so (module
     docstring). ``on_phase`` is told of each of ``HIER_PHASES`` (pipelined: as one
     interval each, overlapping); a phase that has nothing to do on this layout (one
     rank per node: no intra-node phase) is still reported, with its near-zero duration.
+    ``ring_wait`` completes each of the ring's messages where one thread waits for them
+    (unpipelined, or Horovod's second thread; default: the ring's own wait unpipelined,
+    a blocking wait pipelined): the transfer engine's ``ring.poll`` leaves the core free.
     """
     if comm.size == 1:
         return
@@ -466,7 +477,7 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
         start = sum(counts[:p.local_index])
         part = p.local.reduce_scatter_v(flat, counts) if p.local_size > 1 else flat
         phases.end("intra_reduce_scatter")
-        _cross_allreduce(p, flat, part, shard, start)
+        _cross_allreduce(p, flat, part, shard, start, ring_wait)
         phases.end("inter_allreduce")
         if p.local_size > 1:
             p.local.allgather_v(part, counts, flat)
@@ -492,7 +503,8 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
             return None
         return p.local.iallgather_v(part, layout[k][1], segs[k])
 
-    _run_pipeline(p, n, _Steps(first, inter, last), block, t0, HIER_PHASES, on_phase)
+    _run_pipeline(p, n, _Steps(first, inter, last), ring_wait or block, t0, HIER_PHASES,
+                  on_phase)
 
 
 def leader_allreduce(comm: Communicator, tensor: torch.Tensor,

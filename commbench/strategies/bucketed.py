@@ -26,7 +26,10 @@
    ``--transfer thread`` runs each as the backend's tuned blocking
    all-reduce rather than Open MPI's non-blocking one (libnbc), which is
    much slower across nodes; ``--transfer ring`` as the project's ring on
-   point-to-point messages tested between sleeps (lighter on the CPU).
+   point-to-point messages tested between sleeps (lighter on the CPU);
+   ``--transfer hier`` as the two-level all-reduce (in the node, across
+   nodes on the ring, in the node: fewer bytes through each node link where
+   nodes hold several ranks).
    ``auto`` (the default) is the ring wherever the backend has
    point-to-point messages: Open MPI's tuned all-reduce moves large
    messages by its ``put`` pipeline, which runs at about half the link when
@@ -58,8 +61,9 @@ order the buckets follow. It reads these ``StrategySettings`` fields:
         ``commbench.buckets.choose_cap`` predicts ends sync soonest after
         backward, from a probe of the transfer paths at construction (all-reduces
         of 8 KiB to 8 MiB: ``commbench.buckets.ProbeCost``) and the first step's
-        gradient times; with two engine paths probed, also ``by-size`` (each
-        bucket on the path priced cheaper for its size). Rank 0 decides, every
+        gradient times; with several engine paths probed (``--transfer auto``:
+        ``commbench.comm.engine.engine_paths``), also ``by-size`` (each bucket
+        on the path priced cheapest for its size). Rank 0 decides, every
         rank rebuilds its buckets (DDP too rebuilds its buckets once, after the
         first iteration). Records carry the choice under ``knobs.bucket_mb_auto``.
     first_bucket_mb: the first bucket's cap (default 1, DDP's).
@@ -71,7 +75,7 @@ order the buckets follow. It reads these ``StrategySettings`` fields:
         running blocking all-reduces, 4.67 s polling Open MPI's iallreduce
         (flat native: 2.21 s).
     transfer: with ``progress="thread"``, the engine's path: ``thread``,
-        ``ring`` (``commbench.comm.engine.TRANSFER_PATHS``) or ``auto``.
+        ``ring``, ``hier`` (``commbench.comm.engine.TRANSFER_PATHS``) or ``auto``.
 
 Example::
 
@@ -89,7 +93,13 @@ import torch
 
 from commbench.buckets import AUTO, MB, ProbeCost, assign_buckets, choose_cap
 from commbench.comm.base import Communicator, Handle
-from commbench.comm.engine import AUTO_PATH, TRANSFER_PATHS, TransferEngine, resolve_path
+from commbench.comm.engine import (
+    AUTO_PATH,
+    TRANSFER_PATHS,
+    TransferEngine,
+    engine_paths,
+    resolve_path,
+)
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, StrategySettings
@@ -102,8 +112,8 @@ PREFERRED_PATH = "ring"
 #: --bucket-mb auto's probe of the transfer path: sizes (bytes) and timed all-reduces each
 PROBE_BYTES = (2**13, 2**16, 2**20, 8 * 2**20)
 PROBE_REPS = 2
-#: --bucket-mb auto's third path where both engine paths were probed: each bucket on the
-#: path the probe prices cheaper for its size, both on the engine's one thread, in order.
+#: --bucket-mb auto's extra path where several engine paths were probed: each bucket on the
+#: path the probe prices cheapest for its size, all on the engine's one thread, in order.
 #: Small buckets are latency-bound, and the ring pays a Python-driven message per step
 #: (2(p-1) steps); Open MPI's all-reduce of a small message is one call into C, and its
 #: put pipeline (the ring's reason) moves only large ones (peer_fairness, GPT-tiny on
@@ -210,9 +220,10 @@ class BucketedStrategy(Strategy):
     # -- --bucket-mb auto -------------------------------------------------------------------
 
     def _paths(self) -> list[str]:
-        """The transfer paths auto chooses among: both engine paths where ``--transfer auto``
-        and the backend has point-to-point messages (the preferred first), else the one
-        this strategy runs (``iallreduce`` under ``--progress poll``)."""
+        """The transfer paths auto chooses among: every engine path that runs differently on
+        this layout (``engine_paths``) where ``--transfer auto`` and the backend has
+        point-to-point messages (the preferred first), else the one this strategy runs
+        (``iallreduce`` under ``--progress poll``)."""
         if self.progress != "thread":
             return ["iallreduce"]
         # A library that runs queued ops itself (Horovod) fuses the buckets queued in a
@@ -224,7 +235,7 @@ class BucketedStrategy(Strategy):
             return [self.transfer]
         if self.comm.progresses_itself:
             return [PREFERRED_PATH]
-        return [PREFERRED_PATH, *(p for p in TRANSFER_PATHS if p != PREFERRED_PATH)]
+        return [PREFERRED_PATH, *(p for p in engine_paths(self.comm) if p != PREFERRED_PATH)]
 
     def _time_transfers(self, t: torch.Tensor, path: str, n: int) -> list[float]:
         """Seconds each of ``n`` all-reduces of ``t`` takes on transfer path ``path``,
@@ -477,9 +488,11 @@ class BucketedStrategy(Strategy):
         if self.progress == "poll":
             return "iallreduce"
         if self._by_size():
-            return "by size on the engine thread: small buckets blocking allreduce, large ring"
-        return "blocking allreduce on the engine thread" if self.transfer == "thread" else \
-            "ring on the engine thread, polled"
+            return ("by size on the engine thread: each bucket on the path its probe priced "
+                    "cheapest (bucket_paths)")
+        return {"thread": "blocking allreduce on the engine thread",
+                "ring": "ring on the engine thread, polled",
+                "hier": "two-level all-reduce on the engine thread"}[self.transfer]
 
     def close(self) -> None:
         """Stop the transfer engines (after their last bucket)."""

@@ -98,8 +98,10 @@ class StrategySettings:
              "own thread (Open MPI spins a core while it waits, and its large-message "
              "protocol runs back-to-back buckets at about half the link), ring = the "
              "project's ring on point-to-point messages, tested between sleeps (light on the "
-             "CPU; needs point-to-point), auto = bucketed on ring and async on thread, each "
-             "where the backend has it (else thread)")
+             "CPU; needs point-to-point), hier = the two-level all-reduce (node, ring across "
+             "nodes, node: fewer bytes through each node link where nodes hold several "
+             "ranks; mpi backend), auto = bucketed on ring and async on thread, each where "
+             "the backend has it (else thread)")
     staleness: int = flag(
         "--staleness", default=0, metavar="S", type=nonneg_int,
         help="--strategy async: step t's all-reduce runs while later steps compute and is "

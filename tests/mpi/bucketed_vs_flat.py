@@ -13,9 +13,10 @@ Every result must match flat within float tolerance and the exact mean, and
 the timer must have seen one collective per bucket. Four caps (``auto``
 included: it chooses after the first step and rebuilds its buckets) run again on
 the transfer engine (``progress="thread"``), on each of its transfer paths the
-backend has (the project's ring needs point-to-point messages), and where it has
+backend has (``engine_paths``: the project's ring needs point-to-point messages,
+the two-level ``hier`` several nodes with two ranks on one), and where it has
 them once more as auto's ``by-size`` leaves the buckets: on the ring's engine,
-every other bucket on the backend's all-reduce. Exits 1 on a mismatch.
+the buckets' paths taking turns. Exits 1 on a mismatch.
 
     mpirun -np 3 python tests/mpi/bucketed_vs_flat.py mpi
 """
@@ -30,6 +31,7 @@ from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.buckets import MB
 from commbench.comm import make_communicator
+from commbench.comm.engine import engine_paths
 from commbench.models import parameter_shapes
 from commbench.strategies import make_strategy
 from commbench.strategies.bucketed import BY_SIZE
@@ -72,10 +74,10 @@ def main() -> int:
         flat.begin_step(StepTimer())
         flat.finish()
         steps.append((mine, exact, [g.clone() for g in grads]))
+    paths = engine_paths(comm)
     runs = [(mb, "poll", "thread") for mb in BUCKET_MB] + [
-        (mb, "thread", path) for mb in (0, 4, 25, "auto")
-        for path in ("thread", "ring") if path == "thread" or comm.supports_p2p] + [
-        ("auto", "thread", "auto")]  # both paths probed, one chosen
+        (mb, "thread", path) for mb in (0, 4, 25, "auto") for path in paths] + [
+        ("auto", "thread", "auto")]  # every path probed, one chosen
     if comm.supports_p2p:
         runs.append((1, "thread", BY_SIZE))
     for mb, progress, path in runs:
@@ -84,7 +86,7 @@ def main() -> int:
                                  transfer="ring" if path == BY_SIZE else path)
         if path == BY_SIZE:  # as --bucket-mb auto's by-size runs them: paths interleaved
             for k, b in enumerate(bucketed.buckets):
-                b.path = "thread" if k % 2 else None
+                b.path = paths[k % len(paths)]
         knobs = bucketed.knobs()
         if sum(knobs["bucket_bytes"]) != bucketed.nbytes:
             bad.append(f"bucket_mb={mb}: buckets hold {sum(knobs['bucket_bytes'])} bytes, "

@@ -1,4 +1,5 @@
-"""Run under mpirun: the transfer engine, path by path (thread, ring).
+"""Run under mpirun: the transfer engine, path by path (thread, ring, and hier across
+several nodes with more than one rank on some: ``engine_paths``).
 
 For each path: transfers of several sizes submitted at once complete in issue
 order with the right sums, their stamps satisfy queued <= start <= end and
@@ -24,7 +25,7 @@ import torch
 from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.comm import make_communicator
-from commbench.comm.engine import TRANSFER_PATHS, TransferEngine
+from commbench.comm.engine import TransferEngine, engine_paths
 
 SIZES = [1, 1009, 30_011, 7, 6_553]  # no rank count divides them; many ring segments
 
@@ -126,11 +127,12 @@ def check_by_size(comm, bad: list[str]) -> None:
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
     bad: list[str] = []
-    for path in TRANSFER_PATHS:
+    paths = engine_paths(comm)
+    for path in paths:
         check_path(comm, path, bad)
     if comm.supports_p2p:
         check_by_size(comm, bad)
-    return verdict(comm, bad, f"OK transfer engine on {comm.size} ranks")
+    return verdict(comm, bad, f"OK transfer engine on {comm.size} ranks, paths {paths}")
 
 
 if __name__ == "__main__":

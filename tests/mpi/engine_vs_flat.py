@@ -23,7 +23,7 @@ import torch
 from verdict import verdict  # beside this script (scripts run as files)
 
 from commbench.comm import make_communicator
-from commbench.comm.engine import TRANSFER_PATHS
+from commbench.comm.engine import engine_paths
 from commbench.strategies import make_strategy
 from commbench.timing import StepTimer
 
@@ -78,7 +78,7 @@ def reduce_steps(comm, name: str, knobs: dict, dtype: torch.dtype) -> tuple[list
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
     n = comm.size
-    paths = [p for p in TRANSFER_PATHS if p != "ring" or comm.supports_p2p]
+    paths = engine_paths(comm)
     bad: list[str] = []
     for dtype in DTYPES:
         flat, _ = reduce_steps(comm, "flat", {}, dtype)
