@@ -84,6 +84,10 @@ from commbench.timing import now
 
 #: how the engine runs a transfer; ``thread`` is the default (at link speed, blocking)
 TRANSFER_PATHS = ("thread", "ring", "hier")
+#: what each path runs, as records say it (``knobs.collective``)
+PATH_COLLECTIVE = {"thread": "blocking allreduce on the engine thread",
+                   "ring": "ring on the engine thread, polled",
+                   "hier": "two-level all-reduce on the engine thread"}
 #: the ``hier`` path's segment: above any transfer, so it never pipelines (one transfer at a
 #: time on the engine's thread; the pipeline's non-blocking node collectives are libnbc's)
 HIER_SEGMENT = 1 << 62

@@ -78,7 +78,7 @@ import torch
 from commbench import metrics
 from commbench.comm.algos import wire_dtype
 from commbench.comm.base import Communicator
-from commbench.comm.engine import Transfer, TransferEngine, resolve_path
+from commbench.comm.engine import PATH_COLLECTIVE, Transfer, TransferEngine, resolve_path
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import dtype_name, unpack_mean
 from commbench.strategies.flat import FlatStrategy
@@ -96,7 +96,7 @@ class _InFlight:
 
 #: the algorithm each transfer path runs, for ``wire_dtype`` (the ring sends bytes as
 #: they are; the backend's all-reduce may widen)
-_PATH_ALGO = {"thread": "native", "ring": "ring"}
+_PATH_ALGO = {"thread": "native", "ring": "ring", "hier": "hier"}
 
 
 class AsyncStrategy(FlatStrategy):
@@ -274,8 +274,7 @@ class AsyncStrategy(FlatStrategy):
                 "buffers": len(self._slots), "transfer_path": self.transfer,
                 "wire_dtype": dtype_name(wire_dtype(self.comm, _PATH_ALGO[self.transfer],
                                                     self.wire)),
-                "collective": "blocking allreduce on the engine thread"
-                if self.transfer == "thread" else "ring on the engine thread, polled"}
+                "collective": PATH_COLLECTIVE[self.transfer]}
 
 
 def summarize_schedule(steps: Sequence[dict]) -> dict:

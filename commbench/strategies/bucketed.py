@@ -95,6 +95,7 @@ from commbench.buckets import AUTO, MB, ProbeCost, assign_buckets, choose_cap
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.engine import (
     AUTO_PATH,
+    PATH_COLLECTIVE,
     TRANSFER_PATHS,
     TransferEngine,
     engine_paths,
@@ -490,9 +491,7 @@ class BucketedStrategy(Strategy):
         if self._by_size():
             return ("by size on the engine thread: each bucket on the path its probe priced "
                     "cheapest (bucket_paths)")
-        return {"thread": "blocking allreduce on the engine thread",
-                "ring": "ring on the engine thread, polled",
-                "hier": "two-level all-reduce on the engine thread"}[self.transfer]
+        return PATH_COLLECTIVE[self.transfer]
 
     def close(self) -> None:
         """Stop the transfer engines (after their last bucket)."""
