@@ -172,11 +172,11 @@ class Planned:
         return self.outputs(job)[0]
 
     def outputs(self, job: ToolJob) -> list[Path]:
-        """The results file of each of ``job``'s repeats, repeat 0 first (``launch.sweep``:
-        repeat r > 0 adds ``-r<r>`` to the point's id)."""
+        """The results file of each of ``job``'s repeats, repeat 0 first (named as
+        ``launch.sweep.repeat_id`` names each repeat's job)."""
         sweep, pt = self._where[job.name]
         pid = sweeps.point_id(pt, sweep)
-        return [Path(sweep.output) / f"{pid if r == 0 else f'{pid}-r{r}'}.jsonl"
+        return [Path(sweep.output) / f"{sweeps.repeat_id(pid, r)}.jsonl"
                 for r in range(pt.get("repeats", sweep.repeats))]
 
     def commands(self) -> list[tuple[ToolJob, list[str]]]:

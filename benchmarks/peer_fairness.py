@@ -235,8 +235,9 @@ def spread(num: list[dict], den: list[dict], figure) -> stats.Spread:
     """The ratio of ``figure``'s median over ``num``'s repeats to its median over ``den``'s,
     with its spread (``stats.ratio_spread``: one run each is one value, fewer than 6 a side
     the range of every pairwise ratio, from 6 a bootstrap 95 % interval)."""
-    return stats.ratio_spread([math.nan if figure(s) is None else figure(s) for s in num],
-                              [math.nan if figure(s) is None else figure(s) for s in den])
+    def values(ss: list[dict]) -> list[float]:
+        return [math.nan if v is None else v for v in map(figure, ss)]
+    return stats.ratio_spread(values(num), values(den))
 
 
 def median_of(ss: list[dict], key: str) -> float:
@@ -300,11 +301,11 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
                        [f"{cell.name}: a job failed: no verdict", *lines])
     bl, b = min(bucketed, key=lambda x: median_of(x[1], "step_s"))
     pl, p = min(peers.items(), key=lambda x: median_of(x[1], "step_s"))
-    step = spread(b, p, lambda s: s["step_s"])
+    steps = {name: spread(b, ps, lambda s: s["step_s"]) for name, ps in peers.items()}
+    step = steps[pl]
     exposed = spread(b, p, lambda s: s["exposed_sync_s"])
     link = spread(b, p, eff)
-    each_peer = [stats.judge(spread(b, ps, lambda s: s["step_s"]), STEP_GOAL, True)
-                 for ps in peers.values()]
+    each_peer = [stats.judge(sp, STEP_GOAL, True) for sp in steps.values()]
     step_verdict = (stats.REFUTED if stats.REFUTED in each_peer else stats.REPRODUCED
                     if all(v == stats.REPRODUCED for v in each_peer) else stats.UNDECIDED)
     met = {"step": _WORDS[step_verdict],

@@ -157,8 +157,7 @@ class Sweep:
             key = (None,) if layout is None else (tuple(layout), p.get("rate"),
                                                   str(p.get("dilation", 1.0)))
             groups.setdefault(key, []).extend(
-                (i if r == 0 else f"{i}-r{r}", p, r)
-                for r in range(p.get("repeats", self.repeats)))
+                (repeat_id(i, r), p, r) for r in range(p.get("repeats", self.repeats)))
         rng = random.Random(self.shuffle_seed)
         out = []
         for jobs in groups.values():
@@ -334,6 +333,12 @@ def parse_set(items: list[str]) -> dict:
 def _show(value) -> str:
     """A grid value as labels write it: per-node slots [3, 1] as ``3+1``."""
     return "+".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def repeat_id(pid: str, repeat: int) -> str:
+    """The job id of ``repeat`` of the point ``pid``: the point's own id for repeat 0 (a
+    sweep raised to more repeats keeps its first files), ``<pid>-r<repeat>`` after."""
+    return pid if repeat == 0 else f"{pid}-r{repeat}"
 
 
 def point_id(point: dict, sweep: Sweep) -> str:

@@ -182,6 +182,7 @@ class TransferEngine:
             raise ValueError(f"poll_s must be > 0, got {poll_s}")
         self.path = path
         self.poll_s = poll_s
+        self._wait = partial(poll, poll_s=poll_s)  # the ring's messages, on ring and hier
         self.comm = comm.dup()  # a collective: every rank opens its engines alike
         self._runs: dict[str, Callable[[torch.Tensor], None]] = {
             "thread": self.comm.allreduce, "ring": self._ring, "hier": self._hier}
@@ -225,11 +226,11 @@ class TransferEngine:
         return t
 
     def _ring(self, tensor: torch.Tensor) -> None:
-        ring_allreduce(self.comm, tensor, wait=partial(poll, poll_s=self.poll_s))
+        ring_allreduce(self.comm, tensor, wait=self._wait)
 
     def _hier(self, tensor: torch.Tensor) -> None:
         hierarchical_allreduce(self.comm, tensor, segment_bytes=HIER_SEGMENT,
-                               ring_wait=partial(poll, poll_s=self.poll_s))
+                               ring_wait=self._wait)
 
     def _loop(self) -> None:
         last_end = 0.0
