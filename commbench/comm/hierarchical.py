@@ -36,7 +36,9 @@ reduce) in turn, then every segment's all-gather (or broadcast) once that
 segment is across, and between them advances the ring of the oldest reduced
 segment on the cross groups (``ring.ring_steps``), testing the node's
 collective and the ring's next message between short sleeps; no call blocks,
-and nothing of the library runs on two threads. Under Horovod (its own thread
+and nothing of the library runs on two threads. The node's collectives there run
+on point-to-point messages too (``p2pcoll``), not on Open MPI's non-blocking
+collectives (libnbc), which aborted a rank now and then (``_Interleaved``). Under Horovod (its own thread
 moves the bytes) the ring runs on a second thread (``_Pipeline``). Every rank
 issues its node's collectives in the same fixed order (all first phases, then
 all last phases), so matching never depends on timing. Unpipelined (all of one
@@ -69,6 +71,13 @@ import torch
 
 from commbench import dilation
 from commbench.comm.base import Communicator, Group, Handle
+from commbench.comm.p2pcoll import (
+    Steps,
+    allgather_steps,
+    bcast_steps,
+    reduce_scatter_steps,
+    reduce_steps,
+)
 from commbench.comm.phases import PhaseHook, Phases
 from commbench.comm.ring import POLL_S, block, chunk_bounds, poll, ring_allreduce, ring_steps
 from commbench.timing import now
@@ -82,14 +91,14 @@ T = TypeVar("T")
 
 def _one_thread(p: Plan) -> bool:
     """Whether the pipeline runs on the calling thread alone (``_Interleaved``): where it
-    is the library's only caller and the node's collectives are non-blocking (the mpi
-    backend). Else (Horovod's process sets, whose background thread moves the bytes and,
+    is the library's only caller and the node's ranks have point-to-point messages (the mpi
+    backend), on which the node's collectives then run (``p2pcoll``). Else (Horovod's process sets, whose background thread moves the bytes and,
     under its MPI controller, is in MPI too) on two threads (``_Pipeline``): testing
     handles between sleeps beside Horovod's thread starved them (ResNet-50's gradient on
     2 emulated nodes x 4 ranks at 1 Gbit/s took 6.4 s a step, one step 43.8 s, against
     2.3 s for Horovod's flat all-reduce), where waiting inside the call runs at the link.
     """
-    return p.local.nonblocking_collectives and not p.library_thread
+    return p.local.supports_p2p and not p.library_thread
 
 
 def owned_shards(i: int, n_local: int, L: int) -> range:
@@ -334,7 +343,11 @@ class _Interleaved(Generic[T]):
     of ours, a node's rank aborted in CI with heap corruption inside libnbc's progress
     ("double free or corruption", after "MPI Error in NBC subrequest: 15",
     ``MPI_ERR_TRUNCATE``) in a few percent of runs, never on demand; on one thread nothing
-    of the library runs from two threads.
+    of the library runs from two threads. With one thread the same abort still came,
+    rarer (twice in two sessions' test suites, on 3 fake nodes of 2 ranks, in libnbc's
+    reduce-scatter; 18 runs of that test alone under load passed), so the node's
+    collectives here are the project's own on point-to-point messages (``p2pcoll``),
+    which the ring's messages show sound: nothing of libnbc runs in the pipeline.
 
     Spans as ``_Pipeline``'s: first phases from the call's start to the last one's end,
     the inter-node phase from the first segment's hand-off to the last segment's end,
@@ -488,10 +501,16 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
                                                  segment_bytes)]
     layout = [_shard_regions(s.numel(), p) for s in segs]
 
+    p2p = _one_thread(p)  # the node's phases on point-to-point messages (p2pcoll)
+
     def first(k: int) -> tuple[Handle | None, torch.Tensor]:
         if p.local_size == 1:
             return None, segs[k]
-        part, h = p.local.ireduce_scatter_v(segs[k], layout[k][1])
+        counts = layout[k][1]
+        if p2p:
+            part = torch.empty(counts[p.local_index], dtype=flat.dtype)
+            return Steps(reduce_scatter_steps(p.local, segs[k], counts, part)), part
+        part, h = p.local.ireduce_scatter_v(segs[k], counts)
         return h, part
 
     def inter(k: int, part: torch.Tensor) -> Iterator[Handle]:
@@ -501,6 +520,8 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
     def last(k: int, part: torch.Tensor) -> Handle | None:
         if p.local_size == 1:
             return None
+        if p2p:
+            return Steps(allgather_steps(p.local, part, layout[k][1], segs[k]))
         return p.local.iallgather_v(part, layout[k][1], segs[k])
 
     _run_pipeline(p, n, _Steps(first, inter, last), ring_wait or block, t0, HIER_PHASES,
@@ -538,14 +559,22 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
     segs = [flat[a:b] for a, b in segment_bounds(flat.numel(), flat.element_size(),
                                                  segment_bytes)]
 
+    p2p = _one_thread(p)  # the node's phases on point-to-point messages (p2pcoll)
+
     def first(k: int) -> tuple[Handle | None, torch.Tensor]:
-        return (p.local.ireduce(segs[k], 0) if p.local_size > 1 else None), segs[k]
+        if p.local_size == 1:
+            return None, segs[k]
+        if p2p:
+            return Steps(reduce_steps(p.local, segs[k], 0)), segs[k]
+        return p.local.ireduce(segs[k], 0), segs[k]
 
     def inter(k: int, seg: torch.Tensor) -> Iterator[Handle]:
         if crosses:  # the node's leader; the others have nothing to do across nodes
             yield from ring_steps(p.leaders, seg)
 
     def last(k: int, seg: torch.Tensor) -> Handle | None:
-        return p.local.ibcast(seg, 0) if p.local_size > 1 else None
+        if p.local_size == 1:
+            return None
+        return Steps(bcast_steps(p.local, seg, 0)) if p2p else p.local.ibcast(seg, 0)
 
     _run_pipeline(p, n, _Steps(first, inter, last), poll, t0, LEADER_PHASES, on_phase)
