@@ -38,9 +38,9 @@ segment on the cross groups (``ring.ring_steps``), testing the node's
 collective and the ring's next message between short sleeps; no call blocks,
 and nothing of the library runs on two threads. The node's collectives there run
 on point-to-point messages too (``p2pcoll``), not on Open MPI's non-blocking
-collectives (libnbc), which aborted a rank now and then (``_Interleaved``). Under Horovod (its own thread
-moves the bytes) the ring runs on a second thread (``_Pipeline``). Every rank
-issues its node's collectives in the same fixed order (all first phases, then
+collectives (libnbc), which aborted a rank now and then (``_Interleaved``).
+Under Horovod (its own thread moves the bytes) the ring runs on a second thread
+(``_Pipeline``). Every rank issues its node's collectives in the same fixed order (all first phases, then
 all last phases), so matching never depends on timing. Unpipelined (all of one
 phase, then the next) on Gloo and for tensors of one segment. On 2 emulated
 nodes x 4 ranks at 1 Gbit/s, 64 MiB (``benchmarks/hier_bound.py``):
@@ -92,7 +92,8 @@ T = TypeVar("T")
 def _one_thread(p: Plan) -> bool:
     """Whether the pipeline runs on the calling thread alone (``_Interleaved``): where it
     is the library's only caller and the node's ranks have point-to-point messages (the mpi
-    backend), on which the node's collectives then run (``p2pcoll``). Else (Horovod's process sets, whose background thread moves the bytes and,
+    backend), on which the node's collectives then run (``p2pcoll``).
+    Else (Horovod's process sets, whose background thread moves the bytes and,
     under its MPI controller, is in MPI too) on two threads (``_Pipeline``): testing
     handles between sleeps beside Horovod's thread starved them (ResNet-50's gradient on
     2 emulated nodes x 4 ranks at 1 Gbit/s took 6.4 s a step, one step 43.8 s, against
