@@ -40,8 +40,8 @@ and nothing of the library runs on two threads. The node's collectives there run
 on point-to-point messages too (``p2pcoll``), not on Open MPI's non-blocking
 collectives (libnbc), which aborted a rank now and then (``_Interleaved``).
 Under Horovod (its own thread moves the bytes) the ring runs on a second thread
-(``_Pipeline``). Every rank issues its node's collectives in the same fixed order (all first phases, then
-all last phases), so matching never depends on timing. Unpipelined (all of one
+(``_Pipeline``). Every rank issues its node's collectives in the same fixed order
+(all first phases, then all last phases), so matching never depends on timing. Unpipelined (all of one
 phase, then the next) on Gloo and for tensors of one segment. On 2 emulated
 nodes x 4 ranks at 1 Gbit/s, 64 MiB (``benchmarks/hier_bound.py``):
 unpipelined hier 1000 ms (intra-node 361 + 93 ms one after the other against
