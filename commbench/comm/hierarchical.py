@@ -24,30 +24,30 @@ the whole tensor across.
 
 On one node, both variants reduce to their intra-node part.
 
-Pipelined in segments (where the inter-node phase runs on the ring, i.e. the
-cross groups have point-to-point messages, some node has more than one rank,
-and the tensor is above one segment, ``SEGMENT_BYTES``): the tensor is cut
-into segments and the three phases run on each in turn, as NCCL's tree and
-ring algorithms do, so the intra-node phases of one segment overlap the
-inter-node phase of another.
-With the mpi backend the calling thread alone runs the pipeline
-(``_Interleaved``): it starts every segment's intra-node reduce-scatter (or
-reduce) in turn, then every segment's all-gather (or broadcast) once that
-segment is across, and between them advances the ring of the oldest reduced
-segment on the cross groups (``ring.ring_steps``), testing the node's
-collective and the ring's next message between short sleeps; no call blocks,
-and nothing of the library runs on two threads. The node's collectives there run
-on point-to-point messages too (``p2pcoll``), not on Open MPI's non-blocking
-collectives (libnbc), which aborted a rank now and then (``_Interleaved``).
-Under Horovod (its own thread moves the bytes) the ring runs on a second thread
-(``_Pipeline``). Every rank issues its node's collectives in the same fixed order
-(all first phases, then all last phases), so matching never depends on timing. Unpipelined (all of one
-phase, then the next) on Gloo and for tensors of one segment. On 2 emulated
-nodes x 4 ranks at 1 Gbit/s, 64 MiB (``benchmarks/hier_bound.py``):
-unpipelined hier 1000 ms (intra-node 361 + 93 ms one after the other against
-549 ms inter-node), leader 1092 ms (one run each, undilated); pipelined in 8
-segments on one thread, at time dilation 4, hier 567 ms (0.99 of its link
-bound), leader 588 ms, ring 1001 ms, native 971 ms (5 all-reduces each).
+Pipelined in segments (where the inter-node phase runs on the ring, i.e. the cross
+groups have point-to-point messages, some node has more than one rank, and the
+tensor is above one segment, ``SEGMENT_BYTES``): the tensor is cut into segments and
+the three phases run on each in turn, as NCCL's tree and ring algorithms do, so the
+intra-node phases of one segment overlap the inter-node phase of another. With the
+mpi backend the calling thread alone runs the pipeline (``_Interleaved``): it starts
+every segment's intra-node reduce-scatter (or reduce) in turn, then every segment's
+all-gather (or broadcast) once that segment is across, and between them advances the
+ring of the oldest reduced segment on the cross groups (``ring.ring_steps``),
+testing the node's collective and the ring's next message between short sleeps; no
+call blocks, and nothing of the library runs on two threads. The node's collectives
+there run on point-to-point messages too (``p2pcoll``), not on Open MPI's
+non-blocking collectives (libnbc), which aborted a rank now and then
+(``_Interleaved``). Under Horovod (its own thread moves the bytes) the ring runs on
+a second thread (``_Pipeline``). Every rank issues its node's collectives in the
+same fixed order (all first phases, then all last phases), so matching never depends
+on timing. Unpipelined (all of one phase, then the next) on Gloo and for tensors of
+one segment. On 2 emulated nodes x 4 ranks at 1 Gbit/s, 64 MiB
+(``benchmarks/hier_bound.py``): unpipelined hier 1000 ms (intra-node 361 + 93 ms one
+after the other against 549 ms inter-node), leader 1092 ms (one run each,
+undilated); pipelined in 8 segments on one thread, at time dilation 4, hier 567 ms
+(0.99 of its link bound), leader 588 ms, ring 1001 ms, native 971 ms (5 all-reduces
+each); with the node's phases on point-to-point messages, hier 568 ms (0.99), leader
+596 ms, ring 1003 ms.
 
 Phases are reported as intervals (``on_phase``): pipelined, they overlap,
 and each runs from its first segment's start to its last segment's end.
