@@ -89,7 +89,7 @@ PATH_COLLECTIVE = {"thread": "blocking allreduce on the engine thread",
                    "ring": "ring on the engine thread, polled",
                    "hier": "two-level all-reduce on the engine thread"}
 #: the ``hier`` path's segment: above any transfer, so it never pipelines (one transfer at a
-#: time on the engine's thread; the pipeline's non-blocking node collectives are libnbc's)
+#: time on the engine's thread, its node's phases Open MPI's blocking collectives)
 HIER_SEGMENT = 1 << 62
 #: ``--transfer auto`` (the default): each strategy's measured path where the backend has it
 AUTO_PATH = "auto"
