@@ -257,6 +257,8 @@ def test_auto_keeps_its_cap_where_the_probe_gives_no_cost(monkeypatch):
         s.finish()
     auto = s.knobs()["bucket_mb_auto"]
     assert auto["chosen"] is None and "give no cost" in auto["why"]["iallreduce"]
+    kept = auto["probe"]["iallreduce"]  # its times stay in the record, without a cost
+    assert "cost" not in kept and kept["seconds"] and len(kept["bytes"]) == len(kept["seconds"])
     assert s.bucket_mb == 25.0
 
 
@@ -360,6 +362,8 @@ def test_by_size_prices_each_bucket_on_the_cheaper_path():
     tie = s._costs({"probe": {"thread": probe["ring"], "ring": probe["ring"]}})
     assert s._path_by_size(tie, 2**16) == "ring"  # the preferred path on a tie
     assert BY_SIZE not in s._costs({"probe": {"ring": probe["ring"], "thread": None}})
+    no_cost = {"bytes": [2**16, 2**20], "seconds": [0.002, 0.001]}  # a probe that gave none
+    assert list(s._costs({"probe": {"ring": probe["ring"], "thread": no_cost}})) == ["ring"]
 
 
 # ResNet-18's gradients; the first bucket is capped at DDP's 1 MiB (fc.bias alone)
