@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from commbench.comm.base import Handle
-from commbench.comm.p2pcoll import Steps, allgather_steps, offsets, reduce_scatter_steps
+from commbench.comm.p2pcoll import Steps, allgather_steps, reduce_scatter_steps
+from commbench.comm.ring import offsets
 from tests.conftest import run_check
 
 

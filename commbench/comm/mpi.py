@@ -15,7 +15,6 @@ the predefined ``MPI.SUM`` on a numpy view.
 
 from __future__ import annotations
 
-import itertools
 import sys
 from typing import Any, Callable
 
@@ -25,7 +24,7 @@ import torch
 
 from commbench.comm import base
 from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
-from commbench.comm.ring import chunk_bounds
+from commbench.comm.ring import chunk_bounds, offsets
 from commbench.hostload import polled
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
@@ -86,10 +85,6 @@ class _MpiHandle(Handle):
             self._req.Wait()
             self._done = True
 
-
-def _displacements(counts: list[int]) -> list[int]:
-    """Where each rank's part starts in a buffer of consecutive parts of ``counts``."""
-    return list(itertools.accumulate(counts, initial=0))[:-1]
 
 
 class _Then(Handle):
@@ -241,7 +236,7 @@ class MpiCommunicator(Communicator, Group):
 
     @polled
     def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
-        displs = _displacements(counts)
+        displs = offsets(counts)
         self.comm.Allgatherv(as_buffer(part), [as_buffer(out), (counts, displs)])
 
     nonblocking_collectives = True
@@ -253,7 +248,7 @@ class MpiCommunicator(Communicator, Group):
                                 (send, recv))
 
     def iallgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> Handle:
-        displs = _displacements(counts)
+        displs = offsets(counts)
         send, recv = as_buffer(part), as_buffer(out)
         return _MpiHandle(self.comm.Iallgatherv(send, [recv, (counts, displs)]), (send, recv))
 
@@ -281,7 +276,7 @@ class MpiCommunicator(Communicator, Group):
         p = self.comm.Get_size()
         counts = [b - a for a, b in chunk_bounds(flat.numel(), p)]
         part, scatter = self.ireduce_scatter_v(flat, counts)
-        displs = _displacements(counts)
+        displs = offsets(counts)
 
         def gather() -> Handle:
             send = as_buffer(part)

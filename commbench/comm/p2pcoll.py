@@ -29,21 +29,15 @@ nothing (every rank knows every count).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import torch
 
 from commbench.comm.base import Group, Handle
-from commbench.comm.ring import chunk_bounds
+from commbench.comm.ring import chunk_bounds, offsets
 
 #: each collective's tag (the ring's are 7 and 8)
 RS_TAG, AG_TAG, GATHER_TAG, SCATTER_TAG = 11, 12, 13, 14
-
-
-def offsets(counts: list[int]) -> list[int]:
-    """Where each rank's part starts in the tensor of consecutive parts of ``counts``."""
-    return list(itertools.accumulate(counts, initial=0))[:-1]
 
 
 def reduce_scatter_steps(g: Group, flat: torch.Tensor, counts: list[int],
@@ -126,15 +120,17 @@ class Steps(Handle):
         self._msg: Handle | None = None
         self._done = False
 
+    def _next(self) -> None:
+        self._msg = next(self._gen, None)
+        self._done = self._msg is None
+
     def test(self) -> bool:
         while not self._done and (self._msg is None or self._msg.test()):
-            self._msg = next(self._gen, None)
-            self._done = self._msg is None
+            self._next()
         return self._done
 
     def wait(self) -> None:
         while not self._done:
             if self._msg is not None:
                 self._msg.wait()
-            self._msg = next(self._gen, None)
-            self._done = self._msg is None
+            self._next()

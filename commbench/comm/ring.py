@@ -42,6 +42,7 @@ scratch buffer has the tensor's dtype and the additions are torch's, so a
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Callable
@@ -66,6 +67,12 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
         bounds.append((start, stop))
         start = stop
     return bounds
+
+
+def offsets(counts: list[int]) -> list[int]:
+    """Where each part starts in a tensor of consecutive parts of ``counts`` elements (an
+    MPI v-collective's displacements)."""
+    return list(itertools.accumulate(counts, initial=0))[:-1]
 
 
 RING_PHASES = ("reduce_scatter", "allgather")

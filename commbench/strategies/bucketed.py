@@ -254,16 +254,15 @@ class BucketedStrategy(Strategy):
                 times.append(now() - t0)
             return times
         engine = self._open_engine(path)
-        if path == "thread" and self.comm.progresses_itself:
-            # the library fuses what is queued in one of its cycles (Horovod): queued back
-            # to back, three 8 MiB transfers went as one of 24 and their times said nothing
-            # of 8 MiB; one at a time each is its own size
-            handles = []
-            for _ in range(n):
-                handles.append(engine.submit(t))
+        # the library fuses what is queued in one of its cycles (Horovod): queued back to
+        # back, three 8 MiB transfers went as one of 24 and their times said nothing of
+        # 8 MiB; one at a time each is its own size
+        alone = path == "thread" and self.comm.progresses_itself
+        handles = []
+        for _ in range(n):
+            handles.append(engine.submit(t))
+            if alone:
                 handles[-1].wait()
-            return [h.end - h.start for h in handles]
-        handles = [engine.submit(t) for _ in range(n)]
         handles[-1].wait()
         return [h.end - h.start for h in handles]
 

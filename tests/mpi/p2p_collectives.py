@@ -23,11 +23,10 @@ from commbench.comm.p2pcoll import (
     Steps,
     allgather_steps,
     bcast_steps,
-    offsets,
     reduce_scatter_steps,
     reduce_steps,
 )
-from commbench.comm.ring import chunk_bounds
+from commbench.comm.ring import chunk_bounds, offsets
 
 DTYPES = (torch.float32, torch.bfloat16)
 SIZES = [0, 1, 2, 7, 1009, 100_003]
