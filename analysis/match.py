@@ -34,7 +34,6 @@ why), and ``host_rank`` lets a comparison across nodes prefer link-bound sets.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
@@ -42,6 +41,8 @@ from typing import Any
 
 from analysis.load import KNOB_STRATEGIES, get, knob, num
 from commbench.hostload import HOST_BOUND, LINK_BOUND, is_link_bound
+from commbench.profilefile import ProfileError
+from commbench.profilefile import read as read_profile
 
 #: the committed compute profiles (``commbench.profile`` files)
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
@@ -162,12 +163,15 @@ def profile_file(rec: dict, base: Path | None = None) -> Path | None:
 
 @functools.lru_cache(maxsize=64)
 def _profile_head(path: Path) -> tuple | None:
+    """What a profile was recorded on (model, device, image size, classes, batch); None
+    where the file is not a readable profile or names no device or batch."""
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        return (d["model"], d["device"], d.get("image_size"), d.get("num_classes"),
-                d["batch_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+        p = read_profile(path)
+    except ProfileError:
         return None
+    if p.device is None or p.batch_size is None:
+        return None
+    return (p.model, p.device, p.image_size, p.num_classes, p.batch_size)
 
 
 def _compute_any_batch(r: dict) -> tuple | None:

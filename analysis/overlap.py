@@ -34,7 +34,6 @@ optimizer 1.1 ms, float32), 8 GPUs per node on NVLink 4.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +48,8 @@ from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, MB
 from commbench.buckets import assign_buckets as _assign_buckets
 from commbench.buckets import schedule as _schedule
 from commbench.hostload import is_link_bound
+from commbench.profilefile import ProfileError
+from commbench.profilefile import read as read_profile
 
 FLOAT32_BYTES = 4  # profiles are recorded in float32
 
@@ -98,22 +99,16 @@ class Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
-    """A ``commbench.profile`` file; bad or missing -> ModelError naming the file."""
-    path = Path(path)
+    """A ``commbench.profile`` file (``commbench.profilefile.read``); bad or missing ->
+    ModelError naming the file. Backward ends when its last gradient is ready."""
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        grads = d["grads"]
-        index = {g["name"]: i for i, g in enumerate(grads)}
-        order = [index[n] for n in d["backward_order"]]
-        return Profile(path.name, float(d["forward_s"]),
-                       max(float(g["ready_s"]) for g in grads), float(d["optimizer_s"]),
-                       [math.prod(g["shape"]) * FLOAT32_BYTES for g in grads],
-                       [float(g["ready_s"]) for g in grads], order)
-    except OSError as e:
-        raise ModelError(f"compute profile {path}: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ModelError(f"compute profile {path}: not a commbench.profile file ({e!r})") \
-            from None
+        p = read_profile(path)
+    except ProfileError as e:
+        raise ModelError(f"compute profile: {e}") from None
+    index = {g.name: i for i, g in enumerate(p.grads)}
+    return Profile(Path(path).name, p.forward_s, max((g.ready_s for g in p.grads), default=0.0),
+                   p.optimizer_s, [g.numel * FLOAT32_BYTES for g in p.grads],
+                   [g.ready_s for g in p.grads], [index[n] for n in p.backward_order])
 
 
 @dataclass

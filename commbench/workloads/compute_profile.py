@@ -4,6 +4,8 @@ replays (``--compute-profile``), and the check that it fits the model it is used
 A profile is one JSON object (``kind: compute_profile``, ``schema``): the
 forward and optimizer times, and for every parameter (by name, with its
 shape) the time from the start of backward until its gradient was ready.
+``commbench.profilefile`` reads it (standard library only); this module adds the
+check against a model, which needs torch.
 """
 
 from __future__ import annotations
@@ -12,42 +14,32 @@ import json
 from pathlib import Path
 
 from commbench.models.registry import parameter_shapes
+from commbench.profilefile import PROFILE_SCHEMA, ProfileError, read
 
-PROFILE_SCHEMA = 1
-
-
-class ProfileError(ValueError):
-    """An unreadable profile, or one that does not match the model it is used with."""
+__all__ = ["PROFILE_SCHEMA", "ProfileError", "load"]
 
 
 def load(path: str | Path, model: str, num_classes: int, model_kwargs: dict | None = None
          ) -> dict:
-    """Read a profile and check it describes ``model`` built with ``model_kwargs`` (same
-    parameters, same shapes, less those its backward never reached)."""
+    """Read a profile (``commbench.profilefile.read``) and check it describes ``model``
+    built with ``model_kwargs`` (same parameters, same shapes, less those its backward
+    never reached); the whole JSON object."""
     try:
-        prof = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ProfileError(f"--compute-profile: cannot read {path}: {e}") from None
-    if not isinstance(prof, dict) or prof.get("kind") != "compute_profile":
-        raise ProfileError(f"--compute-profile: {path} is not a compute profile")
-    if prof.get("schema") != PROFILE_SCHEMA:
-        raise ProfileError(f"--compute-profile: {path} has schema {prof.get('schema')}, "
-                           f"this commbench reads {PROFILE_SCHEMA}")
+        prof = read(path)
+    except ProfileError as e:
+        raise ProfileError(f"--compute-profile: {e}") from None
     shapes = parameter_shapes(model, num_classes, model_kwargs)
-    unused = prof.get("unused", [])
+    unused = set(prof.unused)
     names = {n for n, _ in shapes}
-    want = [(n, list(s)) for n, s in shapes if n not in set(unused)]
-    have = [(g.get("name"), g.get("shape")) for g in prof.get("grads", [])]
-    if have != want or not set(unused) <= names:
+    want = [(n, tuple(s)) for n, s in shapes if n not in unused]
+    have = [(g.name, g.shape) for g in prof.grads]
+    if have != want or not unused <= names:
         def what(name: object, kw: dict | None) -> str:
             return f"{name} {json.dumps(kw)}" if kw else str(name)
 
         raise ProfileError(f"--compute-profile: {path} was recorded for "
-                           f"{what(prof.get('model'), prof.get('model_kwargs'))} with "
-                           f"{prof.get('num_classes')} classes, not {what(model, model_kwargs)} "
+                           f"{what(prof.model, prof.raw.get('model_kwargs'))} with "
+                           f"{prof.num_classes} classes, not {what(model, model_kwargs)} "
                            f"with {num_classes}: its parameters differ (give --model and "
                            "--model-kwargs as recorded)")
-    names = [n for n, _ in want]
-    if sorted(prof.get("backward_order", [])) != sorted(names):
-        raise ProfileError(f"--compute-profile: {path} has a broken backward_order")
-    return prof
+    return prof.raw
