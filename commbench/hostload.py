@@ -35,7 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from commbench.linkstats import read_iface_bytes
+from commbench import dilation
+from commbench.linkstats import SHAPING_ENV, read_iface_bytes
 
 LINK_BOUND = "link-bound"
 HOST_BOUND = "host-bound"
@@ -259,12 +260,24 @@ def host_shares(host: dict) -> list[float]:
             if c is not None or q is not None]
 
 
-def verdict(host: dict | None) -> str | None:
+def on_emulated_cluster(environ: dict[str, str] | None = None) -> bool:
+    """Whether this rank runs where time dilation exists: on the emulated cluster
+    (``launch.cluster``), which gives every rank its link shaping (``COMMBENCH_LINK_SHAPING``,
+    ``launch.links.link_env``) and, above K = 1, its dilation (``commbench.dilation``)."""
+    env = os.environ if environ is None else environ
+    return dilation.factor() != 1 or bool(env.get(SHAPING_ENV))
+
+
+def verdict(host: dict | None, cluster: bool | None = None) -> str | None:
     """``link-bound`` or ``host-bound (why)`` from a record's ``host``; None without one.
 
     Host-bound where some rank's host share (``host_shares``: its CPU time and its wait for
-    a core, outside busy-polling library calls) exceeds ``HOST_LIMIT`` of its window: that
-    is the part time dilation shrinks, so the figure would move with K.
+    a core, outside busy-polling library calls, summed over the rank's threads, so above
+    100 % where several ran at once) exceeds ``HOST_LIMIT`` of its window: that is the part
+    time dilation shrinks, so the figure would move with K. What the reason advises depends
+    on ``cluster`` (default: ``on_emulated_cluster()``): on the emulated cluster a larger
+    dilation; elsewhere, where there is no dilation, fewer ranks than cores or the emulated
+    cluster with ``--dilation``.
 
     Wait inside busy-polling calls is not counted: an Open MPI rank in a blocking call is
     always runnable, data or not, and where ranks outnumber cores it waits for a core ~75 %
@@ -282,11 +295,21 @@ def verdict(host: dict | None) -> str | None:
     worst = max(range(len(shares)), key=shares.__getitem__)
     if shares[worst] > HOST_LIMIT:
         cpu = (host.get("work_cpu_share") or host.get("cpu_share"))[worst] or 0.0
-        return (f"{HOST_BOUND} (rank {worst} spent {shares[worst]:.0%} of the window on host "
-                f"work or waiting for a core, outside polling ({cpu:.0%} on a core); limit "
-                f"{HOST_LIMIT:.0%}: doubling the dilation would move the figure by up to half "
-                "of it)")
+        return (f"{HOST_BOUND} (rank {worst} spent {shares[worst]:.0%} of the window (summed "
+                f"over its threads) on host work or waiting for a core, outside polling "
+                f"({cpu:.0%} on a core); limit {HOST_LIMIT:.0%}: {_remedy(host, cluster)})")
     return LINK_BOUND
+
+
+def _remedy(host: dict, cluster: bool | None) -> str:
+    """What would take the host out of a host-bound figure, where the run was made."""
+    if on_emulated_cluster() if cluster is None else cluster:
+        return "doubling the dilation would move the figure by up to half of it"
+    ranks, cores = host.get("ranks"), host.get("cores")
+    here = f" ({ranks} ranks on {cores} cores here)" if ranks and cores and ranks > cores else ""
+    return ("the figure holds this machine's scheduling as well as the links; with no time "
+            f"dilation outside the emulated cluster, run fewer ranks than cores{here}, or run "
+            "on the emulated cluster (python -m launch.cluster) at a time dilation K > 1")
 
 
 def is_link_bound(rec: dict) -> bool | None:

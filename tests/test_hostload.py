@@ -248,8 +248,9 @@ def polled_windows(cpu: list[float], runq: list[float], poll_cpu: list[float],
 
 def test_hier_k1_is_host_bound():
     b = verdict(host(HIER_K1))
-    assert b.startswith(f"{HOST_BOUND} (rank 7 spent 28% of the window on host work or "
-                        "waiting for a core, outside polling (6% on a core); limit 5%")
+    assert b.startswith(f"{HOST_BOUND} (rank 7 spent 28% of the window (summed over its "
+                        "threads) on host work or waiting for a core, outside polling (6% on "
+                        "a core); limit 5%")
     assert is_link_bound({"bound": b}) is False
 
 
@@ -288,6 +289,47 @@ def test_verdict_limit():
     assert verdict(host(above, window_s=1.0)).startswith(f"{HOST_BOUND} (rank 2 spent 7%")
     on_core = dict(cpu=[0.10, 0.0], runq=[0.0, 0.0], idle=0.5)  # host work, no contention
     assert verdict(host(on_core, window_s=1.0)).startswith(f"{HOST_BOUND} (rank 0 spent 10%")
+
+
+#: a plain ``horovodrun -np 8`` on 2 cores, no emulated cluster: rank 3's threads (Horovod's
+#: background thread, torch's) together on a core or waiting for one 196 % of the window
+HOROVODRUN_NP8 = dict(cpu=[0.5, 0.5, 0.5, 0.96, 0.5, 0.5, 0.5, 0.5],
+                      runq=[0.5, 0.5, 0.5, 1.0, 0.5, 0.5, 0.5, 0.5], idle=0.0)
+
+
+def test_a_host_bound_reason_off_the_emulated_cluster_advises_what_exists_there():
+    b = verdict(host(HOROVODRUN_NP8), cluster=False)
+    assert b.startswith(f"{HOST_BOUND} (rank 3 spent 196% of the window (summed over its "
+                        "threads) on host work")
+    assert "dilation would move" not in b
+    assert "run fewer ranks than cores (8 ranks on 2 cores here)" in b
+    assert "on the emulated cluster (python -m launch.cluster) at a time dilation K > 1" in b
+    # fewer ranks than cores already: only the emulated cluster is left to advise
+    few = verdict(summarize(windows(cpu=[0.3, 0.01], runq=[0.0, 0.0], idle=0.5), cores=4),
+                  cluster=False)
+    assert "cores here" not in few and "time dilation K > 1" in few
+
+
+def test_a_host_bound_reason_on_the_emulated_cluster_advises_more_dilation():
+    b = verdict(host(HOROVODRUN_NP8), cluster=True)
+    assert b.endswith("limit 5%: doubling the dilation would move the figure by up to half "
+                      "of it)")
+
+
+def test_on_the_emulated_cluster_is_told_by_link_shaping_or_dilation(monkeypatch):
+    from commbench import dilation
+    from commbench.linkstats import SHAPING_ENV
+
+    assert hostload.on_emulated_cluster({}) is (dilation.factor() != 1)
+    assert hostload.on_emulated_cluster({SHAPING_ENV: "1gbit"}) is True
+    assert hostload.on_emulated_cluster({SHAPING_ENV: "none"}) is True  # unshaped nodes
+    monkeypatch.setattr(dilation, "_K", 4.0)
+    assert hostload.on_emulated_cluster({}) is True
+    monkeypatch.setattr(dilation, "_K", 1.0)
+    monkeypatch.delenv(SHAPING_ENV, raising=False)
+    assert "doubling the dilation" not in verdict(host(HIER_K1))  # the default: from here
+    monkeypatch.setenv(SHAPING_ENV, "1gbit")
+    assert "doubling the dilation" in verdict(host(HIER_K1))
 
 
 def test_verdict_of_a_record_from_before_the_polling_split():
