@@ -17,8 +17,9 @@ any was wrong or a rank failed, 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from commbench import dilation, flags, hostload
 from commbench.buffers import BUFFER_RULES, BufferSync
@@ -35,8 +36,11 @@ from commbench.flags import (
     positive_int,
 )
 from commbench.hostload import HostMonitor
+from commbench.jobtime import HOST_S_PER_PARAM, Seconds, Where, real_pass_s
 from commbench.lifecycle import run_job
+from commbench.models.registry import parameter_shapes
 from commbench.output import Output, merge_rank_fields, rank_extras, summarize_extras
+from commbench.profilefile import read as read_profile
 from commbench.results import run_fields
 from commbench.steploop import run_steps
 from commbench.strategies import STRATEGIES, make_strategy
@@ -108,6 +112,38 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
         "--trace-steps", default=None, metavar="N", type=positive_int,
         help=f"--trace torch: how many measured steps (in the middle) to trace; default "
              f"{DEFAULT_STEPS}")
+
+    def emulated_s(self, where: Where) -> Seconds:
+        """How long this job's runs take on ``where`` (``commbench.jobtime``): per run
+        (warm-up + steps + validation), the replayed compute and the gradient's ring
+        all-reduce, which dilation stretches, and the ranks' own host work (writing
+        gradients, the update; real passes), which it does not."""
+        params = self.parameter_count()
+        k = self.sync.accum_steps
+        host = params * HOST_S_PER_PARAM * where.share
+        if self.workload != "synthetic":
+            host += real_pass_s(params, self.batch_size, self.image_size) * where.share * k
+            replayed = 0.0
+        elif self.compute_profile:
+            replayed = read_profile(self.compute_profile).step_s * self.compute_scale * k
+        else:
+            replayed = self.compute_ms / 1e3 * k
+        if self.slow_rank:
+            replayed *= self.slow_rank[1]
+        steps = (self.steps + self.warmup + int(self.validate)) * len(runs_of(self))
+        return Seconds(steps * (replayed + where.allreduce_s(params * 4)), steps * host)
+
+    def parameter_count(self) -> int:
+        """The gradient's elements: from the replayed profile where there is one (no model
+        is built), else from the model's shapes."""
+        if self.workload == "synthetic" and self.compute_profile:
+            return read_profile(self.compute_profile).params
+        return sum(math.prod(s) for _, s in parameter_shapes(
+            self.model, self.num_classes or 1000, self.model_kwargs))
+
+    def probe(self) -> Config:
+        """This job shortened for a dilation probe: 2 steps after 1 warm-up, no table."""
+        return replace(self, steps=2, warmup=1, quiet=True)
 
     def as_dict(self) -> dict:
         """One flat record of every setting (the strategies' under their own names, as

@@ -43,6 +43,7 @@ bad input (one line naming the flag, before any collective runs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import os
@@ -68,6 +69,7 @@ from commbench.flags import (
     positive_float,
     positive_int,
 )
+from commbench.jobtime import Seconds, Where
 from commbench.lifecycle import run_job
 from commbench.metrics import algbw, busbw
 from commbench.output import Output
@@ -174,6 +176,17 @@ class MicroConfig(ToolConfig):
 
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
+
+    def emulated_s(self, where: Where) -> Seconds:
+        """How long the sweep takes on ``where`` (``commbench.jobtime``): every size of
+        every type, each algorithm, warm-up and timed calls, at about a ring's link time."""
+        per_iter = sum(where.allreduce_s(n) for n in self.sizes()) * len(self.algos) \
+            * len(self.dtypes)
+        return Seconds((self.iters + self.warmup_iters) * per_iter)
+
+    def probe(self) -> MicroConfig:
+        """This sweep shortened for a dilation probe: 3 timed calls after 1, no table."""
+        return dataclasses.replace(self, iters=3, warmup_iters=1, quiet=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

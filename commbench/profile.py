@@ -28,7 +28,9 @@ also holds the peak device memory of a step (``peak_cuda_mb``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import platform
 import statistics
 import sys
@@ -38,6 +40,8 @@ import torch
 
 from commbench import __version__, flags
 from commbench.flags import ConfigError, flag, nonneg_int, positive_int
+from commbench.jobtime import Seconds, Where, real_pass_s
+from commbench.models.registry import parameter_shapes
 from commbench.results import write_atomic
 from commbench.timing import NullTimer, now
 from commbench.workloads.compute_profile import PROFILE_SCHEMA
@@ -137,6 +141,17 @@ class ProfileConfig(WorkloadSpec):
                         help="torch threads (0 = torch's default); match the ranks you replay "
                              "for")
     output: str | None = flag("-o", "--output", default=None, help="profile file (JSON)")
+
+    def emulated_s(self, where: Where) -> Seconds:
+        """How long the profile takes (``commbench.jobtime``): real passes, host work."""
+        params = sum(math.prod(s) for _, s in parameter_shapes(
+            self.model, self.num_classes or 1000, self.model_kwargs))
+        return Seconds(0.0, (self.iters + self.warmup)
+                       * real_pass_s(params, self.batch_size, self.image_size) * where.share)
+
+    def probe(self) -> ProfileConfig:
+        """The profile shortened for a dilation probe: one iteration after one."""
+        return dataclasses.replace(self, iters=1, warmup=1)
 
 
 def build_parser() -> flags.Parser:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from commbench import flags, metrics
 from commbench.comm import BACKENDS
@@ -59,6 +59,7 @@ from commbench.flags import (
     positive_float,
     positive_int,
 )
+from commbench.jobtime import REAL_S_PER_SAMPLE, Seconds, Where
 from commbench.lifecycle import run_job
 from commbench.models.registry import MODELS
 from commbench.output import Output
@@ -158,6 +159,18 @@ class StudyConfig(ToolConfig):
                             num_classes=10, image_size=self.image_size, device="cpu",
                             dataset="digits", lr=self.lr,
                             seed=self.seeds[0] if seed is None else seed)
+
+    def emulated_s(self, where: Where) -> Seconds:
+        """How long the study takes on ``where`` (``commbench.jobtime``): real passes of the
+        small model, every run of every seed, its evaluations included (host work: the
+        gradient's transfers are small beside them)."""
+        step = self.batch_size * REAL_S_PER_SAMPLE * where.share
+        return Seconds(0.0, len(seeded_runs(self)) * self.steps * step * 1.2)
+
+    def probe(self) -> StudyConfig:
+        """The study shortened for a dilation probe: its first seed, 10 steps."""
+        return replace(self, seeds=self.seeds[:1], steps=max(10, max(self.staleness)),
+                       eval_every=10, quiet=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

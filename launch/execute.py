@@ -10,7 +10,8 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -71,3 +72,27 @@ def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = 
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+INTERRUPTED = "interrupted; the same command resumes"
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a job ended by Ctrl-C
+
+
+def interruptible(body: Callable[[], int], prog: str) -> int:
+    """Run a parent process's ``body`` (a sweep, a study, a benchmark): the one place its
+    signals are turned into unwinding. SIGTERM raises SystemExit(143) inside ``body``, so
+    the running job's process group and its emulated cluster are cleaned up on the way
+    out; Ctrl-C (SIGINT) does the same through KeyboardInterrupt, then prints one line
+    instead of a traceback and returns 130. Finished jobs are kept, so the same command
+    resumes."""
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print(f"{prog}: {INTERRUPTED}", file=sys.stderr, flush=True)
+        return INTERRUPTED_STATUS
+    finally:
+        signal.signal(signal.SIGTERM, previous)

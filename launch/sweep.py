@@ -16,7 +16,8 @@ A sweep file (TOML or JSON) names the launcher, fixed arguments and a grid::
     # nodes/slots/rate run the point on an emulated cluster (launch.cluster);
     # slots = [4] is 4 on every node, slots = ["3,1"] one uneven layout (nodes then optional)
     # dilation = [1, 4] runs each point at time dilation 1 and 4 (emulated clusters only);
-    # "auto" probes each cluster for the smallest K in 1, 2, 4, 8 that is link-bound
+    # ("auto", one K chosen per compared set by probes, is the experiment runner's:
+    # python -m experiments.study, the benchmarks)
 
 or the same from flags::
 
@@ -55,7 +56,6 @@ import hashlib
 import itertools
 import json
 import random
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -65,11 +65,11 @@ from commbench import dilation as dil
 from commbench.buckets import parse_bucket_mb
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
 from commbench.flags import MOVED_STRATEGIES
-from commbench.hostload import LINK_BOUND
-from commbench.results import REPEAT_ENV, read_records, write_atomic
+from commbench.results import REPEAT_ENV, write_atomic
 from launch import commands
 from launch.cluster import (
     ClusterError,
+    ClusterSpec,
     check_machine,
     cluster,
     launch_argv,
@@ -79,15 +79,14 @@ from launch.cluster import (
     parse_slots,
 )
 from launch.commands import LAUNCHERS
-from launch.execute import run
+from launch.execute import interruptible, run
 
 # grid keys the launcher consumes -> type of each value
 LAUNCH_KEYS: dict[str, type] = {
     "ranks": int, "nodes": int,
     "slots": int,  # or per node: "3,1" / "3+1" / [3, 1] (see _check_slots)
     "rate": str,
-    "dilation": float,  # time dilation K of the point's emulated cluster (commbench.dilation),
-    # or "auto" (``Dilations``)
+    "dilation": float,  # time dilation K of the point's emulated cluster (commbench.dilation)
 }
 # grid keys the program takes, as the flag ``--key-with-dashes`` -> type of each value
 PROGRAM_KEYS: dict[str, type] = {
@@ -191,11 +190,14 @@ def _grid_value(name: str, key: str, value):
     if key == "slots":
         return _check_slots(name, value)
     if key == "dilation":
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            raise SweepError(f"{name} auto: a sweep runs the K it is given; auto (one K per "
+                             "compared set, chosen by probes) is the experiment runner's: "
+                             "python -m experiments.study or a benchmark's --dilation auto")
         try:
-            k = dil.parse(value, name, allow_auto=True)
+            return float(dil.parse(value, name))
         except dil.DilationError as e:
             raise SweepError(str(e)) from None
-        return k if k == "auto" else float(k)
     if key == "bucket_mb":  # MB or auto
         try:
             return parse_bucket_mb(value)
@@ -363,12 +365,11 @@ def point_program(point: dict, sweep: Sweep, out: Path) -> list[str]:
 class _Clusters:
     """Keeps one emulated cluster up across consecutive points that share its shape."""
 
-    def __init__(self, dilations: Dilations | None = None) -> None:
+    def __init__(self) -> None:
         self.key = None
         self.stack = contextlib.ExitStack()
         self.spec = None
         self.link = None
-        self.dilations = dilations
 
     def get(self, slots: list[int], rate: str | None, dilation: float = 1.0):
         """The cluster with ``slots`` per node (a list, one per node), links at ``rate``, at
@@ -385,14 +386,6 @@ class _Clusters:
     def close(self) -> None:
         self.stack.close()
         self.key = None
-
-    def dilation_of(self, point: dict) -> float:
-        """The point's K; an ``auto`` not yet chosen takes the cluster down first (its probes
-        bring up clusters of the same name)."""
-        if point.get("dilation") == "auto" and self.dilations is not None \
-                and not self.dilations.known(point):
-            self.close()
-        return point_dilation(point, self.dilations)
 
     def __enter__(self) -> _Clusters:
         return self
@@ -412,7 +405,7 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters,
     layout = layout_of(point)
     extra = {REPEAT_ENV: str(repeat)} if repeat else {}
     if layout is not None:
-        spec, link = clusters.get(layout, point.get("rate"), clusters.dilation_of(point))
+        spec, link = clusters.get(layout, point.get("rate"), point.get("dilation", 1.0))
         np = point.get("ranks", spec.ranks)
         return launch_argv(spec, sweep.launcher, np, prog, link, load_average(),
                            runnable_tasks(), extra)
@@ -426,99 +419,16 @@ def launch_point(point: dict, sweep: Sweep, out: Path, clusters: _Clusters,
     return ["env", *env, *argv] if env else argv
 
 
-def point_dilation(point: dict, dilations: Dilations | None) -> float:
-    """The time dilation a point runs at: its own, or the one ``auto`` chose for its cluster."""
-    k = point.get("dilation", 1.0)
-    if k != "auto":
-        return k
-    if dilations is None:
-        raise SweepError("dilation auto: nothing to probe with (no sweep)")
-    return dilations.resolve(point)
-
-
-#: what ``--dilation auto`` probes with: the group's largest point, this short (after its
-#: own arguments: the last value of a flag wins); a program not named here runs as it is
-PROBE_ARGS = {"commbench.allreduce": ["--steps", "2", "--warmup", "1", "--quiet"],
-              "commbench.microbench": ["-n", "3", "-w", "1", "--quiet"]}
-
-
-class Dilations:
-    """``dilation = "auto"``: one K per emulated cluster (layout and link rate), so that runs
-    compared with one another always share it. Before the cluster's first point runs, its
-    largest point (most ranks; the first such) is run shortened (``PROBE_ARGS``) at K = 1,
-    2, 4, 8 until every run of it comes out link-bound (``commbench.hostload``); that K is
-    the cluster's, printed and kept in ``<output>/dilation.json`` (a resumed sweep reuses
-    it). A probe that is host-bound even at 8 runs at 8 and says why; one whose program
-    judges nothing (no ``bound`` in its records) at 1."""
-
-    FILE = "dilation.json"
-
-    def __init__(self, sweep: Sweep, outdir: Path, log) -> None:
-        self.sweep = sweep
-        self.outdir = outdir
-        self.log = log
-        path = outdir / self.FILE
-        self.chosen: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
-
-    @staticmethod
-    def key(point: dict) -> str:
-        return f"{_show(layout_of(point))}@{point.get('rate')}"
-
-    def known(self, point: dict) -> bool:
-        return self.key(point) in self.chosen
-
-    def resolve(self, point: dict) -> float:
-        key = self.key(point)
-        if key not in self.chosen:
-            group = [p for p in self.sweep.points()
-                     if p.get("dilation") == "auto" and self.key(p) == key]
-            probe = max(group, key=lambda p: p.get("ranks", sum(layout_of(p))))
-            self.chosen[key] = self.probe(key, probe)
-            write_atomic(self.outdir / self.FILE, json.dumps(self.chosen, indent=1))
-        return self.chosen[key]["dilation"]
-
-    def probe(self, key: str, point: dict) -> dict:
-        tried: list[dict] = []
-        folder = self.outdir / dil.PROBE_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        label = point.get("name") or " ".join(f"{a}={_show(b)}" for a, b in point.items()
-                                              if a in GRID_KEYS and a != "dilation")
-        short = PROBE_ARGS.get(point.get("program", self.sweep.program), [])
-        for k in dil.AUTO_FACTORS:
-            pt = {**point, "dilation": float(k), "args": [*point.get("args", []), *short]}
-            out = folder / f"{key.replace('@', '-')}-k{k}.jsonl"
-            out.unlink(missing_ok=True)
-            with _Clusters() as clusters:
-                res = run(launch_point(pt, self.sweep, out, clusters),
-                          timeout=pt.get("timeout", self.sweep.timeout) * k)
-            verdicts = [r["bound"] for r in _records(out) if r.get("bound")]
-            host = [v for v in verdicts if v != LINK_BOUND]
-            tried.append({"dilation": k, "returncode": res.returncode, "verdicts": verdicts})
-            print(f"[sweep] dilation auto, {key}: probe {label} at K = {k}: "
-                  + (f"failed (exit {res.returncode})" if res.returncode or res.timed_out
-                     else "no verdict" if not verdicts
-                     else f"{len(host)} of {len(verdicts)} runs host-bound" if host
-                     else "link-bound"), file=self.log, flush=True)
-            if res.returncode or res.timed_out:
-                raise SweepError(f"dilation auto: the probe at K = {k} failed (exit "
-                                 f"{res.returncode}): {res.stderr[-800:]}")
-            if not verdicts:
-                return {"dilation": 1.0, "why": "the probe's program judges no host load",
-                        "tried": tried}
-            if not host:
-                return {"dilation": float(k), "why": "smallest K whose probe is link-bound",
-                        "tried": tried}
-        print(f"[sweep] dilation auto, {key}: still host-bound at K = {k} ({host[0]}); "
-              f"running at {k}", file=self.log, flush=True)
-        return {"dilation": float(k), "why": f"host-bound at every K tried: {host[0]}",
-                "tried": tried}
-
-
-def _records(path: Path) -> list[dict]:
-    try:
-        return read_records(path)
-    except (OSError, ValueError):
-        return []
+def planned_command(point: dict, sweep: Sweep, out: Path) -> list[str]:
+    """The command the sweep will run for ``point`` (on the emulated cluster it brings up
+    for the point; nothing is made here): what ``--dry-run`` prints."""
+    layout = layout_of(point)
+    if layout is None:
+        return launch_point(point, sweep, out, _Clusters())
+    spec = ClusterSpec(nodes=None, slots=layout, rate_gbps=parse_rate(point.get("rate")),
+                       name=CLUSTER_NAME, dilation=point.get("dilation", 1.0))
+    return launch_argv(spec, sweep.launcher, point.get("ranks", spec.ranks),
+                       point_program(point, sweep, out))
 
 
 def _fmt_s(s: float) -> str:
@@ -552,8 +462,7 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
     if counts["skipped"]:
         print(f"[sweep] {counts['skipped']} of {len(jobs)} {what} already done; skipping them",
               file=log, flush=True)
-    dilations = Dilations(sweep, outdir, log)
-    clusters = _Clusters(dilations)
+    clusters = _Clusters()
     t0 = time.time()
     try:
         for k, (pid, point, repeat) in enumerate(todo, 1):
@@ -569,11 +478,11 @@ def run_sweep(sweep: Sweep, log=sys.stderr) -> dict[str, int]:
                 argv = launch_point(point, sweep, out, clusters, repeat)
                 # deadlines are emulated: a dilated point runs K times longer on the wall
                 res = run(argv, timeout=point.get("timeout", sweep.timeout)
-                          * point_dilation(point, dilations))
+                          * point.get("dilation", 1.0))
                 ok = res.returncode == 0 and not res.timed_out
                 info = {"id": pid, "point": point, "repeat": repeat, "argv": argv,
                         "returncode": res.returncode,
-                        "dilation": point_dilation(point, dilations),
+                        "dilation": point.get("dilation", 1.0),
                         "timed_out": res.timed_out, "seconds": time.time() - t}
                 if not ok:
                     info["stderr_tail"] = res.stderr[-4000:]
@@ -614,10 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, metavar="N",
                    help="run every point N times, each repeat a job of its own, shuffled "
                         "within each cluster (default 1; sweep.repeats in a file)")
-    p.add_argument("--dilation", metavar="K|auto", help="time dilation of every point's "
+    p.add_argument("--dilation", metavar="K", help="time dilation of every point's "
                    "emulated cluster (launch.cluster --dilation; the same as --set "
-                   "dilation=K); auto: the smallest of 1, 2, 4, 8 at which a short probe of "
-                   "each cluster's largest point is link-bound")
+                   "dilation=K)")
     p.epilog = "Arguments after -- are passed to every point's program."
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -627,8 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         grid_d.update(parse_set(a.set))
         if a.dilation is not None:
             try:
-                k = dil.parse(a.dilation, allow_auto=True)
-                grid_d["dilation"] = [k if k == "auto" else float(k)]
+                grid_d["dilation"] = [_grid_value("--dilation", "dilation", a.dilation)]
             except dil.DilationError as e:
                 raise SweepError(str(e)) from None
         for k in ("launcher", "program", "timeout", "output", "repeats"):
@@ -646,14 +553,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch.sweep: error: {e}", file=sys.stderr)
         return 2
 
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)  # unwind: the running job and cluster are cleaned up
+    def body() -> int:
+        counts = run_sweep(sweep)
+        print(f"[sweep] {counts['done']} done, {counts['failed']} failed, "
+              f"{counts['skipped']} skipped (already done); results in {sweep.output}",
+              file=sys.stderr)
+        return 1 if counts["failed"] else 0
 
-    signal.signal(signal.SIGTERM, on_term)
-    counts = run_sweep(sweep)
-    print(f"[sweep] {counts['done']} done, {counts['failed']} failed, {counts['skipped']} "
-          f"skipped (already done); results in {sweep.output}", file=sys.stderr)
-    return 1 if counts["failed"] else 0
+    return interruptible(body, "launch.sweep")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,369 @@
+"""The one runner of planned jobs: the machine check, the load reading, one dilation K per
+compared set, the sweeps per launcher, each job's files, and a repeat-and-judge loop.
+
+Every experiment (the study's claims, each benchmark) hands its ``Job`` list to
+``Runner``; nothing else runs a job:
+
+- **Files.** One ``launch.sweep`` sweep per launcher, in ``outdir`` (in
+  ``outdir/<launcher>`` when there are several); ``outputs(job)`` names every
+  repeat's results file. A folder of an interrupted run resumes: finished jobs
+  are skipped.
+- **One K per compared set.** Jobs placed at dilation ``auto`` are grouped into
+  compared sets (jobs sharing a set name in ``Job.sets``, transitively: a job
+  two claims share ties their sets); each set runs at one K, chosen across all
+  its launchers and clusters, so runs compared with one another always share
+  it. The choice is a ladder of short probes (each configuration's ``probe()``)
+  of each cluster's largest job: it starts at the K the last choice for that
+  probe left (``~/.cache/commbench/dilation-hints.json``), or else at the
+  smallest K of ``AUTO_FACTORS`` with no more ranks than cores x K, and steps
+  down while every probe is link-bound, up while one is host-bound. The choice
+  is kept in ``<outdir>/dilations.json`` (a resumed run reuses it).
+- **Repeat and judge.** ``repeat_until(judge, budget_s)`` runs, asks ``judge``
+  which jobs want more repeats, adds them while the measured (or estimated)
+  job seconds fit the budget, runs again, and stops when nothing is wanted or
+  nothing fits.
+- **Signals.** ``launch.execute.interruptible`` is the one unwinder: SIGTERM
+  unwinds (the running job and its cluster are cleaned up); Ctrl-C prints one
+  line, "interrupted; the same command resumes", and exits 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from commbench import dilation as dil
+from commbench.cores import BUSY_LOAD_FRACTION, load_average
+from commbench.hostload import LINK_BOUND
+from commbench.results import read_records, write_atomic
+from experiments.job import CLUSTER_S, Job, fmt_s
+from launch import sweep as sweeps
+from launch.cluster import ClusterError, check_machine
+
+#: the ladder ``auto`` climbs (``commbench.dilation``'s, up to 32: latency-bound cells need it)
+AUTO_FACTORS = (1, 2, 4, 8, 16, 32)
+HINTS = Path(os.environ.get("COMMBENCH_CACHE", Path.home() / ".cache" / "commbench")) \
+    / "dilation-hints.json"
+CHOICE_FILE = "dilations.json"
+PROBE_DIR = dil.PROBE_DIR
+
+
+class RunnerError(Exception):
+    """A plan that cannot run; the message names why."""
+
+
+def read_load(when: str, log=sys.stdout) -> float | None:
+    """Print the 1-minute load average with ``when``, warning where it is above
+    ``BUSY_LOAD_FRACTION`` of the cores (timings then measure the other work too)."""
+    load, cores = load_average(), os.cpu_count() or 1
+    if load is None:
+        print(f"# load average {when}: unavailable", file=log, flush=True)
+        return None
+    busy = load > BUSY_LOAD_FRACTION * cores
+    print(f"# load average {load:.2f} on {cores} cores {when}"
+          + (": something else is running, and its load is in these timings" if busy else ""),
+          file=log, flush=True)
+    return load
+
+
+def compared_sets(jobs: Sequence[Job]) -> list[list[Job]]:
+    """Jobs grouped so that jobs sharing a set name are in one group (transitively); a job
+    without sets is a group of its own. Groups in the order of their first job."""
+    parent = list(range(len(jobs)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, job in enumerate(jobs):
+        for s in job.sets:
+            if s in first:
+                parent[root(i)] = root(first[s])
+            else:
+                first[s] = i
+    groups: dict[int, list[Job]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(root(i), []).append(job)
+    return list(groups.values())
+
+
+def set_key(group: Sequence[Job]) -> str:
+    names = sorted({s for j in group for s in j.sets}) or [group[0].name]
+    return ",".join(names)
+
+
+def _cluster_key(job: Job) -> str:
+    p = job.placement
+    return f"{p.launcher}:{p.layout}@{p.rate}"
+
+
+def _hint_key(job: Job) -> str:
+    return f"{job.program}:{_cluster_key(job)}:{job.nranks}"
+
+
+def _start_k(job: Job, hints: dict) -> int:
+    """Where the ladder starts for ``job``'s probe: the last choice, else ranks / cores."""
+    if _hint_key(job) in hints:
+        return int(hints[_hint_key(job)])
+    cores = os.cpu_count() or 1
+    return next((k for k in AUTO_FACTORS if job.nranks <= cores * k), AUTO_FACTORS[-1])
+
+
+@dataclass
+class Runner:
+    """Runs ``jobs`` in ``outdir``; ``repeats``: jobs per point where a job does not say."""
+
+    jobs: Sequence[Job]
+    outdir: Path
+    repeats: int = 1
+    log: object = sys.stderr
+    chosen: dict[str, dict] = field(default_factory=dict)
+    failed: int = 0
+
+    def __post_init__(self) -> None:
+        names = [j.name for j in self.jobs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise RunnerError(f"job names repeat: {', '.join(dup)}")
+        self.outdir = Path(self.outdir)
+        path = self.outdir / CHOICE_FILE
+        if path.exists():
+            self.chosen = json.loads(path.read_text())
+        self.jobs = list(self.jobs)
+
+    # -- the dilation -----------------------------------------------------------------
+
+    def resolved(self) -> list[Job]:
+        """The jobs with every ``auto`` replaced by its compared set's chosen K (jobs of a
+        set not yet chosen keep ``auto``)."""
+        out = {j.name: j for j in self.jobs}
+        for group in compared_sets([j for j in self.jobs if j.placement.dilation == "auto"]):
+            pick = self.chosen.get(set_key(group))
+            if pick is not None:
+                for j in group:
+                    out[j.name] = j.at(float(pick["dilation"]))
+        return [out[j.name] for j in self.jobs]
+
+    def choose_dilations(self) -> None:
+        """Probe each compared set placed at ``auto`` not yet chosen (module docstring)."""
+        for group in compared_sets([j for j in self.jobs if j.placement.dilation == "auto"]):
+            key = set_key(group)
+            if key in self.chosen:
+                continue
+            largest: dict[str, Job] = {}
+            for j in group:  # each cluster's (launcher, layout, rate) largest job
+                c = _cluster_key(j)
+                if c not in largest or j.nranks > largest[c].nranks:
+                    largest[c] = j
+            self.chosen[key] = self._ladder(key, list(largest.values()))
+            write_atomic(self.outdir / CHOICE_FILE, json.dumps(self.chosen, indent=1))
+
+    def _probe(self, job: Job, k: int) -> list[str]:
+        """The verdicts of ``job``'s probe at ``k`` (a one-point sweep of its own)."""
+        probe = job.probe().at(float(k))
+        where = self.outdir / PROBE_DIR / f"{_cluster_key(job).replace(':', '-')}-k{k}"
+        for stale in where.glob("*.done.json"):
+            stale.unlink()  # a probe always runs anew
+        sweep = sweeps.make_sweep({"launcher": job.placement.launcher, "output": str(where)},
+                                  {}, [probe.point()])
+        counts = sweeps.run_sweep(sweep, self.log)
+        if counts["failed"]:
+            raise RunnerError(f"dilation auto: the probe of {job.name} at K = {k} failed: see "
+                              f"{where}/*.failed.json")
+        pid = sweeps.point_id(sweep.points()[0], sweep)
+        return [r["bound"] for r in read_records(where / f"{pid}.jsonl") if r.get("bound")]
+
+    def _ladder(self, key: str, probes: list[Job]) -> dict:
+        hints = json.loads(HINTS.read_text()) if HINTS.exists() else {}
+        k = max(_start_k(j, hints) for j in probes)
+        tried: list[dict] = []
+        best = None  # the smallest K seen at which every probe was link-bound
+        while True:
+            verdicts = {j.name: self._probe(j, k) for j in probes}
+            host = [v for vs in verdicts.values() for v in vs if v != LINK_BOUND]
+            judged = any(verdicts.values())
+            tried.append({"dilation": k, "verdicts": verdicts})
+            print(f"[runner] dilation auto, {key}: K = {k}: "
+                  + ("no verdict" if not judged else
+                     f"{len(host)} runs host-bound" if host else "link-bound"),
+                  file=self.log, flush=True)
+            if not judged:
+                pick = {"dilation": 1.0, "why": "the probes' programs judge no host load"}
+                break
+            i = AUTO_FACTORS.index(k)
+            if not host:
+                best = k
+                if i == 0 or any(t["dilation"] == AUTO_FACTORS[i - 1] for t in tried):
+                    pick = {"dilation": float(k), "why": "smallest K whose probes are "
+                                                         "link-bound"}
+                    break
+                k = AUTO_FACTORS[i - 1]
+            elif best is not None:
+                pick = {"dilation": float(best), "why": "smallest K whose probes are link-bound"}
+                break
+            elif i == len(AUTO_FACTORS) - 1:
+                pick = {"dilation": float(k), "why": f"host-bound at every K tried: {host[0]}"}
+                break
+            else:
+                k = AUTO_FACTORS[i + 1]
+        pick["tried"] = tried
+        for j in probes:
+            hints[_hint_key(j)] = pick["dilation"]
+        HINTS.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(HINTS, json.dumps(hints, indent=1))
+        print(f"[runner] dilation auto, {key}: K = {dil.text(pick['dilation'])} "
+              f"({pick['why']})", file=self.log, flush=True)
+        return pick
+
+    # -- the sweeps -------------------------------------------------------------------
+
+    def sweeps(self) -> list[tuple[sweeps.Sweep, list[Job]]]:
+        """One sweep per launcher (in the order the jobs first name it), with its jobs."""
+        jobs = self.resolved()
+        launchers = list(dict.fromkeys(j.placement.launcher for j in jobs))
+        out = []
+        for launcher in launchers:
+            mine = [j for j in jobs if j.placement.launcher == launcher]
+            where = self.outdir if len(launchers) == 1 else self.outdir / launcher
+            hosts = {j.placement.hosts for j in mine} - {None}
+            sweep = sweeps.make_sweep(
+                {"launcher": launcher, "output": str(where), "repeats": self.repeats,
+                 **({"hosts": hosts.pop()} if hosts else {})}, {}, [j.point() for j in mine])
+            out.append((sweep, mine))
+        return out
+
+    def outputs(self, job: Job | str) -> list[Path]:
+        """The results file of each of ``job``'s repeats, repeat 0 first."""
+        name = job if isinstance(job, str) else job.name
+        for sweep, mine in self.sweeps():
+            for j, pt in zip(mine, sweep.points()):
+                if j.name == name:
+                    pid = sweeps.point_id(pt, sweep)
+                    return [Path(sweep.output) / f"{sweeps.repeat_id(pid, r)}.jsonl"
+                            for r in range(pt.get("repeats", sweep.repeats))]
+        raise KeyError(name)
+
+    def commands(self) -> list[tuple[Job, list[str]]]:
+        """Each job's command, as its sweep will run it (``auto`` not yet chosen: at 1)."""
+        out = []
+        for sweep, mine in self.sweeps():
+            for j, pt in zip(mine, sweep.points()):
+                pid = sweeps.point_id(pt, sweep)
+                out.append((j, sweeps.planned_command(
+                    pt, sweep, Path(sweep.output) / f"{pid}.jsonl")))
+        return out
+
+    def estimate_s(self, k_auto: float = 1.0) -> float:
+        """Wall seconds of every job and repeat, with a bring-up per cluster; jobs at
+        ``auto`` not yet chosen priced at ``k_auto``."""
+        total, last = 0.0, None
+        for j in self.resolved():
+            k = k_auto if j.placement.dilation == "auto" else j.placement.k
+            total += j.estimate_s(k) * (j.repeats or self.repeats)
+            if j.placement.emulated and _cluster_key(j) != last:
+                total += CLUSTER_S
+                last = _cluster_key(j)
+        return total
+
+    def dry_run(self, log=sys.stdout) -> None:
+        for job, argv in self.commands():
+            print(f"# {job.describe()}", file=log)
+            print(shlex.join(argv), file=log)
+
+    def run(self, check: bool = True) -> dict[str, int]:
+        """Check the machine (emulated jobs), choose every ``auto`` K, run every sweep
+        between two load readings; return the counts (done, failed, skipped)."""
+        if check and any(j.placement.emulated for j in self.jobs):
+            try:
+                check_machine()
+            except ClusterError as e:
+                raise RunnerError(str(e)) from None
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        read_load("before the first job", self.log)
+        self.choose_dilations()
+        counts = {"done": 0, "failed": 0, "skipped": 0}
+        for sweep, _ in self.sweeps():
+            got = sweeps.run_sweep(sweep, self.log)
+            if got["failed"]:
+                print(f"# {got['failed']} job(s) failed: why is in "
+                      f"{sweep.output}/*.failed.json", file=self.log, flush=True)
+            for k in counts:
+                counts[k] += got[k]
+        self.failed += counts["failed"]
+        read_load("after the jobs", self.log)
+        return counts
+
+    # -- repeat and judge ---------------------------------------------------------------
+
+    def job_seconds(self, job: Job) -> float:
+        """Mean wall seconds of ``job``'s finished repeats (``.done.json``), else its
+        estimate."""
+        secs = []
+        for out in self.outputs(job):
+            done = out.with_suffix(".done.json")
+            if done.exists():
+                secs.append(json.loads(done.read_text()).get("seconds") or 0.0)
+        return sum(secs) / len(secs) if secs else self.resolved_job(job).estimate_s()
+
+    def resolved_job(self, job: Job) -> Job:
+        return next(j for j in self.resolved() if j.name == job.name)
+
+    def repeat_until(self, judge: Callable[[], dict[str, int]], budget_s: float,
+                     started: float) -> dict:
+        """Run; then while ``judge()`` wants more repeats of some jobs (job name -> total
+        repeats wanted), add one more to each such job in turn while their seconds fit what
+        is left of ``budget_s`` (counted from ``started``), and run again. Returns what
+        happened: the rounds, why it stopped, and each job's repeats."""
+        counts = self.run()
+        rounds: list[dict] = []
+        while True:
+            if counts["failed"]:
+                stopped = f"{counts['failed']} jobs failed"
+                break
+            want = {n: w for n, w in judge().items() if w > self._repeats_of(n)}
+            if not want:
+                stopped = "every judged figure is decided"
+                break
+            left = budget_s - (time.time() - started)
+            by_name = {j.name: j for j in self.jobs}
+            cost = {n: self.job_seconds(by_name[n]) for n in want}
+            added: dict[str, int] = {}
+            spend, grew = 0.0, True
+            while grew:
+                grew = False
+                for n in sorted(want):
+                    if self._repeats_of(n) + added.get(n, 0) < want[n] \
+                            and spend + cost[n] <= left:
+                        added[n] = added.get(n, 0) + 1
+                        spend += cost[n]
+                        grew = True
+            if not added:
+                stopped = (f"the budget is spent: {fmt_s(max(left, 0))} left, and the next "
+                           f"job takes ~{fmt_s(min(cost.values()))}")
+                break
+            self.jobs = [_more(j, added.get(j.name, 0), self.repeats) for j in self.jobs]
+            rounds.append({"added": added, "expected_s": round(spend)})
+            print(f"# repeat: {sum(added.values())} more jobs (~{fmt_s(spend)}; "
+                  f"{fmt_s(left)} of the budget left)", file=self.log, flush=True)
+            counts = self.run(check=False)
+        print(f"# repeat: {stopped}", file=self.log, flush=True)
+        return {"budget_s": budget_s, "spent_s": round(time.time() - started),
+                "rounds": rounds, "stopped": stopped,
+                "repeats": {j.name: self._repeats_of(j.name) for j in self.jobs}}
+
+    def _repeats_of(self, name: str) -> int:
+        job = next(j for j in self.jobs if j.name == name)
+        return job.repeats or self.repeats
+
+
+def _more(job: Job, n: int, default: int) -> Job:
+    return job if not n else replace(job, repeats=(job.repeats or default) + n)

@@ -1,0 +1,395 @@
+"""The whole study in one command: the runs every seed claim needs, then the report.
+
+    python -m experiments.study                   # emulated 2 x 4 cluster; says how long first
+    python -m experiments.study --quick           # the quick study (its time is printed first)
+    python -m experiments.study --claims C2,C4 --dry-run    # list the jobs, run nothing
+    python -m experiments.study --hosts a:8,b:8 --launcher horovodrun   # a real cluster
+    python -m experiments.study --quick --launcher torchrun # torch.distributed (Gloo)
+    python -m experiments.study --quick --dilation 4        # every emulated job at K = 4
+
+Each claim (``experiments.claims``: C1-C8, docs/claims.md) plans its runs as one
+matched set-up (``analysis.match``): the same cluster, ranks, model, replayed
+compute and batch, differing only in the claim's own variable. On the emulated
+cluster every job runs time-dilated (``commbench.dilation``); ``--dilation auto``,
+the default there, gives every compared set one K, chosen by short probes
+(``experiments.runner``). The jobs run resumably (run the same command again and
+finished jobs are skipped; Ctrl-C stops cleanly); then ``python -m analysis.report``
+writes ``<output>/report/README.md`` and every claim's verdict is printed with
+the runs behind it, or, where undecided, the runs and minutes that would decide it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from analysis import stats
+from analysis.load import LoadError, load
+from commbench import dilation as dil
+from experiments import claims as cl
+from experiments.job import Placement, fmt_s
+from experiments.runner import CHOICE_FILE, Runner, RunnerError
+from launch import commands
+from launch.cluster import ClusterError, node_slots, parse_rate
+from launch.execute import interruptible
+
+ROOT = Path(__file__).resolve().parents[1]
+CLAIMS = tuple(c.id for c in cl.SEED_CLAIMS)
+UNTIL_FILE = "repeat-until.json"  # analysis.report reads it
+#: what the previous layout (launch.study) left in a results folder: its ``auto`` choice
+OLD_LAYOUT_FILE = "dilation.json"
+
+FULL = cl.Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256,
+                compute_scale=20.0, steps=20, warmup=3, every_rank=True,
+                rates=("1gbit", "200mbit"), fast_algos=("native", "ring", "hier", "hier-leader"),
+                slow_algos=("native", "ring", "hier", "hier-leader"),
+                bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
+                accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
+                conv_staleness=(0, 1, 2, 4), conv_mitigations="none,lr", conv_seeds=(0, 1, 2),
+                conv_ps=True, profile_batches=(256, 1024), micro_iters=10,
+                micro_max=64 << 20, repeats=3)
+QUICK = cl.Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64,
+                 compute_scale=50.0, steps=6, warmup=1, every_rank=False,
+                 rates=("1gbit", "200mbit"), fast_algos=("native", "ring", "hier", "hier-leader"),
+                 slow_algos=("ring", "hier"), bucket_mb=(0, 25), staleness=(0, 1, 4),
+                 straggler_factor=2.0, accum=(1, 4), real_batches=(16, 64, 128), real_steps=40,
+                 conv_steps=100, conv_staleness=(0, 1, 2, 4), conv_mitigations="none,lr",
+                 conv_seeds=(0, 1, 2), conv_ps=False, profile_batches=(), micro_iters=5,
+                 micro_max=64 << 20, repeats=2)
+
+
+class StudyError(Exception):
+    """Bad input; the message names the flag."""
+
+
+def parse_claims(text: str) -> list[cl.SeedClaim]:
+    ids = [c.strip().upper() for c in text.split(",") if c.strip()]
+    unknown = [c for c in ids if c not in cl.BY_ID]
+    if unknown or not ids:
+        raise StudyError(f"--claims: unknown claim {', '.join(unknown) or repr(text)}; the "
+                         f"claims are {', '.join(CLAIMS)} (docs/claims.md)")
+    return [cl.BY_ID[c] for c in ids]
+
+
+def parse_hosts(hosts: str | None, hostfile: str | None) -> str | None:
+    """``a:8,b:8`` from ``--hosts`` or an Open MPI host file (``a slots=8`` per line)."""
+    if hostfile:
+        try:
+            lines = Path(hostfile).read_text().splitlines()
+        except OSError as e:
+            raise StudyError(f"--hostfile {hostfile}: {e.strerror}") from None
+        out = []
+        for line in lines:
+            words = line.split("#")[0].split()
+            if words:
+                slots = next((w.split("=")[1] for w in words[1:] if w.startswith("slots=")),
+                             "1")
+                out.append(f"{words[0]}:{slots}")
+        hosts = ",".join(out)
+        if not hosts:
+            raise StudyError(f"--hostfile {hostfile}: no hosts in it")
+    if hosts is None:
+        return None
+    try:
+        return commands.NodeSet.parse(hosts, "--hosts").hosts_arg()
+    except ValueError as e:
+        raise StudyError(str(e)) from None
+
+
+def make_cluster(a: argparse.Namespace) -> cl.StudyCluster:
+    hosts = parse_hosts(a.hosts, a.hostfile)
+    try:
+        k = dil.parse(a.dilation, allow_auto=True) if a.dilation is not None else None
+    except dil.DilationError as e:
+        raise StudyError(str(e)) from None
+    if hosts:
+        if k not in (None, 1.0):
+            raise StudyError(f"--dilation {a.dilation}: time dilation applies to emulated links "
+                             f"only, and --{'hostfile' if a.hostfile else 'hosts'} names a real "
+                             "cluster; leave --dilation out")
+        slots = commands.NodeSet.parse(hosts).node_slots
+        return cl.StudyCluster(Placement(len(slots), slots[0] if len(set(slots)) == 1
+                                         else tuple(slots), "none", a.launcher, 1.0, hosts))
+    listed = a.slots is not None and "," in a.slots
+    try:  # default 2 nodes x 4 slots; a per-node list gives the nodes
+        per_node = node_slots(a.nodes if a.nodes is not None or listed else 2,
+                              a.slots if a.slots is not None else "4")
+    except ClusterError as e:
+        raise StudyError(str(e)) from None
+    return cl.StudyCluster(Placement(len(per_node), tuple(per_node) if listed else per_node[0],
+                                     launcher=a.launcher,
+                                     dilation="auto" if k is None else float(k)))
+
+
+def check(cluster: cl.StudyCluster, claims: Sequence[cl.SeedClaim], ranks: Sequence[int],
+          scale: cl.Scale) -> None:
+    """Refuse what cannot run before any job starts."""
+    ids = {c.id for c in claims}
+    p = cluster.placement
+    wanted = list(ranks or cluster.default_ranks(scale))
+    where = p.layout + ("" if p.emulated else f" ({p.hosts})")
+    too_many = [r for r in wanted if r > cluster.ranks]
+    if too_many:
+        raise StudyError(f"--ranks {max(too_many)}: more ranks than the cluster has "
+                         f"({where} = {cluster.ranks}); give --nodes/--slots or --hosts for a "
+                         "bigger one, or fewer --ranks")
+    if any(r < 1 for r in wanted):
+        raise StudyError("--ranks: every rank count must be >= 1")
+    if p.nodes < 2 and "C2" in ids:
+        raise StudyError(f"C2 compares hierarchical with flat all-reduce across nodes, but the "
+                         f"cluster has one node ({where}); use --nodes 2 or more, or leave C2 "
+                         "out of --claims")
+    # Horovod on Gloo has only its collectives: no point-to-point messages (the project's
+    # ring; the parameter server)
+    needs_p2p = sorted({"C2", "C4"} & ids)
+    if p.launcher == "horovodrun-gloo" and needs_p2p:
+        verb = "needs" if len(needs_p2p) == 1 else "need"
+        raise StudyError(f"--launcher horovodrun-gloo: {' and '.join(needs_p2p)} {verb} "
+                         "point-to-point messages (the project's ring; the parameter "
+                         "server), which Horovod on Gloo does not offer; use mpirun, "
+                         "horovodrun or torchrun, or leave them out of --claims")
+    if cluster.ranks < 2 and {"C2", "C3", "C4", "C7"} & ids:
+        raise StudyError(f"the cluster has one rank ({where}): nothing to synchronise")
+    if "C4" in ids and scale.steps < max(scale.staleness):
+        raise StudyError(f"--steps {scale.steps}: C4's async runs go up to staleness "
+                         f"{max(scale.staleness)}, which needs at least that many steps "
+                         "(or leave C4 out of --claims)")
+    for r in scale.rates if p.emulated else ():
+        try:
+            parse_rate(r)
+        except ClusterError as e:
+            raise StudyError(str(e)) from None
+
+
+def parse_duration(text: str, flag: str = "--budget") -> float:
+    """``8h``, ``90m``, ``1h30m``, ``45s`` or plain seconds, in seconds."""
+    t = text.strip().lower()
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", t)
+    if not t or parts is None:
+        raise StudyError(f"{flag} {text!r}: expected a duration such as 8h, 90m, 1h30m or "
+                         "3600s")
+    h, m, sec = (float(x) if x else 0.0 for x in parts.groups())
+    seconds = 3600 * h + 60 * m + sec
+    if seconds <= 0:
+        raise StudyError(f"{flag} {text!r}: must be more than 0")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.study",
+        description="Run every experiment the seed claims C1-C8 need (docs/claims.md) on the "
+                    "emulated cluster or a real one, resumably, then write the report.",
+        epilog="Run it again with the same flags to resume: finished jobs are skipped.")
+    p.add_argument("--quick", action="store_true",
+                   help="the quick study: fewer steps, points and repeats (its time is printed "
+                        "before it starts)")
+    p.add_argument("--claims", type=str, default=",".join(CLAIMS), metavar="C1,C2,...",
+                   help="only the jobs these claims need (default: all)")
+    p.add_argument("--ranks", type=str, default=None, metavar="N,N",
+                   help="C1's rank counts (default 1..8 on 8 ranks; --quick or more ranks: "
+                        "powers of two, and the whole cluster)")
+    p.add_argument("--dry-run", action="store_true", help="list every job; run nothing")
+    p.add_argument("-o", "--output", default=None,
+                   help="results directory (default results/study or results/study-quick); "
+                        "the report goes to its report/")
+    g = p.add_argument_group("where (default: an emulated cluster on this machine, as root)")
+    g.add_argument("--nodes", type=int, default=None,
+                   help="emulated nodes (default 2, or as many as --slots lists)")
+    g.add_argument("--slots", default=None, metavar="S|S1,S2,...",
+                   help="ranks per emulated node: one number for every node (default 4) or "
+                        "one per node (3,1)")
+    g.add_argument("--hosts", default=None, metavar="A:8,B:8",
+                   help="a real cluster's hosts and slots (no link shaping: one link rate)")
+    g.add_argument("--hostfile", default=None, help="or an Open MPI host file (HOST slots=N)")
+    g.add_argument("--launcher", choices=commands.LAUNCHERS, default="mpirun",
+                   help="how ranks start, and so the backend (default mpirun: MPI; "
+                        "horovodrun: Horovod; torchrun: torch.distributed on Gloo, one "
+                        "torchrun per node)")
+    g.add_argument("--dilation", default=None, metavar="K|auto",
+                   help="time dilation of the emulated cluster (launch.cluster --dilation): "
+                        "auto, the default there, gives the study's compared jobs one K, the "
+                        "smallest at which short probes of each cluster's largest job are "
+                        "link-bound; 1: none. Emulated clusters only")
+    g = p.add_argument_group("scale (smaller for a smoke test; verdicts then rest on less)")
+    g.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="jobs per point, each its own job, shuffled within each cluster: the "
+                        "spread every compared figure is judged with (default 3; --quick 2)")
+    g.add_argument("--repeat-until", type=float, default=None, metavar="PCT",
+                   help="then add repeats to the jobs of each claim whose figure's interval "
+                        "is wider than +-PCT %% of it, until every one is within or --budget "
+                        "is spent (needs --budget)")
+    g.add_argument("--budget", default=None, metavar="DURATION",
+                   help="wall time the whole study may take with --repeat-until: 8h, 90m, "
+                        "1h30m, 3600s")
+    g.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="measured steps of each replayed-compute job (default 20; --quick 6)")
+    g.add_argument("--compute-scale", type=float, default=None, metavar="F",
+                   help="the replayed H200 compute's multiplier (default 20; --quick 50: "
+                        "backward about as long as flat's transfer at 1 Gbit/s, so C3 can "
+                        "overlap)")
+    return p
+
+
+def scaled(scale: cl.Scale, a: argparse.Namespace) -> cl.Scale:
+    """``scale`` with the command line's ``--steps``, ``--compute-scale`` and ``--repeats``."""
+    if a.steps is not None and a.steps < 1:
+        raise StudyError(f"--steps {a.steps}: must be at least 1")
+    if a.repeats is not None and a.repeats < 1:
+        raise StudyError(f"--repeats {a.repeats}: must be at least 1")
+    if a.compute_scale is not None and not a.compute_scale > 0:
+        raise StudyError(f"--compute-scale {a.compute_scale:g}: must be > 0")
+    return replace(scale, **{k: v for k, v in (("steps", a.steps), ("repeats", a.repeats),
+                                               ("compute_scale", a.compute_scale))
+                             if v is not None})
+
+
+def _until(a: argparse.Namespace) -> tuple[float, float] | None:
+    if a.repeat_until is None:
+        if a.budget is not None:
+            raise StudyError("--budget: it bounds --repeat-until, which was not given")
+        return None
+    if not 0 < a.repeat_until < 100:
+        raise StudyError(f"--repeat-until {a.repeat_until:g}: a percentage between 0 and 100 "
+                         "(the interval's half-width wanted, relative to its figure)")
+    if a.budget is None:
+        raise StudyError("--repeat-until needs --budget DURATION (how long the study may take "
+                         "in all, e.g. 8h): repeats could otherwise run without end")
+    return a.repeat_until, parse_duration(a.budget)
+
+
+def _ranks(text: str | None) -> list[int]:
+    try:
+        return [int(x) for x in (text or "").split(",") if x.strip()]
+    except ValueError:
+        raise StudyError(f"--ranks: expected integers, got {text!r}") from None
+
+
+def _records(out: Path) -> list[dict]:
+    try:
+        return load([out]).records
+    except LoadError:
+        return []
+
+
+def judge_claims(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path, pct: float,
+                 judged: list) -> dict[str, int]:
+    """Repeats wanted per job: for each claim whose figure is not within +-``pct`` %, as many
+    as ``stats.repeats_for_precision`` asks, on every job of the claim's set."""
+    want: dict[str, int] = {}
+    judged.clear()
+    for claim in claims:
+        c = claim.check(_records(out), None)
+        sp = c.spread
+        if sp is None or sp.kind == stats.NONE:
+            continue
+        ok = stats.within(sp, pct)
+        judged.append({"claim": c.id, "spread": sp.words(), "within": ok,
+                       "verdict": c.verdict})
+        if not ok:
+            n = stats.repeats_for_precision(sp, pct)
+            for j in runner.jobs:
+                if claim.id in j.sets:
+                    want[j.name] = max(want.get(j.name, 0), n)
+    return want
+
+
+def verdict_lines(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path) -> list[str]:
+    """Each claim's verdict with its runs; where undecided, the runs a side and the minutes
+    that would decide it (``stats.repeats_to_decide``, at the measured job seconds)."""
+    records = _records(out)
+    lines = []
+    for claim in claims:
+        c = claim.check(records, None)
+        jobs = [j for j in runner.jobs if claim.id in j.sets]
+        runs = sum(j.repeats or runner.repeats for j in jobs)
+        line = f"# {c.id}: {c.verdict} ({runs} runs of {len(jobs)} jobs)"
+        if c.verdict == stats.UNDECIDED and c.spread is not None:
+            need = stats.repeats_to_decide(c.spread, c.spread.value)
+            m = re.search(r"about (\d+) runs a side", c.reason)
+            need = int(m.group(1)) if m else need
+            if need:
+                more = sum(max(0, need - (j.repeats or runner.repeats)) * runner.job_seconds(j)
+                           for j in jobs)
+                line += f": about {need} runs a side would decide it, ~{fmt_s(more)} more"
+        lines.append(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        scale = scaled(QUICK if a.quick else FULL, a)
+        until = _until(a)
+        claims = parse_claims(a.claims)
+        ranks = _ranks(a.ranks)
+        cluster = make_cluster(a)
+        check(cluster, claims, ranks, scale)
+        out = Path(a.output or f"results/study{'-quick' if a.quick else ''}")
+        if out.exists() and not out.is_dir():
+            raise StudyError(f"-o/--output: {out} is not a directory")
+        if (out / OLD_LAYOUT_FILE).exists() and not (out / CHOICE_FILE).exists():
+            raise StudyError(f"-o/--output: {out} was written by the previous layout "
+                             "(launch.study, whose dilation auto chose K per cluster, not per "
+                             "compared set): its jobs cannot resume here; give a new folder")
+        runner = Runner(cl.plan(scale, cluster, claims, ranks), out, scale.repeats)
+        k = cluster.placement.dilation
+        guess = 8.0 if k == "auto" else cluster.placement.k
+        total = runner.estimate_s(guess)
+        if until is not None:
+            for claim in claims:  # one round of each claim's set must fit
+                need = sum(j.estimate_s(guess) * (j.repeats or scale.repeats)
+                           for j in runner.jobs if claim.id in j.sets)
+                if need > until[1]:
+                    raise StudyError(f"--budget {a.budget}: {claim.id}'s jobs need ~"
+                                     f"{fmt_s(need)} for one round; give at least that")
+    except (StudyError, RunnerError, ValueError) as e:
+        print(f"experiments.study: error: {e}", file=sys.stderr)
+        return 2
+    print(f"# experiments.study{' --quick' if a.quick else ''}: {len(runner.jobs)} points for "
+          f"{', '.join(c.id for c in claims)}, "
+          f"{sum(j.repeats or scale.repeats for j in runner.jobs)} jobs with repeats; expected "
+          f"~{fmt_s(total)}" + (f" at K = {dil.text(guess)} (dilation auto: probes first, "
+                                "then the K they choose)" if k == "auto" else ""), flush=True)
+    if a.dry_run:
+        runner.dry_run()
+        return 0
+
+    def body() -> int:
+        started = time.time()
+        judged: list = []
+        if until is None:
+            counts = runner.run()
+        else:
+            d = runner.repeat_until(lambda: judge_claims(runner, claims, out, until[0], judged),
+                                    until[1], started)
+            (out / UNTIL_FILE).write_text(json.dumps({**d, "pct": until[0], "claims": judged},
+                                                     indent=1))
+            counts = {"failed": runner.failed}
+        res = subprocess.run([sys.executable, "-m", "analysis.report", str(out), "-o",
+                              str(out / "report")], cwd=ROOT)
+        for line in verdict_lines(runner, claims, out):
+            print(line, flush=True)
+        print(f"# the study took {fmt_s(time.time() - started)}; results in {out}", flush=True)
+        if res.returncode != 0:
+            print(f"experiments.study: the report failed (exit {res.returncode})",
+                  file=sys.stderr)
+            return 1
+        return 1 if counts["failed"] else 0
+
+    try:
+        return interruptible(body, "experiments.study")
+    except RunnerError as e:
+        print(f"experiments.study: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
