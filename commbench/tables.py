@@ -60,6 +60,13 @@ def format_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]],
 
 
 def rank0_print(rank: int, text: str, file: TextIO | None = None) -> None:
-    """Print ``text`` on rank 0 only (the one place rank-0 output goes through)."""
+    """Print ``text`` on rank 0 only (the one place rank-0 output goes through).
+
+    Text and newline go in one write: ``print`` writes them apart, and unbuffered
+    (``PYTHONUNBUFFERED``, which horovodrun sets) each is its own write(2), so a launcher
+    that tags output by the line (``mpirun --tag-output`` under ``horovodrun``) could read
+    the last line without its newline and print ``...jsonl[1,0]<stdout>:`` on one line."""
     if rank == 0:
-        print(text, file=file or sys.stdout, flush=True)
+        stream = file or sys.stdout
+        stream.write(text + "\n")
+        stream.flush()
