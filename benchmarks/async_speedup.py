@@ -37,30 +37,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.cluster_jobs import (
-    ToolJob,
-    add_output_flags,
-    execute,
-    layouts,
-    records,
-)
 from commbench.allreduce import Config
 from commbench.comm.engine import TRANSFER_PATHS
 from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
+from experiments.bench import Benchmark, add_output_flags, layouts, records
+from experiments.job import Job
+from experiments.runner import Runner
 
 DEFAULT_LAYOUTS = "2x1,2x2,2x4,4x2"
 JOB_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
-class Job:
-    """A job of this benchmark: its layout, transfer path and staleness, and the tool job."""
+class Run:
+    """A job of this benchmark: its layout, transfer path and staleness, and the job."""
 
     layout: tuple[int, int]  # (nodes, ranks per node)
     transfer: str
     staleness: int
-    tool: ToolJob
+    tool: Job
 
 
 def transfers(text: str) -> list[str]:
@@ -71,8 +67,9 @@ def transfers(text: str) -> list[str]:
     return out
 
 
-def plan(args: argparse.Namespace) -> list[Job]:
-    """Two jobs per layout and transfer path (see the module docstring)."""
+def runs(args: argparse.Namespace) -> list[Run]:
+    """Two jobs per layout and transfer path (see the module docstring); one compared set
+    per layout."""
     jobs = []
     for n, s in args.layouts:
         for path in args.transfer:
@@ -82,9 +79,13 @@ def plan(args: argparse.Namespace) -> list[Job]:
                              compute_ms=args.compute_ms, steps=args.steps,
                              warmup=args.warmup, quiet=True)
                 name = f"{n}x{s}-{path}-s{staleness}"
-                jobs.append(Job((n, s), path, staleness,
-                                ToolJob(name, cfg, n, s, args.rate, timeout_s=JOB_TIMEOUT_S)))
+                jobs.append(Run((n, s), path, staleness, Job.place(
+                    name, cfg, n, s, args.rate, timeout_s=JOB_TIMEOUT_S, sets={f"{n}x{s}"})))
     return jobs
+
+
+def plan(args: argparse.Namespace) -> list[Job]:
+    return [r.tool for r in runs(args)]
 
 
 def rate_of(summary: dict | None, fell_back: list[str]) -> float | None:
@@ -108,7 +109,7 @@ TABLE = [Column("transfer", "", 9), Column("flat", "samples/s", 11, ".1f"),
          Column("link", "Gbit/s", 8, ".3f"), Column("#wrong", "", 7)]
 
 
-def layout_row(jobs: list[Job], files: dict[str, Path], fell_back: list[str]) -> list:
+def layout_row(jobs: list[Run], files: dict[str, Path], fell_back: list[str]) -> list:
     """One table row from one layout's and path's two jobs."""
     by = {}
     for job in jobs:
@@ -149,29 +150,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    jobs = plan(args)
-    done = execute([job.tool for job in jobs], args, "async-speedup")
-    if done is None:
-        return 0
-    outdir = done.outdir
-
-    files = {job.tool.name: done.output(job.tool) for job in jobs}
+def check(args: argparse.Namespace, planned: list[Job], runner: Runner) -> int:
+    jobs = runs(args)
+    files = {job.tool.name: runner.outputs(job.tool.name)[0] for job in jobs}
     for n, s in args.layouts:
         fell_back: list[str] = []
         rows = [layout_row([j for j in jobs if j.layout == (n, s) and j.transfer == path],
                            files, fell_back) for path in args.transfer]
         footer = [f"wall-clock throughput; {args.model}, {args.compute_ms:g} ms compute, "
                   f"{args.steps} steps (+{args.warmup} warm-up), links {args.rate}",
-                  f"records: {outdir}"]
+                  f"records: {runner.outdir}"]
         if fell_back:
             footer.append("no wall_throughput in the records of "
                           f"{', '.join(sorted(set(fell_back)))}: median per-step throughput "
                           "shown instead")
         print(format_table(TABLE, rows, title=f"async_speedup  {n} nodes x {s} ranks",
                            footer=footer))
-    return 1 if done.failed else 0
+    return 0
+
+
+BENCHMARK = Benchmark("async-speedup", build_parser, plan, check)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

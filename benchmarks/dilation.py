@@ -27,12 +27,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.cluster_jobs import ToolJob, add_output_flags, execute, records
 from commbench import dilation as dil
 from commbench.allreduce import Config
 from commbench.hostload import LINK_BOUND, verdict
 from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
+from experiments.bench import Benchmark, add_output_flags, records
+from experiments.job import Job
+from experiments.runner import Runner
 
 #: a de-dilated figure within this of its value at 2K has converged
 CONVERGED = 0.05
@@ -75,16 +77,17 @@ def _config(args: argparse.Namespace, strategies: list[str], algos: list[str]) -
                   sync=StrategySettings(staleness=1))
 
 
-def plan(args: argparse.Namespace) -> list[ToolJob]:
-    """Per K: the 2 x 4 job (every strategy) and the 2 x 1 control."""
+def plan(args: argparse.Namespace) -> list[Job]:
+    """Per K: the 2 x 4 job (every strategy) and the 2 x 1 control (each K its own: K is
+    what this benchmark varies)."""
     jobs = []
     for k in args.factors:
         tag = f"k{dil.text(k)}"
-        jobs.append(ToolJob(f"2x4-{tag}", _config(args, ["flat", "bucketed", "async"],
-                                                  ["native", "ring", "hier"]),
-                            2, 4, args.rate, timeout_s=JOB_TIMEOUT_S, dilation=k))
-        jobs.append(ToolJob(f"2x1-{tag}", _config(args, ["flat"], ["ring"]), 2, 1, args.rate,
-                            timeout_s=JOB_TIMEOUT_S, dilation=k))
+        jobs.append(Job.place(f"2x4-{tag}", _config(args, ["flat", "bucketed", "async"],
+                                                    ["native", "ring", "hier"]),
+                              2, 4, args.rate, timeout_s=JOB_TIMEOUT_S, dilation=k))
+        jobs.append(Job.place(f"2x1-{tag}", _config(args, ["flat"], ["ring"]), 2, 1,
+                              args.rate, timeout_s=JOB_TIMEOUT_S, dilation=k))
     return jobs
 
 
@@ -146,16 +149,11 @@ def table(args: argparse.Namespace, runs: dict[str, dict[float, dict]]) -> tuple
     return rows, checks
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    jobs = plan(args)
-    done = execute(jobs, args, "dilation")
-    if done is None:
-        return 0
+def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
     runs: dict[str, dict[float, dict]] = {}
     for job in jobs:
         layout = job.name.split("-")[0]
-        for s in records(done.output(job), "summary"):
+        for s in records(runner.outputs(job)[0], "summary"):
             runs.setdefault(f"{layout} {run_label(s)}", {})[float(s.get("dilation") or 1)] = s
     rows, checks = table(args, runs)
     columns = [Column("run", "", 18)]
@@ -171,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
                                "spread: the largest (p95 - p5) / median of the run's steps "
                                "over its K",
                                f"conv K: the smallest K within {CONVERGED:.0%} of the next "
-                               "K's figure", *checks, f"records: {done.outdir}"]))
-    return 1 if done.failed or any("DISAGREES" in c for c in checks) else 0
+                               "K's figure", *checks, f"records: {runner.outdir}"]))
+    return 1 if any("DISAGREES" in c for c in checks) else 0
+
+
+BENCHMARK = Benchmark("dilation", build_parser, plan, check)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

@@ -45,17 +45,13 @@ import sys
 from dataclasses import dataclass
 
 from analysis.costmodel import link_bytes
-from benchmarks.cluster_jobs import (
-    ToolJob,
-    add_output_flags,
-    execute,
-    parse_layout,
-    records,
-)
 from commbench import hostload
 from commbench.flags import csv_list, parse_size
 from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
+from experiments.bench import Benchmark, add_output_flags, parse_layout, records
+from experiments.job import Job
+from experiments.runner import Runner
 from launch.commands import LAUNCHERS
 
 DEFAULT_CASES = "2x1@1gbit@64M,2x2@1gbit@64M,2x4@1gbit@64M,2x4@200mbit@16M"
@@ -151,28 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan(args: argparse.Namespace) -> list[ToolJob]:
-    """One microbenchmark job per case and launcher."""
+def plan(args: argparse.Namespace) -> list[Job]:
+    """One microbenchmark job per case and launcher; a case's launchers are one compared
+    set."""
     several = len(args.launchers) > 1
     config = [MicroConfig(minbytes=case.size, maxbytes=case.size, algos=list(args.algos),
                           iters=args.iters, warmup_iters=args.warmup, quiet=True)
               for case in args.cases]
-    return [ToolJob(f"{case.stem}-{launcher}" if several else case.stem, cfg, case.nodes,
-                    case.slots, case.rate, launcher=launcher, timeout_s=JOB_TIMEOUT_S)
+    return [Job.place(f"{case.stem}-{launcher}" if several else case.stem, cfg, case.nodes,
+                      case.slots, case.rate, launcher=launcher, timeout_s=JOB_TIMEOUT_S,
+                      sets={case.stem})
             for case, cfg in zip(args.cases, config) for launcher in args.launchers]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    jobs = plan(args)
-    done = execute(jobs, args, "hier-bound")
-    if done is None:
-        return 0
-    outdir = done.outdir
+def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
+    outdir = runner.outdir
     per_case = len(args.launchers)
     for i, case in enumerate(args.cases):
         recs = [r for job in jobs[i * per_case:(i + 1) * per_case]
-                for r in records(done.output(job), "microbench")]
+                for r in records(runner.outputs(job)[0], "microbench")]
         rows, gbps, names = case_rows(case, recs)
         host = hostload.footer_lines([r for r in recs if r["size"] == case.size],
                                      lambda r: f"{r['algo']} [{r['backend']}]",
@@ -183,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
                                    "link); bound = link bytes / link rate (the cost model's "
                                    "bytes: analysis.costmodel.link_bytes)",
                                    f"records: {outdir}"]))
-    return 1 if done.failed else 0
+    return 0
+
+
+BENCHMARK = Benchmark("hier-bound", build_parser, plan, check)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

@@ -33,16 +33,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.cluster_jobs import (
-    ToolJob,
-    add_output_flags,
-    execute,
-    layouts,
-    records,
-)
 from commbench.flags import csv_list, parse_size, positive_float
 from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
+from experiments.bench import Benchmark, add_output_flags, layouts, records
+from experiments.job import Job
+from experiments.runner import Runner
 
 ALGOS = ("native", "ring", "hier")
 JOB_TIMEOUT_S = 400.0
@@ -74,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan(args: argparse.Namespace) -> list[ToolJob]:
-    """One microbenchmark job per layout and mode (none, then each cycle time)."""
+def plan(args: argparse.Namespace) -> list[Job]:
+    """One microbenchmark job per layout and mode (none, then each cycle time); a layout's
+    modes are one compared set."""
     jobs = []
     for nodes, slots in args.layouts:
         for cycle in [None, *args.cycle_ms]:
@@ -83,8 +80,9 @@ def plan(args: argparse.Namespace) -> list[ToolJob]:
                               algos=list(args.algos), iters=args.iters,
                               warmup_iters=args.warmup, sync_each=True,
                               horovod_cycle_ms=cycle, quiet=True)
-            jobs.append(ToolJob(f"{nodes}x{slots}-{mode_label(cycle)}", cfg, nodes, slots,
-                                args.rate, timeout_s=JOB_TIMEOUT_S))
+            jobs.append(Job.place(f"{nodes}x{slots}-{mode_label(cycle)}", cfg, nodes, slots,
+                                  args.rate, timeout_s=JOB_TIMEOUT_S,
+                                  sets={f"{nodes}x{slots}"}))
     return jobs
 
 
@@ -92,7 +90,7 @@ TABLE = [Column("algo", "", 8), Column("mode", "", 12), Column("time", "ms", 9, 
          Column("vs none", "", 8, ".3f"), Column("#wrong", "", 6)]
 
 
-def layout_table(jobs: list[ToolJob], files: dict[str, Path], title: str,
+def layout_table(jobs: list[Job], files: dict[str, Path], title: str,
                  footer: list[str]) -> str:
     """One layout's table: per algorithm, each mode's slowest-rank time and its ratio to
     the mode without Horovod."""
@@ -114,22 +112,21 @@ def layout_table(jobs: list[ToolJob], files: dict[str, Path], title: str,
                         footer=footer)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    jobs = plan(args)
-    done = execute(jobs, args, STEM)
-    if done is None:
-        return 0
-    outdir = done.outdir
-    files = {job.name: done.output(job) for job in jobs}
+def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
+    outdir = runner.outdir
+    files = {job.name: runner.outputs(job)[0] for job in jobs}
     for nodes, slots in args.layouts:
-        mine = [j for j in jobs if (j.nodes, j.slots) == (nodes, slots)]
+        mine = [j for j in jobs if (j.placement.nodes, j.placement.slots) == (nodes, slots)]
         print(layout_table(mine, files, f"horovod_presence  {nodes}x{slots} {args.rate} "
                            f"{args.size / 2**20:g} MiB",
                            [f"time: the slowest rank's mean over {args.iters} calls, each "
                             f"after an untimed barrier, after {args.warmup} warm-up; "
                             f"records: {outdir}"]))
-    return 1 if done.failed else 0
+    return 0
+
+
+BENCHMARK = Benchmark(STEM, build_parser, plan, check)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

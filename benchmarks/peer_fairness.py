@@ -72,20 +72,15 @@ import numpy as np
 from analysis import stats
 from analysis.costmodel import link_bytes
 from analysis.overlap import Profile, load_profile
-from benchmarks.cluster_jobs import (
-    ROOT,
-    ToolJob,
-    add_output_flags,
-    execute,
-    layouts,
-    records,
-)
 from commbench.allreduce import Config
 from commbench.buckets import DEFAULT_BUCKET_MB, parse_bucket_mb
 from commbench.comm.engine import TRANSFER_CHOICES
 from commbench.strategies.settings import StrategySettings
 from commbench.tables import Column, format_table
 from commbench.workloads.spec import slow_rank
+from experiments.bench import ROOT, Benchmark, add_output_flags, layouts, one_setup, records
+from experiments.job import Job
+from experiments.runner import Runner
 from launch.cluster import ClusterError, parse_rate
 
 JOB_TIMEOUT_S = 900.0
@@ -141,13 +136,14 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     return out
 
 
-def plan(args: argparse.Namespace) -> list[ToolJob]:
-    """Each cell's two jobs (module docstring), then the optional extra jobs."""
+def plan(args: argparse.Namespace) -> list[Job]:
+    """Each cell's two jobs (module docstring), then the optional extra jobs; a cell's jobs,
+    every launcher's, are one compared set (one K)."""
     jobs = []
 
     def job(cell: Cell, name: str, launcher: str, strategies: list[str],
             bucket_mb: float | str | None = None, straggler=None,
-            transfer: str | None = None) -> ToolJob:
+            transfer: str | None = None) -> Job:
         path, batch = PROFILES[cell.model]
         transfer = transfer or args.transfer
         sync = StrategySettings(bucket_mb=args.bucket_mb if bucket_mb is None else bucket_mb,
@@ -156,8 +152,9 @@ def plan(args: argparse.Namespace) -> list[ToolJob]:
                      compute_scale=cell.scale, batch_size=batch, strategies=strategies,
                      algos=["native"], sync=sync, slow_rank=straggler, steps=cell.steps,
                      warmup=args.warmup, quiet=True)
-        return ToolJob(f"{cell.name} {name}", cfg, cell.nodes, cell.slots, args.rate,
-                       launcher, JOB_TIMEOUT_S, repeats=args.repeats)
+        return Job.place(f"{cell.name} {name}", cfg, cell.nodes, cell.slots, args.rate,
+                         launcher, timeout_s=JOB_TIMEOUT_S, repeats=args.repeats,
+                         sets={cell.name})
 
     all_cells = cells(args)
     for cell in all_cells:
@@ -208,10 +205,10 @@ def link_efficiency(cell: Cell, s: dict) -> float | None:
     return cell.bound_bytes * 8 / (gbps * 1e9) / comm
 
 
-def row(cell: Cell, job: ToolJob, s: dict) -> list:
+def row(cell: Cell, job: Job, s: dict) -> list:
     st = s["stats"]
     bound = s.get("bound") or ""
-    name = job.name + (f" r{s.get('repeat') or 0}" if job.repeats > 1 else "")
+    name = job.name + (f" r{s.get('repeat') or 0}" if (job.repeats or 1) > 1 else "")
     return [name, s["strategy"], bucket_of(s), buckets_of(s), ms(st["step_s"]["median"]),
             ms(st["step_s"]["p5"]), ms(st["step_s"]["p95"]), ms(s["compute_s"]),
             ms(s["exposed_sync_s"]), ms(s.get("comm_s")), s.get("overlap"),
@@ -258,13 +255,22 @@ class Verdict:
     lines: list[str]
 
 
-def by_strategy(runs: dict[str, list[dict]]) -> dict[tuple[str, str], list[dict]]:
-    """(job name, strategy) -> its summaries, one per repeat."""
+def by_strategy(runs: dict[str, list[dict]]
+                ) -> tuple[dict[tuple[str, str], list[dict]], list[str]]:
+    """(job name, strategy) -> its summaries, one per repeat, pooled only where they are one
+    set-up (``experiments.bench.one_setup``: every ``analysis.match`` field, revision and
+    dilation included); and a line for each side whose other runs were left out."""
     out: dict[tuple[str, str], list[dict]] = {}
     for name, ss in runs.items():
         for s in ss:
             out.setdefault((name, s["strategy"]), []).append(s)
-    return out
+    notes = []
+    for key, ss in out.items():
+        out[key], left = one_setup(ss)
+        if left:
+            notes.append(f"  {key[0]} {key[1]}: {left} of {len(ss)} runs left out (another "
+                         "revision, dilation or set-up than the rest; not pooled)")
+    return out, notes
 
 
 def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
@@ -280,10 +286,10 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
     is bucketed <= every peer, so it is met only when met against each peer and NOT met as
     soon as it is NOT met against one: which peer is best may itself be undecided. With
     one repeat every spread is one value, judged as it stands."""
-    runs_of = by_strategy(runs)
+    runs_of, pooled = by_strategy(runs)
     peers = {name: ss for (name, strategy), ss in runs_of.items() if strategy in PEERS}
     eff = lambda s: link_efficiency(cell, s)  # noqa: E731
-    lines, bucketed = [], []
+    lines, bucketed = list(pooled), []
     for (name, strategy), bs in runs_of.items():
         if strategy != "bucketed":
             continue
@@ -420,19 +426,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def refuse(args: argparse.Namespace) -> str | None:
     try:
-        all_cells = cells(args)
+        cells(args)
     except ClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    jobs = plan(args)
-    t0 = time.monotonic()
-    done = execute(jobs, args, "peer-fairness")
-    if done is None:
-        return 0
-    by_job = {job.name: [s for path in done.outputs(job) for s in records(path, "summary")]
+        return str(e)
+    return None
+
+
+def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
+    all_cells = cells(args)
+    by_job = {job.name: [s for path in runner.outputs(job) for s in records(path, "summary")]
               for job in jobs}
     rows, footer = [], []
     verdicts = []
@@ -440,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         mine = [j for j in jobs if j.name.startswith(cell.name + " ")]
         rows += [row(cell, j, s) for j in mine for s in by_job[j.name]]
         runs = {j.name.removeprefix(cell.name + " "): by_job[j.name] for j in mine
-                if j.launcher in j.name and " MB" not in j.name and " slow " not in j.name}
+                if j.placement.launcher in j.name and " MB" not in j.name
+                and " slow " not in j.name}
         verdicts.append(judge(cell, runs))
         footer += verdicts[-1].lines
     first = all_cells[0]
@@ -459,9 +464,13 @@ def main(argv: list[str] | None = None) -> int:
                                    "ratios: of the medians over the repeats; range: of every "
                                    "pairwise ratio (fewer than 6 repeats); a goal is met or "
                                    "NOT met only where the whole spread says so"]),
-                               *footer, f"{time.monotonic() - t0:.0f} s; records: "
-                               f"{done.outdir}"]))
-    return 1 if done.failed else 0
+                               *footer, f"{time.monotonic() - args.started:.0f} s; records: "
+                               f"{runner.outdir}"]))
+    return 0
+
+
+BENCHMARK = Benchmark("peer-fairness", build_parser, plan, check, refuse)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

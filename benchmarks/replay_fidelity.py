@@ -29,23 +29,18 @@ needs network namespaces)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.cluster_jobs import (
-    ToolJob,
-    add_output_flags,
-    execute,
-    outdir_of,
-    output_of,
-    records,
-)
 from commbench.allreduce import Config
 from commbench.cores import thread_plan
 from commbench.profile import ProfileConfig
+from commbench.profilefile import read as read_profile
+from experiments.bench import Benchmark, add_output_flags, output_of, records
+from experiments.job import Job
+from experiments.runner import Runner
 
 STEM = "replay-fidelity"
 GOAL = 0.10
@@ -58,23 +53,23 @@ class Repeat:
 
     model: str
     rep: int
-    profile: ToolJob
-    real: ToolJob
-    replay: ToolJob
+    profile: Job
+    real: Job
+    replay: Job
 
     @property
-    def jobs(self) -> list[ToolJob]:
+    def jobs(self) -> list[Job]:
         return [self.profile, self.real, self.replay]
 
 
-def one_rank(name: str, config: object, dilation: float | str | None = None) -> ToolJob:
-    """A job on one rank; ``dilation`` is set here, not by ``execute``, because the replay
+def one_rank(name: str, config: object, dilation: float | str | None, model: str) -> Job:
+    """A job on one rank; ``dilation`` is set here, not by the runner, because the replay
     names the profile job's results file (``output_of``), whose id includes it."""
-    return ToolJob(name, config, nodes=1, slots=1, rate="none", timeout_s=JOB_TIMEOUT_S,
-                   dilation=dilation)
+    return Job.place(name, config, nodes=1, slots=1, rate="none", timeout_s=JOB_TIMEOUT_S,
+                     dilation=dilation, sets={model})
 
 
-def plan(args: argparse.Namespace, outdir: Path) -> list[Repeat]:
+def repeats(args: argparse.Namespace) -> list[Repeat]:
     """Profile, real run and replay of each model, ``--repeats`` times in turn."""
     threads = thread_plan(1).threads  # what one rank alone on this machine computes with
     out = []
@@ -82,12 +77,14 @@ def plan(args: argparse.Namespace, outdir: Path) -> list[Repeat]:
         for model in args.models:
             profile = one_rank(f"{model}-{rep}-profile", ProfileConfig(
                 model=model, batch_size=args.batch_size, iters=args.steps,
-                warmup=args.warmup, threads=threads), args.dilation)
+                warmup=args.warmup, threads=threads), args.dilation, model)
             run = Config(model=model, batch_size=args.batch_size, strategies=["flat"],
                          algos=["native"], steps=args.steps, warmup=args.warmup, quiet=True)
-            real = one_rank(f"{model}-{rep}-real", replace(run, workload="real"), args.dilation)
+            real = one_rank(f"{model}-{rep}-real", replace(run, workload="real"), args.dilation,
+                            model)
             replay = one_rank(f"{model}-{rep}-replay", replace(
-                run, compute_profile=str(output_of(profile, outdir))), args.dilation)
+                run, compute_profile=str(output_of(profile, args.outdir))), args.dilation,
+                model)
             out.append(Repeat(model, rep, profile, real, replay))
     return out
 
@@ -114,12 +111,13 @@ def report(repeats: list[Repeat], files: dict[str, Path]) -> int:
     for model in dict.fromkeys(r.model for r in repeats):
         ratios: dict[str, list[float]] = {"backward": [], "forward": []}
         for r in (r for r in repeats if r.model == model):
-            prof = json.loads(files[r.profile.name].read_text())
+            prof = read_profile(files[r.profile.name])
             for phase in ratios:
                 real = stats(files[r.real.name], f"{phase}_s")
                 rep_s = stats(files[r.replay.name], f"{phase}_s")
                 ratios[phase].append(rep_s["median"] / real["median"])
-                print(f"  {model:>10} {r.rep:>2} {phase:>9} {prof[f'{phase}_s'] * 1e3:9.1f} "
+                prof_s = getattr(prof, f"{phase}_s")
+                print(f"  {model:>10} {r.rep:>2} {phase:>9} {prof_s * 1e3:9.1f} "
                       f"{cell(real):>23} {cell(rep_s):>23} {ratios[phase][-1]:11.3f}")
         for phase, x in ratios.items():
             print(f"# {model} {phase}: replay/real median {statistics.median(x):.3f} "
@@ -146,17 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.outdir = outdir_of(args, STEM)  # the replay jobs name the profile files made there
-    repeats = plan(args, args.outdir)
-    jobs = [j for r in repeats for j in r.jobs]
-    done = execute(jobs, args, STEM)
-    if done is None:
-        return 0
-    if done.failed:
-        return 1
-    return report(repeats, {j.name: done.output(j) for j in jobs})
+def plan(args: argparse.Namespace) -> list[Job]:
+    return [j for r in repeats(args) for j in r.jobs]
+
+
+def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
+    return report(repeats(args), {j.name: runner.outputs(j)[0] for j in jobs})
+
+
+def refuse(args: argparse.Namespace) -> str | None:
+    if args.dilation == "auto":
+        return ("--dilation auto: the replay names its profile's results file before a K "
+                "could be chosen; give K (replay_fidelity runs one rank: 1 suffices)")
+    return None
+
+
+BENCHMARK = Benchmark(STEM, build_parser, plan, check, refuse)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

@@ -108,6 +108,15 @@ class Job:
     sets: frozenset[str] = field(default_factory=frozenset)
     timeout_s: float | None = None
 
+    @classmethod
+    def place(cls, name: str, config: Any, nodes: int, slots: int | tuple[int, ...],
+              rate: str = "none", launcher: str = "mpirun", *, timeout_s: float | None = None,
+              dilation: float | str | None = None, repeats: int | None = None,
+              sets: frozenset[str] | set[str] = frozenset()) -> Job:
+        """A job on every slot of ``nodes`` x ``slots`` emulated nodes (a benchmark's)."""
+        return cls(name, config, Placement(nodes, slots, rate, launcher, dilation),
+                   repeats=repeats, sets=frozenset(sets), timeout_s=timeout_s)
+
     @property
     def program(self) -> str:
         return type(self.config).__module__
