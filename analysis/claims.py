@@ -1,4 +1,4 @@
-"""The seed claims C1-C8 (shared/DESIGN.md §1) checked against results and the cost model.
+"""The seed claims C1-C8 (docs/claims.md) checked against results and the cost model.
 
 Each check returns a Claim: what was measured here (and in which figure),
 what the fitted model predicts at the claim's scale, and a verdict —
@@ -17,7 +17,7 @@ Every matched set is shown with its time dilation and host verdict
 (``match.host_words``, ``Claim.host``). Claims that compare comm times (C1-C4, C7)
 prefer sets whose runs were all link-bound (``match.host_rank``, before size): a
 host-bound run's figure holds this machine's scheduling, polling and copying as
-well as the links (shared/DESIGN.md §10). Where the chosen set still has
+well as the links (docs/fidelity.md). Where the chosen set still has
 host-bound runs, the reason says so and why; records without a verdict (before
 schema 4) are judged as before, and the reason says their host load was not
 judged. Claims of compute (C5, C6, C8) state the verdict without preferring.

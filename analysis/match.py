@@ -1,7 +1,7 @@
 """Which runs are the same set-up: the one test every comparison of runs goes through.
 
 Two figures are compared only when their runs differ in the one variable under
-study (shared/DESIGN.md §6). ``same_setup(a, b, vary=...)`` decides that for two
+study (docs/metrics.md, "Honest measurement"). ``same_setup(a, b, vary=...)`` decides that for two
 runs: every field of ``FIELDS`` must agree except those in ``vary``, the claim's
 own variable (``sync`` when strategies are compared, ``batch`` for a batch
 sweep, ``accumulation`` for k). ``matched_sets`` groups runs by it, so a
@@ -11,7 +11,7 @@ A set-up is read from what the records carry (``commbench/results.py``): the
 header (ranks, nodes, local sizes, backend, thread rule), the run fields
 (model, workload, batch, link shaping and the measured link rate) and the job's
 ``config`` for the workload's settings (compute, straggler). The emulated cluster's
-time dilation K (shared/DESIGN.md §10) is a field too: a host-bound run's figures
+time dilation K (docs/fidelity.md) is a field too: a host-bound run's figures
 move with K, so runs at two K are never pooled (records before schema 4 ran at
 K = 1); so is the code's revision (``revision``). Repeats of a point
 (``launch.sweep --repeats``) differ in nothing here but their ``repeat``, so they
@@ -51,7 +51,7 @@ PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 HIERARCHICAL_ALGOS = ("hier", "hier-leader")
 
 #: two measurements of one link shaped alike agree within this fraction (1 Gbit/s tbf
-#: measured 0.944-0.956 Gbit/s, shared/DESIGN.md §9); rates set apart (200 Mbit/s vs
+#: measured 0.944-0.957 Gbit/s, docs/cluster.md); rates set apart (200 Mbit/s vs
 #: 1 Gbit/s) differ by far more
 LINK_RATE_TOLERANCE = 0.10
 

@@ -2,7 +2,7 @@
 
 The no-overlap model (``analysis.alphabeta.sync_share``) prices a step as compute
 plus one all-reduce of the whole gradient after backward. The bucketed
-strategy (``commbench/strategies/bucketed.py``, DESIGN.md §5) instead starts
+strategy (``commbench/strategies/bucketed.py``, docs/strategies.md) instead starts
 each bucket as soon as its last gradient is ready. Here that schedule is
 replayed on a compute profile (``commbench.profile``; ``profiles/*.json``):
 
@@ -24,7 +24,7 @@ replayed on a compute profile (``commbench.profile``; ``profiles/*.json``):
    ``T(all bytes)``.
 
 Scaling efficiency = throughput(p) / (p * throughput(1)) = compute / step, as
-one rank has no sync (DESIGN.md §4).
+one rank has no sync (docs/metrics.md).
 
 The device scenario for predictions at scale is one stated device for both
 compute and overlap: the committed H200 ResNet-50 profile at batch 256
@@ -349,8 +349,8 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
 def judged_on(checks: Sequence[OverlapCheck]) -> tuple[list[OverlapCheck], str]:
     """The checks the model's error is judged on, and which in words (``judged on ...``):
     the link-bound runs' where there are some (a host-bound run's exposed sync holds this
-    machine's scheduling and polling, which the model does not price: shared/DESIGN.md
-    §10), else all."""
+    machine's scheduling and polling, which the model does not price: docs/fidelity.md),
+    else all."""
     linked = [c for c in checks if c.link_bound]
     host = sum(c.link_bound is False for c in checks)
     unjudged = sum(c.link_bound is None for c in checks)

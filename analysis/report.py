@@ -8,7 +8,7 @@ figure the links', or this machine's), then holds every figure
 ``analysis.plot`` can draw from the results (and says which it skipped), the
 fitted cost model with its prediction errors and its extrapolation (when
 microbenchmark records are present), and a table of the seed claims
-(shared/DESIGN.md §1): what was measured here, what the model predicts at the
+(docs/claims.md): what was measured here, what the model predicts at the
 claim's scale, and a verdict with its reason; every matched set a claim names
 is shown with its dilation and host verdict (``match.host_words``).
 """

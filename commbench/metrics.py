@@ -1,4 +1,4 @@
-"""The formulas of DESIGN.md §4, written once.
+"""The formulas of the metrics (docs/metrics.md, "Definitions"), written once.
 
 Every figure commbench prints or records comes from these functions, so a
 number in a table, a record and a plot always means the same thing.

@@ -31,7 +31,7 @@ and the momentum state lives with the parameters); the staleness of each
 gradient needs a version counter that is read and advanced atomically with
 the update, which a single server loop gives for free; and Open MPI's
 passive-target one-sided operations, like its non-blocking collectives
-(DESIGN.md §8), advance only while the target process is inside an MPI
+(docs/strategies.md, "Overlap"), advance only while the target process is inside an MPI
 call, so a server process would have to poll anyway.
 
 Mitigation: ``--staleness-lr`` scales the learning rate of each update by

@@ -9,7 +9,8 @@ finished record readable and at most one partial last line, which
 through ``write_atomic``: temporary name, fsync, rename. NaN/inf become
 ``null`` (JSON has neither).
 
-Every record carries what is needed to reproduce it (DESIGN.md §6): schema
+Every record carries what is needed to reproduce it (docs/metrics.md, "Honest
+measurement"): schema
 version, versions, backend, strategy and knobs, ranks, nodes, ranks per node,
 host names, model, batch, dtype and the full configuration.
 """

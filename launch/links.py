@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from commbench.linkstats import GBPS_ENV, IFACE_ENV, SHAPING_ENV, WIRE_GBPS_ENV
 
-# tbf as probed here (shared/DESIGN.md §7): at 1gbit iperf3 saw 962 Mbit/s; netem
+# tbf as probed here (docs/cluster.md): at 1gbit iperf3 saw 962 Mbit/s; netem
 # (delay) is not in this kernel.
 TBF_BURST = "256kb"
 TBF_LATENCY_MS = 50.0

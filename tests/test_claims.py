@@ -172,7 +172,7 @@ def test_same_run_twice_is_matched_and_unknown_fields_are_refused():
 
 
 def test_link_rate_matches_within_measurement_noise_only():
-    # two measurements of one 1 Gbit/s shaping (shared/DESIGN.md §9) are one set-up
+    # two measurements of one 1 Gbit/s shaping (docs/cluster.md) are one set-up
     assert match.same_setup(run(gbps=0.944), run(gbps=0.956))
     assert match.differences(run(gbps=0.95), run(gbps=0.80)) == ["link_rate"]
     assert match.differences(run(gbps=0.95), run(gbps=None)) == ["link_rate"]

@@ -4,7 +4,7 @@ Strategies that overlap communication with compute (``async``, ``bucketed``
 with ``--progress thread``) hand each buffer to the engine (``submit``) and
 later ``wait`` for its handle. Why a thread rather than non-blocking
 collectives: Open MPI advances ``Iallreduce`` only inside MPI calls
-(DESIGN.md §8) and its non-blocking algorithms (libnbc) were measured 2-3x
+(docs/strategies.md, "Overlap") and its non-blocking algorithms (libnbc) were measured 2-3x
 slower across nodes than the blocking tuned all-reduce; async S=1 on 2
 emulated nodes x 4 ranks at 1 Gbit/s took 2.38 s per step on ``Iallreduce``
 against 1.13 s for flat. Horovod runs its collectives on a background thread

@@ -1,7 +1,7 @@
 """mpi4py backend: collectives on numpy views of torch tensors (no copies).
 
-Open MPI does not progress a non-blocking collective on its own (DESIGN.md
-§8): ``Handle.test`` must be called while compute runs for transfers to
+Open MPI does not progress a non-blocking collective on its own
+(docs/strategies.md, "Overlap"): ``Handle.test`` must be called while compute runs for transfers to
 overlap it; strategies that overlap do so.
 
 float16 and bfloat16: numpy has no bfloat16 and MPI 3 has no half-precision
