@@ -1,6 +1,8 @@
-"""The docs against the tree: the layout listing, relative links, the README's commands.
+"""The docs against the tree: the layout listing, relative links, the README's commands,
+and the values the docs state that the code also states.
 
-Pure file reading (no process, no import of the project's modules): fast, no lock.
+Pure file reading (no process, no import of the project's modules) but for the flag tables'
+defaults, read from the tools' parsers (imported: torch): fast, no lock.
 
 - ``docs/layout.md`` lists every module: each ``.py`` file under the code
   packages appears as a line ``- `path` — ...`` (a package's ``__init__.py`` and
@@ -13,6 +15,10 @@ Pure file reading (no process, no import of the project's modules): fast, no loc
   repository paths, ``python -m`` modules, ``--flags`` (the project's parsers define them,
   or ``ALLOW_LIST`` names their program), names in code font (``COMMBENCH_VENV``) and a
   call's keywords; one assertion lists them all as ``page:line: `ref` — why``.
+- The schema the docs call current (`` `schema` (currently N``) is
+  ``commbench.results.SCHEMA_VERSION``, and every table with a ``flag`` and a ``default``
+  column gives each flag's default as the parser of the tool its page's title names
+  (``python -m commbench.microbench``) has it.
 """
 
 from __future__ import annotations
@@ -755,3 +761,153 @@ def test_reference_checker_sees_references() -> None:
         "mpirun -np 2 --oversubscribe python -m commbench.allreduce --no-such-flag", False)])
     spans = [s for page in DOC_PAGES for p in page_parts(page)[0] for s in code_spans(p)]
     assert len(spans) > 500, len(spans)
+
+
+# -- Values in the docs, against the code ---------------------------------------------------
+#
+# Numbers the docs state that the code also states: the result records' schema version, and
+# the defaults in a page's flag tables (a table with a `flag` and a `default` column), read
+# from the parser of the tool the page's title names (`python -m commbench.microbench`).
+
+#: the docs' statement of the current schema: "`schema` (currently 4; ..."
+SCHEMA_STATED = re.compile(r"`schema`\s*\(currently\s+(\d+)")
+#: a placeholder in a value: ``results/microbench-<time>.jsonl``
+VALUE_PLACEHOLDER = re.compile(r"<[^>]*>")
+#: a default cell in words for a switch
+SWITCH_WORDS = {"off": False, "on": True}
+
+
+def test_docs_state_the_schema_the_code_writes() -> None:
+    node = lookup("commbench.results.SCHEMA_VERSION")
+    assert isinstance(node, ast.Assign), "commbench.results.SCHEMA_VERSION is not a constant"
+    schema = ast.literal_eval(node.value)
+    stated = [(page.relative_to(ROOT).as_posix(), n, int(m.group(1)))
+              for page in DOC_PAGES
+              for n, line in enumerate(page.read_text().splitlines(), 1)
+              for m in SCHEMA_STATED.finditer(line)]
+    assert stated, "no page states the current schema (`schema` (currently N; ...)"
+    wrong = [f"{page}:{n}: schema {v}" for page, n, v in stated if v != schema]
+    assert not wrong, f"the records' schema is {schema} (commbench.results): {wrong}"
+
+
+class FlagRow(NamedTuple):
+    line: int
+    flags: list[str]  # one code span each: `-b/--minbytes`, `--output FILE`
+    default: str  # the default cell as written
+
+
+def flag_tables(page: Path) -> list[FlagRow]:
+    """The rows of every table of ``page`` whose header has a `flag` and a `default` column."""
+    rows: list[FlagRow] = []
+    cols: tuple[int, int] | None = None
+    fenced = False
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        if fenced or not line.lstrip().startswith("|"):
+            cols = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cols is None:
+            head = [c.lower() for c in cells]
+            cols = (head.index("flag"), head.index("default")) \
+                if "flag" in head and "default" in head else (-1, -1)
+        elif cols[0] >= 0 and not set(line.strip()) <= set("|-: "):
+            spans = [code for _, code in code_spans([(n, cells[cols[0]])])]
+            rows.append(FlagRow(n, spans, cells[cols[1]]))
+    return rows
+
+
+def page_tool(page: Path) -> str | None:
+    """The tool a page documents, from its title: ``# ...: `python -m commbench.microbench```."""
+    title = next((line for line in page.read_text().splitlines() if line.startswith("# ")), "")
+    m = re.search(r"`python -m ([\w.]+)`", title)
+    return m.group(1) if m else None
+
+
+def _flag_defaults_checked(page: Path, rows: list[FlagRow]) -> tuple[list[str], int]:
+    """(what disagrees, how many defaults were compared) for ``page``'s flag tables."""
+    import importlib
+
+    rel = page.relative_to(ROOT).as_posix()
+    tool = page_tool(page)
+    if tool is None:
+        return [f"{rel}: a flag table, and the title names no `python -m` tool"], 0
+    parser = importlib.import_module(tool).build_parser()
+    actions = {opt: a for a in parser._actions for opt in a.option_strings}
+    report, checked = [], 0
+    for row in rows:
+        found = []  # the row's actions, one per flag (aliases in their own span dropped)
+        for span in row.flags:
+            names = [f for f in re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", span) if f in actions]
+            if not names:
+                report.append(f"{rel}:{row.line}: `{span}` is no flag of {tool}")
+            elif not found or actions[names[0]] is not found[-1]:
+                found.append(actions[names[0]])
+        values = [code for _, code in code_spans([(row.line, row.default)])]
+        if not values:
+            word = row.default.strip().lower()
+            if word in SWITCH_WORDS:
+                for a in found:  # a switch (store_true, ...) is on where its default is
+                    checked += 1  # its const; a flag that takes a value is off as None
+                    on = a.default == a.const if a.nargs == 0 else a.default is not None
+                    if on != SWITCH_WORDS[word]:
+                        report.append(f"{rel}:{row.line}: {a.option_strings[-1]} default "
+                                      f"{a.default!r}, the docs say {row.default!r}")
+            continue  # a default in words (`the library's choice`): not a value to compare
+        if len(values) == 1:
+            values = values * len(found)
+        if len(values) != len(found):
+            report.append(f"{rel}:{row.line}: {len(found)} flags and {len(values)} defaults")
+            continue
+        for a, text in zip(found, values):
+            if VALUE_PLACEHOLDER.search(text):
+                continue  # a pattern, not a value
+            convert = a.type or (lambda x: x)
+            default = convert(a.default) if isinstance(a.default, str) else a.default
+            try:
+                stated = convert(text)
+            except Exception as e:  # the parser's own reading of the value
+                report.append(f"{rel}:{row.line}: {a.option_strings[-1]} cannot take the "
+                              f"documented default `{text}`: {e}")
+                continue
+            checked += 1
+            if stated != default:
+                report.append(f"{rel}:{row.line}: {a.option_strings[-1]} default "
+                              f"{a.default!r}, the docs say `{text}`")
+    return report, checked
+
+
+def test_flag_tables_state_the_parsers_defaults() -> None:
+    """A table with `flag` and `default` columns states each flag's default as its tool's
+    parser has it (imports the tool: its parser is built by code, not written out)."""
+    pytest.importorskip("torch")
+    pages = [(page, rows) for page in DOC_PAGES if (rows := flag_tables(page))]
+    assert pages, "no flag tables (`| flag | default | ... |`) in the docs"
+    report, checked = [], 0
+    for page, rows in pages:
+        r, c = _flag_defaults_checked(page, rows)
+        report += r
+        checked += c
+    assert not report, "flag defaults in the docs disagree with the parsers:\n" + "\n".join(report)
+    assert checked >= 10, f"only {checked} defaults compared: the table reader sees too little"
+
+
+def test_default_checker_refuses_wrong_defaults() -> None:
+    """The checker would pass vacuously if it compared nothing: wrong defaults are refused."""
+    pytest.importorskip("torch")
+    page = ROOT / "docs" / "microbench.md"
+    assert page_tool(page) == "commbench.microbench"
+    rows = [FlagRow(1, ["-b/--minbytes", "-e/--maxbytes"], "`8`, `64M`"),
+            FlagRow(2, ["--sync-each"], "on"),
+            FlagRow(3, ["-d/--datatype", "--dtype"], "`float16`"),
+            FlagRow(4, ["--no-such-flag"], "`1`"),
+            FlagRow(5, ["-n/--iters"], "`20`"),
+            FlagRow(6, ["--output FILE"], "`results/x-<time>.jsonl`")]
+    report, checked = _flag_defaults_checked(page, rows)
+    assert [r.split(": ", 1)[1] for r in report] == [
+        "--maxbytes default 33554432, the docs say `64M`",
+        "--sync-each default False, the docs say 'on'",
+        "--dtype default ['float32'], the docs say `float16`",
+        "`--no-such-flag` is no flag of commbench.microbench"], report
+    assert checked == 5  # --minbytes, --maxbytes, --sync-each, --dtype, --iters
