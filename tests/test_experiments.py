@@ -1,0 +1,183 @@
+"""The experiment layer: the same planned jobs as before it, the runner's compared sets and
+its Ctrl-C, bad input, and the time estimate against recorded job seconds."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from experiments import EXPERIMENTS
+from experiments import claims as cl
+from experiments import study as st
+from experiments.job import Job, Placement
+from experiments.runner import Runner, compared_sets
+from launch.execute import INTERRUPTED
+from tests.conftest import PY, ROOT, read_jsonl
+
+DATA = Path(__file__).parent / "data"
+#: (program, sorted argv, placement) of every job the study and the benchmarks planned before
+#: the experiment layer (launch.study.plan, benchmarks.cluster_jobs at 382f575), at K = 4
+BEFORE = json.loads((DATA / "planned_jobs.json").read_text())
+#: the quick study's scale as it was then (the quick study is smaller now)
+QUICK_BEFORE = replace(st.QUICK, model="resnet18", profile="h200-resnet18-b64.json", batch=64,
+                       compute_scale=50.0, steps=6, warmup=1, every_rank=False,
+                       rates=("1gbit", "200mbit"),
+                       fast_algos=("native", "ring", "hier", "hier-leader"),
+                       slow_algos=("ring", "hier"), bucket_mb=(0, 25), staleness=(0, 1, 4),
+                       accum=(1, 4), real_batches=(16, 64, 128), real_steps=40,
+                       conv_steps=100, conv_staleness=(0, 1, 2, 4), conv_mitigations="none,lr",
+                       conv_seeds=(0, 1, 2), conv_ps=False, profile_batches=(),
+                       micro_iters=5, micro_max=64 << 20, repeats=2)
+BENCHMARKS = ("async_speedup", "dilation", "hier_bound", "horovod_presence", "peer_fairness",
+              "replay_fidelity")
+
+
+def planned(jobs: list[Job]) -> list[dict]:
+    def one(j: Job) -> dict:
+        p = j.placement
+        return {"program": j.program, "argv": sorted(j.args),
+                "placement": {"nodes": p.nodes, "slots": p.slots if isinstance(p.slots, int)
+                              else list(p.slots), "rate": p.rate, "launcher": p.launcher,
+                              "ranks": j.nranks, "dilation": float(p.k)}}
+    return sorted((one(j) for j in jobs), key=json.dumps)
+
+
+@pytest.mark.parametrize("label,scale", [("quick", QUICK_BEFORE), ("full", st.FULL)])
+def test_the_study_plans_the_same_jobs_as_before(label, scale):
+    cluster = cl.StudyCluster(Placement(2, 4, launcher="mpirun", dilation=4.0))
+    assert planned(cl.plan(scale, cluster)) == BEFORE[f"study-{label}"]
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_plans_the_same_jobs_as_before(name):
+    mod = importlib.import_module(f"benchmarks.{name}")
+    args = mod.build_parser().parse_args([] if name == "dilation" else ["--dilation", "4"])
+    args.outdir = Path("/OUT")  # replay_fidelity's replays name the profiles' files there
+    assert planned(mod.BENCHMARK.jobs(args)) == BEFORE[name]
+
+
+def test_every_benchmark_is_an_experiment():
+    assert {f"benchmarks.{b}" for b in BENCHMARKS} <= set(EXPERIMENTS.values())
+    for module in EXPERIMENTS.values():
+        assert callable(importlib.import_module(module).main)
+
+
+def test_a_shared_job_joins_its_claims_sets():
+    """The 8-rank flat run is C1's, C2's, C3's, C4's and C7's, so their jobs (both of C2's
+    rates, C4's convergence study) are one compared set, at one K; in the quick study C5, C6
+    and C8 share only the real runs, a set of their own."""
+    cluster = cl.StudyCluster(Placement(2, 4, dilation="auto"))
+    jobs = cl.plan(st.QUICK, cluster)
+    ref = next(j for j in jobs if j.name == "flat-np8")
+    assert {"C1", "C2", "C3", "C4", "C7"} <= ref.sets
+    groups = compared_sets(jobs)
+    names = [{j.name for j in g} for g in groups]
+    assert any({"flat-np8", "async-s1", "bucketed-25mb", "convergence-digits"} <= n
+               for n in names)
+    assert any({"real-digits-b16", "real-digits-b64"} <= n for n in names)
+    assert sum(len(g) for g in groups) == len(jobs)
+
+
+def test_compared_sets_are_transitive_and_a_job_without_sets_stands_alone():
+    def job(name, *sets):
+        return Job(name, object(), Placement(1, 1), sets=frozenset(sets))
+
+    jobs = [job("a", "x"), job("b", "y"), job("c", "x", "y"), job("d"), job("e", "z")]
+    assert [[j.name for j in g] for g in compared_sets(jobs)] == [["a", "b", "c"], ["d"], ["e"]]
+
+
+def test_a_job_is_priced_with_its_dilation_and_start_up():
+    cluster = cl.StudyCluster(Placement(2, 4, dilation=4.0))
+    ref = next(j for j in cl.plan(st.QUICK, cluster) if j.name == "flat-np8")
+    at1, at4 = ref.estimate_s(1.0), ref.estimate_s(4.0)
+    sec = ref.seconds()
+    assert at4 - at1 == pytest.approx(3 * sec.dilated)  # only the emulated part stretches
+    assert at1 > sec.wall_s(1.0)  # start-up on top
+    assert ref.timeout() >= 600
+
+
+def test_an_unknown_experiment_exits_2_listing_those_that_do():
+    res = subprocess.run([PY, "-m", "experiments", "no_such_thing"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "no experiment 'no_such_thing'" in res.stderr
+    assert all(name in res.stderr for name in EXPERIMENTS)
+
+
+def study(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "experiments.study", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_budget_below_one_round_of_a_claim_exits_2_before_anything_runs(tmp_path):
+    out = tmp_path / "s"
+    res = study("--quick", "--claims", "C2", "--repeat-until", "5", "--budget", "1m",
+                "-o", str(out))
+    assert res.returncode == 2, res.stderr
+    assert "C2's jobs need" in res.stderr and "for one round" in res.stderr
+    assert not out.exists()
+
+
+def test_a_folder_of_the_previous_layout_exits_2_saying_why(tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "dilation.json").write_text("{}")  # what launch.study's dilation auto wrote
+    res = study("--quick", "-o", str(out))
+    assert res.returncode == 2
+    assert "previous layout" in res.stderr and "new folder" in res.stderr
+
+
+@pytest.mark.mpi
+def test_ctrl_c_stops_a_sweep_with_one_line_and_the_same_command_resumes(tmp_path):
+    """SIGINT of a real sweep: one line, exit 130, no traceback; run again, the point cut in
+    the middle runs anew and every point's file holds its runs once."""
+    out = tmp_path / "sw"
+    args = [PY, "-m", "launch.sweep", "--set", "ranks=1,2", "--set", "algo=native,ring",
+            "-o", str(out), "--", "--model", "smallcnn", "--steps", "4", "--warmup", "1",
+            "--compute-ms", "200"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 300
+        while not list(out.glob("*.done.json")) and time.time() < deadline:
+            time.sleep(0.2)
+        assert list(out.glob("*.done.json")), "no point finished"
+        time.sleep(2)  # into the next point
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        f"launch.sweep: {INTERRUPTED}")
+    assert subprocess.run(["pgrep", "-f", "commbench.allreduce"]).returncode == 1
+    first = {p.name: p.stat().st_mtime for p in out.glob("*.done.json")}
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"{len(first)} of 4 points already done" in res.stderr
+    assert len(list(out.glob("*.done.json"))) == 4
+    assert all((out / n).stat().st_mtime == t for n, t in first.items())
+    for f in out.glob("*.jsonl"):
+        runs = [r for r in read_jsonl(f) if r.get("kind") == "summary"]
+        assert len(runs) == 1, f  # one run a point: nothing of the cut run kept twice
+
+
+def test_runner_names_each_repeats_file_and_a_dry_run_prints_every_command(tmp_path, capsys):
+    cluster = cl.StudyCluster(Placement(2, 4, dilation=2.0))
+    jobs = cl.plan(st.QUICK, cluster, [cl.BY_ID["C7"]])
+    runner = Runner(jobs, tmp_path, repeats=2)
+    files = runner.outputs(jobs[0])
+    assert len(files) == 2 and files[1].name == files[0].name.replace(".jsonl", "-r1.jsonl")
+    runner.dry_run()
+    printed = capsys.readouterr().out
+    assert printed.count("mpirun -np") == len(jobs)
+    assert "COMMBENCH_DILATION=2" in printed
