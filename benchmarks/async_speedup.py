@@ -39,9 +39,9 @@ from pathlib import Path
 
 from commbench.allreduce import Config
 from commbench.comm.engine import TRANSFER_PATHS
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies import AsyncSettings
 from commbench.tables import Column, format_table
-from experiments.bench import Benchmark, add_output_flags, layouts, records
+from experiments.bench import Benchmark, add_output_flags, layouts, parser, records
 from experiments.job import Job
 from experiments.runner import Runner
 
@@ -75,7 +75,7 @@ def runs(args: argparse.Namespace) -> list[Run]:
         for path in args.transfer:
             for staleness, strategies in ((1, ["flat", "async", "bucketed"]), (2, ["async"])):
                 cfg = Config(model=args.model, strategies=strategies, algos=["native"],
-                             sync=StrategySettings(staleness=staleness, transfer=path),
+                             sync=AsyncSettings(staleness=staleness, transfer=path),
                              compute_ms=args.compute_ms, steps=args.steps,
                              warmup=args.warmup, quiet=True)
                 name = f"{n}x{s}-{path}-s{staleness}"
@@ -129,9 +129,7 @@ def layout_row(jobs: list[Run], files: dict[str, Path], fell_back: list[str]) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.async_speedup",
-                                description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser("benchmarks.async_speedup", __doc__)
     p.add_argument("--layouts", type=layouts, default=layouts(DEFAULT_LAYOUTS),
                    help="NODESxRANKS[,...] (default " + DEFAULT_LAYOUTS + ")")
     p.add_argument("--transfer", type=transfers, default=["thread"],

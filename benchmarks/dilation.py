@@ -30,9 +30,9 @@ import sys
 from commbench import dilation as dil
 from commbench.allreduce import Config
 from commbench.hostload import LINK_BOUND, verdict
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies import AsyncSettings
 from commbench.tables import Column, format_table
-from experiments.bench import Benchmark, add_output_flags, records
+from experiments.bench import Benchmark, add_output_flags, parser, records
 from experiments.job import Job
 from experiments.runner import Runner
 
@@ -55,9 +55,7 @@ def factors(text: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.dilation",
-                                description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser("benchmarks.dilation", __doc__)
     p.add_argument("--factors", type=factors, default=factors("1,2,4,8"),
                    help="the dilations K to run, comma-separated")
     p.add_argument("--rate", default="1gbit", help="emulated link rate")
@@ -74,7 +72,7 @@ def _config(args: argparse.Namespace, strategies: list[str], algos: list[str]) -
     return Config(workload="synthetic", model="resnet50", compute_profile=PROFILE,
                   compute_scale=args.compute_scale, batch_size=256, steps=args.steps,
                   warmup=args.warmup, quiet=True, strategies=strategies, algos=algos,
-                  sync=StrategySettings(staleness=1))
+                  sync=AsyncSettings(staleness=1))
 
 
 def plan(args: argparse.Namespace) -> list[Job]:

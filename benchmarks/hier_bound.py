@@ -49,7 +49,7 @@ from commbench import hostload
 from commbench.flags import csv_list, parse_size
 from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
-from experiments.bench import Benchmark, add_output_flags, parse_layout, records
+from experiments.bench import Benchmark, add_output_flags, parse_layout, parser, records
 from experiments.job import Job
 from experiments.runner import Runner
 from launch.commands import LAUNCHERS
@@ -131,9 +131,7 @@ def case_rows(case: Case, recs: list[dict]) -> tuple[list[list], str, list[str]]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.hier_bound",
-                                description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser("benchmarks.hier_bound", __doc__)
     p.add_argument("--cases", type=cases, default=cases(DEFAULT_CASES),
                    help="NODESxRANKS@RATE@SIZE[,...]")
     p.add_argument("--algos", type=csv_list(ALGOS, "--algos"), default=list(ALGOS),

@@ -36,7 +36,7 @@ from pathlib import Path
 from commbench.flags import csv_list, parse_size, positive_float
 from commbench.microbench import MicroConfig
 from commbench.tables import Column, format_table
-from experiments.bench import Benchmark, add_output_flags, layouts, records
+from experiments.bench import Benchmark, add_output_flags, layouts, parser, records
 from experiments.job import Job
 from experiments.runner import Runner
 
@@ -50,9 +50,7 @@ def mode_label(cycle_ms: float | None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.horovod_presence",
-                                description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser("benchmarks.horovod_presence", __doc__)
     p.add_argument("--layouts", type=layouts, default=layouts("2x1,2x4"),
                    help="NODESxRANKS[,...]")
     p.add_argument("--rate", default="1gbit", help="link rate of the emulated cluster")

@@ -75,10 +75,18 @@ from analysis.overlap import Profile, load_profile
 from commbench.allreduce import Config
 from commbench.buckets import DEFAULT_BUCKET_MB, parse_bucket_mb
 from commbench.comm.engine import TRANSFER_CHOICES
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies import BucketedSettings
 from commbench.tables import Column, format_table
 from commbench.workloads.spec import slow_rank
-from experiments.bench import ROOT, Benchmark, add_output_flags, layouts, one_setup, records
+from experiments.bench import (
+    ROOT,
+    Benchmark,
+    add_output_flags,
+    layouts,
+    one_setup,
+    parser,
+    records,
+)
 from experiments.job import Job
 from experiments.runner import Runner
 from launch.cluster import ClusterError, parse_rate
@@ -146,7 +154,7 @@ def plan(args: argparse.Namespace) -> list[Job]:
             transfer: str | None = None) -> Job:
         path, batch = PROFILES[cell.model]
         transfer = transfer or args.transfer
-        sync = StrategySettings(bucket_mb=args.bucket_mb if bucket_mb is None else bucket_mb,
+        sync = BucketedSettings(bucket_mb=args.bucket_mb if bucket_mb is None else bucket_mb,
                                 **({"transfer": transfer} if transfer else {}))
         cfg = Config(model=cell.model, compute_profile=str(ROOT / path),
                      compute_scale=cell.scale, batch_size=batch, strategies=strategies,
@@ -356,9 +364,7 @@ def straggler_lines(by_job: dict[str, list[dict]], base: dict[str, dict]) -> lis
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.peer_fairness",
-                                description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser("benchmarks.peer_fairness", __doc__)
 
     def models(text: str) -> list[str]:
         out = [m.strip() for m in text.split(",") if m.strip()]

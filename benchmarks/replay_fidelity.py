@@ -38,7 +38,7 @@ from commbench.allreduce import Config
 from commbench.cores import thread_plan
 from commbench.profile import ProfileConfig
 from commbench.profilefile import read as read_profile
-from experiments.bench import Benchmark, add_output_flags, output_of, records
+from experiments.bench import Benchmark, add_output_flags, output_of, parser, records
 from experiments.job import Job
 from experiments.runner import Runner
 
@@ -129,8 +129,7 @@ def report(repeats: list[Repeat], files: dict[str, Path]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.replay_fidelity",
-                                description=__doc__.splitlines()[0])
+    p = parser("benchmarks.replay_fidelity", __doc__, defaults=False)
     p.add_argument("--models", type=lambda t: [m for m in t.split(",") if m],
                    default=["gpt-tiny", "resnet18"],
                    help="comma-separated (registered names or package.module:factory)")

@@ -30,6 +30,14 @@ from launch.execute import interruptible
 ROOT = Path(__file__).resolve().parents[1]  # default results go here: results/<stem>-<time>
 
 
+def parser(module: str, doc: str | None, defaults: bool = True) -> argparse.ArgumentParser:
+    """A benchmark's parser: ``python -m <module>``, its docstring's first line, and its
+    defaults in the help (``defaults``)."""
+    kw = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter} if defaults else {}
+    return argparse.ArgumentParser(prog=f"python -m {module}",
+                                   description=(doc or "").splitlines()[0], **kw)
+
+
 def parse_layout(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+)x(\d+)", text.strip())
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:

@@ -68,6 +68,27 @@ def clean_machine():
     assert settled_leftovers() == []
 
 
+def run_job(cmd: list[str], timeout: float = 240) -> str:
+    """Run a ``launch.cluster run`` job; on a timeout end it (the cluster takes itself down
+    on SIGTERM) and fail; whatever a killed run left is taken down (a no-op after a clean
+    one); the job must exit 0. Returns its standard output."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"job did not end within {timeout:g} s:\n{stdout[-3000:]}{stderr[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        down(name=NAME)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
+
+
 def test_parse_rate():
     assert parse_rate("1gbit") == 1.0
     assert parse_rate("200mbit") == pytest.approx(0.2)
@@ -151,22 +172,7 @@ def test_uneven_nodes_from_the_command_line(tmp_path):
            "1gbit", "--no-link-test", "--timeout", "200", "--",
            PY, "-m", "commbench.microbench", "-b", "1M", "-e", "1M", "--algo", "native,hier",
            "-n", "2", "-w", "1", "--output", str(out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the cluster takes itself down on SIGTERM
-        stdout, stderr = proc.communicate(timeout=60)
-        pytest.fail(f"job did not end within 240 s:\n{stdout[-3000:]}{stderr[-3000:]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        from launch.cluster import down
-
-        down(name=NAME)  # whatever a killed run left (a no-op after a clean one)
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    run_job(cmd)
     recs = [r for r in read_jsonl(out) if r["kind"] == "microbench"]
     assert {r["algo"] for r in recs} == {"native", "hier"}, recs
     for r in recs:
@@ -186,20 +192,7 @@ def test_torchrun_job_across_two_nodes(tmp_path):
            "--", "python", "-m", "commbench.allreduce", "--strategy", "flat", "--algo",
            "native,ring", "--steps", "2", "--warmup", "1", "--compute-ms", "5", "--model",
            "resnet18", "--output", str(out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the cluster takes itself down on SIGTERM
-        stdout, stderr = proc.communicate(timeout=60)
-        pytest.fail(f"job did not end within 240 s:\n{stdout[-3000:]}{stderr[-3000:]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        down(name=NAME)  # whatever a killed run left (a no-op after a clean one)
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    stdout = run_job(cmd)
     recs = read_jsonl(out)
     summaries = [r for r in recs if r["kind"] == "summary"]
     assert {r["algo"] for r in summaries} == {"native", "ring"}, summaries
