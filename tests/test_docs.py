@@ -35,7 +35,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = ROOT / "docs" / "layout.md"
-CODE_DIRS = ("commbench", "launch", "analysis", "benchmarks")
+CODE_DIRS = ("commbench", "launch", "analysis", "benchmarks", "experiments")
 PACKAGE_FILES = ("__init__.py", "__main__.py")  # listed by their package's folder
 DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
