@@ -227,8 +227,9 @@ class Runner:
     # -- the sweeps -------------------------------------------------------------------
 
     def sweeps(self) -> list[tuple[sweeps.Sweep, list[Job]]]:
-        """One sweep per launcher (in the order the jobs first name it), with its jobs."""
-        jobs = self.resolved()
+        """One sweep per launcher (in the order the jobs first name it), with its jobs; a
+        job whose set's K is not chosen yet stands at K = 1 (what a dry run prints)."""
+        jobs = [j.at(1.0) if j.placement.dilation == "auto" else j for j in self.resolved()]
         launchers = list(dict.fromkeys(j.placement.launcher for j in jobs))
         out = []
         for launcher in launchers:
@@ -275,8 +276,9 @@ class Runner:
         return total
 
     def dry_run(self, log=sys.stdout) -> None:
+        planned = {j.name: j for j in self.jobs}
         for job, argv in self.commands():
-            print(f"# {job.describe()}", file=log)
+            print(f"# {planned[job.name].describe()}", file=log)
             print(shlex.join(argv), file=log)
 
     def run(self, check: bool = True) -> dict[str, int]:

@@ -239,9 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=None, metavar="N",
                    help="measured steps of each replayed-compute job (default 20; --quick 6)")
     g.add_argument("--compute-scale", type=float, default=None, metavar="F",
-                   help="the replayed H200 compute's multiplier (default 20; --quick 50: "
-                        "backward about as long as flat's transfer at 1 Gbit/s, so C3 can "
-                        "overlap)")
+                   help="the replayed H200 compute's multiplier (default 20; --quick 12.5: "
+                        "backward about as long as flat's transfer at the study's link rate, "
+                        "so C3 can overlap)")
     return p
 
 

@@ -505,8 +505,8 @@ def parse_dilation(text: str | None) -> float | None:
         return None
     if text.strip().lower() == "auto":
         raise ClusterError("--dilation auto: launch.cluster runs one program it cannot probe; "
-                           "give K (1, 2, 4, 8, ...), or use launch.sweep or launch.study, "
-                           "whose --dilation auto probes each cluster first")
+                           "give K (1, 2, 4, 8, ...), or use python -m experiments.study or a "
+                           "benchmark, whose --dilation auto probes each compared set first")
     try:
         return float(dil.parse(text))
     except dil.DilationError as e:

@@ -40,7 +40,7 @@ an order shuffled with ``shuffle_seed`` within each cluster configuration
 (``Sweep.jobs``); the records carry ``repeat`` and the code's ``revision``.
 Raising N on a finished sweep runs only the new repeats.
 
-A caller that plans its own jobs (``launch.study``) gives a list of points
+A caller that plans its own jobs (``experiments.runner``) gives a list of points
 rather than a grid: each point holds grid keys plus, optionally, its own
 ``program``, ``args`` (after the sweep's), ``name`` (for its id and progress
 line), ``timeout``, ``repeats`` (its own, instead of the sweep's) and
