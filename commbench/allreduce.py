@@ -20,6 +20,7 @@ import argparse
 import math
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from commbench import dilation, flags, hostload
 from commbench.buffers import BUFFER_RULES, BufferSync
@@ -43,8 +44,7 @@ from commbench.output import Output, merge_rank_fields, rank_extras, summarize_e
 from commbench.profilefile import read as read_profile
 from commbench.results import run_fields
 from commbench.steploop import run_steps
-from commbench.strategies import STRATEGIES, make_strategy
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies import STRATEGIES, SYNC_FLAGS, CommonSettings, Sync, make_strategy
 from commbench.tables import Column
 from commbench.timing import StepTimer, TracingStepTimer
 from commbench.torchtrace import DEFAULT_STEPS, TorchTrace, trace_dir, window_start
@@ -75,8 +75,14 @@ def strategy_list(text: str) -> list[str]:
 class Config(WorkloadSpec, StepCount, ToolConfig):
     """Everything one ``commbench.allreduce`` job runs: the workload (``WorkloadSpec``),
     the steps, the backend and output, the runs (``--strategy`` x ``--algo`` x
-    ``--buffers``) and the strategies' settings (``sync``: ``StrategySettings``, whose
-    fields declare their own flags, ``--bucket-mb`` among them)."""
+    ``--buffers``) and the strategies' settings (``sync``: a ``Sync``, each strategy flag's
+    value once, ``--bucket-mb`` among them; each strategy's settings class declares its
+    flags). ``sync`` may be given as a strategy's settings object, or several, and reads as
+    the ``Sync`` they give::
+
+        Config(strategies=["bucketed"], sync=BucketedSettings(bucket_mb=5))
+        Config(strategies=["flat", "async"], sync=AsyncSettings(staleness=2, transfer="ring"))
+    """
 
     strategies: list[str] = flag(
         "--strategy", default_factory=lambda: ["flat"], metavar="NAME[,NAME]",
@@ -93,7 +99,7 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
              "before every forward, timed as sync (DDP's broadcast_buffers); local = each "
              "rank keeps its own (Horovod after its first broadcast); the horovod peer "
              "always follows Horovod's rule")
-    sync: StrategySettings = field(default_factory=StrategySettings)
+    sync: Sync = field(default_factory=Sync)
     validate: bool = flag("--no-validate", default=True, action="store_false",
                           help="skip the correctness pass (known values, closed-form sum)")
     #: None; "commbench" = every phase interval per rank in kind "trace" records (the
@@ -145,24 +151,30 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
         """This job shortened for a dilation probe: 2 steps after 1 warm-up, no table."""
         return replace(self, steps=2, warmup=1, quiet=True)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.sync = Sync.of(self.sync)
+
     def as_dict(self) -> dict:
         """One flat record of every setting (the strategies' under their own names, as
         ``--bucket-mb`` gives ``bucket_mb``), as result records carry it."""
         d = asdict(self)
-        sync = d.pop("sync")
-        return {**d, **{k: v for k, v in sync.items() if k not in RUN_FIELDS}}
+        d.pop("sync")
+        return {**d, **self.sync.values}
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:
         """The configuration ``as_dict`` gave (a record's ``config``, a parsed command line),
-        or ``dataclasses.asdict`` (the strategies' settings nested under ``sync``)."""
-        flat = {**d, **d["sync"]} if isinstance(d.get("sync"), dict) else d
-        sync = StrategySettings(**flags.values_for(StrategySettings, flat))
+        or ``dataclasses.asdict`` (the strategies' flag values nested under ``sync``)."""
+        nested = d.get("sync")
+        flat = {**d, **nested.get("values", nested)} if isinstance(nested, dict) else d
+        sync = Sync(**{k: flat[k] for k in SYNC_FLAGS if k in flat})
         return cls(**flags.values_for(cls, flat), sync=sync)
 
-
-#: ``StrategySettings`` fields set per run, not by a flag of the job
-RUN_FIELDS = ("algo", "broadcast_buffers")
+    def run_settings(self) -> dict[str, CommonSettings]:
+        """Each of the job's strategies' settings (``Sync.settings``); a ValueError names a
+        flag one of them refuses."""
+        return {name: self.sync.settings(name) for name in self.strategies}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  mpirun -np 64 --hostfile hosts python -m commbench.allreduce --steps 100")
     g = p.add_argument_group("synchronisation")
     flags.add_fields(g, Config, ["strategies", "algos"])
-    flags.add_fields(g, StrategySettings)
+    Sync.add_flags(g)
     flags.add_backend_flag(g, BACKENDS)
     g = p.add_argument_group("workload")
     add_workload_flags(g, Config)
@@ -194,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: list[str] | None = None) -> Config:
     """Parse and check ``argv``; raise ConfigError naming the flag on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    # the strategies' flags set StrategySettings' fields of the same names (--bucket-mb:
-    # bucket_mb), which every run's strategy is built from (StrategySettings.for_run)
+    # the strategies' flags set the values of Sync by field name (--bucket-mb: bucket_mb),
+    # from which every run's strategy settings are built (Sync.for_run)
     cfg = Config.from_dict(vars(ns))
     resolve_defaults(cfg)
     if cfg.workload == "synthetic" and not cfg.compute_profile:
@@ -207,12 +219,11 @@ def parse_config(argv: list[str] | None = None) -> Config:
 def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
     """Check the runs against the workload, then fill and check the workload's defaults
     (``resolve_workload``)."""
-    if "horovod" in cfg.strategies and cfg.sync.compression == "bf16":
-        raise ConfigError("--compression bf16: Horovod has no bfloat16 compressor (its "
-                          "Compression offers none and fp16); use fp16 with --strategy horovod")
-    if "async" in cfg.strategies and cfg.sync.staleness > cfg.steps:
-        raise ConfigError(f"--staleness {cfg.sync.staleness}: larger than --steps {cfg.steps}; "
-                          "a run of N steps applies N - S updates, so S must be <= N")
+    try:  # what each strategy's settings refuse, alone or in a job of --steps
+        for settings in cfg.run_settings().values():
+            settings.check_steps(cfg.steps)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     check_trace(cfg)
     resolve_workload(cfg, cuda)
 
@@ -286,7 +297,7 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
     comm = out.comm
     workload = make_workload(cfg, comm.rank, comm.size)
     strategy = make_strategy(strategy_name, comm, workload.grads,
-                             cfg.sync.for_run(algo, buffers),
+                             cfg.sync.for_run(strategy_name, algo, buffers),
                              backward_order=workload.backward_order, workload=workload)
     with strategy:  # whoever builds a strategy closes it
         buffer_sync = BufferSync(comm, workload.buffers, strategy.buffer_rule(buffers))
@@ -337,13 +348,13 @@ def run_one(out: Output, cfg: Config, strategy_name: str, algo: str | None,
     return summary
 
 
-def pipeline_lines(cfg: Config) -> list[str]:
-    """Warn where async's wall clock starts with its pipeline part-empty (``Run.step_summary``)."""
-    if "async" in cfg.strategies and cfg.warmup < cfg.sync.staleness:
-        return [f"note: async's wall throughput is flattered: --warmup {cfg.warmup} < "
-                f"--staleness {cfg.sync.staleness} leaves its first measured steps nothing to wait "
-                "for; use --warmup >= --staleness"]
-    return []
+def settings_notes(cfg: Config) -> list[str]:
+    """What the strategies' settings say of reading their runs (async: a wall clock that
+    starts with its pipeline part-empty, ``Run.step_summary``), each note once."""
+    notes: dict[str, Any] = {}
+    for settings in cfg.run_settings().values():
+        notes.update(dict.fromkeys(settings.notes(cfg.warmup)))
+    return list(notes)
 
 
 def accuracy_lines(summaries: list[dict]) -> list[str]:
@@ -375,9 +386,10 @@ def check(comm, cfg: Config) -> None:
     check_slow_rank(cfg, comm.size)
     for strategy_name, algo, _ in runs_of(cfg):
         STRATEGIES[strategy_name].check(comm, algo or "native")
-    if "async" in cfg.strategies or ("bucketed" in cfg.strategies
-                                     and cfg.sync.progress == "thread"):
-        check_transfer_path(comm, cfg.sync.transfer)  # the transfer engine's (--transfer ring: p2p)
+    # the transfer engines' paths (--transfer ring: point-to-point messages)
+    paths = {s.engine_transfer for s in cfg.run_settings().values()} - {None}
+    for path in sorted(paths):
+        check_transfer_path(comm, path)
 
 
 def trace_lines(summaries: list[dict]) -> list[str]:
@@ -420,7 +432,7 @@ def study(comm, cfg: Config) -> int:
                           *hostload.footer_lines(
                               summaries, lambda s: f"{s['strategy']}/{s['algo'] or '-'}",
                               dilation.factor(), real_compute=cfg.workload != "synthetic"),
-                          *accuracy_lines(summaries), *pipeline_lines(cfg),
+                          *accuracy_lines(summaries), *settings_notes(cfg),
                           *[f"torch.profiler traces: {s['torch_trace_dir']}" for s in summaries
                             if s.get("torch_trace_dir")],
                           *trace_lines(summaries),

@@ -199,29 +199,35 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def flag_argv(spec: Flag, value: Any, default: Any = MISSING) -> list[str]:
+    """The words that give ``value`` to flag ``spec``: none where it is ``default``;
+    ``store_true``/``store_false`` flags as the bare flag."""
+    if value == default:
+        return []
+    if spec.kwargs.get("action") in ("store_true", "store_false"):
+        return [spec.name]
+    return [spec.name, spec.render(value) if spec.render else _text(value)]
+
+
 def to_argv(cfg: Any) -> list[str]:
     """The command line that gives dataclass ``cfg``: each flagged field whose value is not
     its default, as its flag (nested dataclass fields included, as ``add_fields`` adds
-    them). ``store_true``/``store_false`` fields appear as the bare flag."""
+    them; a nested value with a ``to_argv`` method, as ``commbench.strategies.Sync``,
+    gives its own). ``store_true``/``store_false`` fields appear as the bare flag."""
     out: list[str] = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            out += to_argv(value)
+            out += value.to_argv() if hasattr(value, "to_argv") else to_argv(value)
             continue
         spec = f.metadata.get("flag")
         if spec is None:
             continue
         try:
-            if value == field_default(f):
-                continue
+            default = field_default(f)
         except TypeError:
-            pass
-        action = spec.kwargs.get("action")
-        if action in ("store_true", "store_false"):
-            out.append(spec.name)
-        else:
-            out += [spec.name, spec.render(value) if spec.render else _text(value)]
+            default = MISSING
+        out += flag_argv(spec, value, default)
     return out
 
 

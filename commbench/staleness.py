@@ -67,7 +67,7 @@ from commbench.paramserver import PSSettings, run_ps, summarize_updates
 from commbench.paramserver import check as check_ps
 from commbench.results import run_fields
 from commbench.steploop import run_steps
-from commbench.strategies import StrategySettings, make_strategy
+from commbench.strategies import AsyncSettings, make_strategy
 from commbench.tables import Column
 from commbench.timing import StepTimer
 from commbench.workloads import make_workload
@@ -248,9 +248,9 @@ def time_to_accuracy(curve: list[dict], target: float) -> float | None:
 
 def _run_async(comm, cfg: StudyConfig, seed: int, s: int, mitigation: str):
     workload = make_workload(cfg.workload_spec(seed), comm.rank, comm.size)
-    settings = StrategySettings(staleness=s, staleness_lr=mitigation == "lr",
-                                staleness_warmup=cfg.staleness_warmup
-                                if mitigation == "warmup" else 0)
+    settings = AsyncSettings(staleness=s, staleness_lr=mitigation == "lr",
+                             staleness_warmup=cfg.staleness_warmup
+                             if mitigation == "warmup" else 0)
     rows = []
     with make_strategy("async", comm, workload.grads, settings) as strategy:
         for k in range(cfg.steps):

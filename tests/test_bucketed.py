@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from commbench.buckets import AUTO_CAPS_MB, MB, ProbeCost, choose_cap, parse_bucket_mb, schedule
-from commbench.strategies import StrategySettings, make_strategy
+from commbench.strategies import BucketedSettings, make_strategy
 from commbench.strategies.bucketed import (
     BY_SIZE,
     PROBE_BYTES,
@@ -179,7 +179,7 @@ class _Comm:
 
 def _strategy(comm, numels, mb, order=None):
     grads = [torch.full((n,), float(i)) for i, n in enumerate(numels)]
-    return BucketedStrategy(comm, grads, StrategySettings(bucket_mb=mb, progress="poll"),
+    return BucketedStrategy(comm, grads, BucketedSettings(bucket_mb=mb, progress="poll"),
                             backward_order=order), grads
 
 
@@ -314,7 +314,8 @@ def test_make_strategy_passes_bucket_knobs_only_to_strategies_that_take_them():
     grads = [torch.zeros(MB // 4) for _ in range(3)]
     s = make_strategy("bucketed", _Comm(), grads, bucket_mb=1, backward_order=[0, 1, 2])
     assert [b.indices for b in s.buckets] == [[0], [1], [2]]
-    assert make_strategy("flat", _Comm(), grads, bucket_mb=1).name == "flat"
+    with pytest.raises(TypeError, match="bucket_mb"):  # flat's settings have no bucket cap
+        make_strategy("flat", _Comm(), grads, bucket_mb=1)
 
 
 # --- real jobs ------------------------------------------------------------------

@@ -6,6 +6,8 @@
 - ``to_argv`` gives back the command line of a configuration: parsing it gives the same
   configuration (``launch.study`` plans jobs this way).
 - ``--bucket-mb`` goes from the command line to the bucketed strategy's caps by field name.
+- A strategy flag is declared once, on the settings class that owns it; a strategy that
+  reads the same flag takes that field (``flags.same_flag``), default and all.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ import torch
 
 from commbench import allreduce, microbench, profile, ps, staleness
 from commbench.flags import Flag, ToolConfig, field_default, flag, to_argv
-from commbench.strategies import make_strategy
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies import (
+    FLAG_OWNERS,
+    SETTINGS,
+    SYNC_FLAGS,
+    AsyncSettings,
+    BucketedSettings,
+    Sync,
+    make_strategy,
+)
 from tests.conftest import ROOT
 
 TOOLS = {  # tool module -> its configuration
@@ -38,8 +47,8 @@ def owner(cfg_cls: type, dest: str) -> dataclasses.Field:
     fields = {f.name: f for f in dataclasses.fields(cfg_cls)}
     if dest in fields:
         return fields[dest]
-    if "sync" in fields:  # allreduce.Config: the strategies' flags are StrategySettings'
-        return owner(StrategySettings, dest)
+    if "sync" in fields:  # allreduce.Config: the strategies' flags are their settings'
+        return owner(FLAG_OWNERS[dest], dest)
     raise AssertionError(f"{cfg_cls.__name__} has no field {dest!r}")
 
 
@@ -87,8 +96,8 @@ def test_a_flag_needs_a_default_or_a_factory_and_a_help():
     allreduce.Config(strategies=["flat", "bucketed"], algos=["ring"], model="resnet18",
                      steps=4, warmup=1, compute_ms=12.5, slow_rank=(1, 1.23456789),
                      quiet=True, compute_scale=0.0123456789, step_timeout=1234567.5,
-                     sync=StrategySettings(bucket_mb=5.0, staleness=2, staleness_lr=True,
-                                           compression="fp16"),
+                     sync=(BucketedSettings(bucket_mb=5.0, compression="fp16"),
+                           AsyncSettings(staleness=2, staleness_lr=True)),
                      model_kwargs={}, validate=False, trace="commbench"),
     allreduce.Config(workload="real", model="smallcnn", dataset="digits", image_size=32,
                      batch_size=16, lr=0.02, num_classes=10),
@@ -135,7 +144,8 @@ def test_bucket_mb_reaches_the_buckets_by_field_name(tmp_path):
                                   "--first-bucket-mb", "0", "--output",
                                   str(tmp_path / "r.jsonl")])
     assert cfg.sync.bucket_mb == 0.001 and cfg.as_dict()["bucket_mb"] == 0.001
-    settings = cfg.sync.for_run("native", "broadcast")
+    settings = cfg.sync.for_run("bucketed", "native", "broadcast")
+    assert isinstance(settings, BucketedSettings)
     assert settings.bucket_mb == 0.001 and settings.broadcast_buffers
 
     class One:  # a one-rank communicator: the buckets are formed, nothing is sent
@@ -151,5 +161,26 @@ def test_bucket_mb_reaches_the_buckets_by_field_name(tmp_path):
     ({"progress": "spin"}, "--progress"), ({"staleness": 1.5}, "--staleness"),
     ({"accum_steps": 0}, "--accum-steps"), ({"compression": "int8"}, "--compression")])
 def test_strategy_settings_are_checked_once_where_they_are_owned(bad, match):
+    """A bad value is refused by the job's settings (``Sync``), as by the class that owns
+    its flag."""
     with pytest.raises(ValueError, match=match):
-        StrategySettings(**bad)
+        Sync(**bad)
+    with pytest.raises(ValueError, match=match):
+        FLAG_OWNERS[next(iter(bad))](**bad)
+
+
+def test_each_strategy_flag_is_declared_once_with_one_default():
+    """Every field a flag sets on any strategy's settings class is one of ``SYNC_FLAGS``;
+    classes that read the same flag share its one declaration (names, help, default); the
+    tool's help lists them in ``SYNC_FLAGS`` order."""
+    declared: dict[str, list] = {}
+    for cls in SETTINGS.values():
+        for f in dataclasses.fields(cls):
+            if "flag" in f.metadata:
+                declared.setdefault(f.name, []).append((f.metadata["flag"], field_default(f)))
+    assert set(declared) == set(SYNC_FLAGS)
+    for name, specs in declared.items():
+        assert all(spec == specs[0] for spec in specs), name
+    names = [list(declared[n][0][0].names) for n in SYNC_FLAGS]
+    listed = [a.option_strings for a in flag_actions(allreduce.build_parser())]
+    assert [o for o in listed if o in names] == names

@@ -49,8 +49,8 @@ blocked on the all-reduce from s steps ago. For wait vs transfer
 start to end) counts at the step that waits for it, step t+s on every rank;
 the first s steps wait for none and have no split.
 
-Built like every strategy (``Strategy.__init__``); it reads these
-``StrategySettings`` fields:
+Built like every strategy (``Strategy.__init__``); its settings are
+``AsyncSettings``:
 
     algo: only ``native`` (what runs a transfer is ``transfer``'s choice).
     compression: ``none``, ``fp16`` or ``bf16`` (wire dtype, as flat).
@@ -79,11 +79,63 @@ from commbench import metrics
 from commbench.comm.algos import wire_dtype
 from commbench.comm.base import Communicator
 from commbench.comm.engine import PATH_COLLECTIVE, Transfer, TransferEngine, resolve_path
+from commbench.flags import flag, nonneg_int
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import dtype_name, unpack_mean
 from commbench.strategies.flat import FlatStrategy
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies.settings import EngineSettings, check_int
 from commbench.timing import NullTimer, StepTimer, now
+
+
+@dataclass(frozen=True)
+class AsyncSettings(EngineSettings):
+    """``async``'s settings: the common ones, the engine's ``transfer``, and its staleness.
+
+    Args:
+        staleness: s >= 0: step t's all-reduce is applied at step t+s.
+        staleness_lr: scale the applied gradient by 1/s.
+        staleness_warmup: steps run with s = 0 before staleness s starts.
+
+    ``algo`` is only ``native``: the engine's ``transfer`` picks what runs.
+
+    Example::
+
+        make_strategy("async", comm, grads, AsyncSettings(staleness=2, transfer="ring"))
+    """
+
+    staleness: int = flag(
+        "--staleness", default=0, metavar="S", type=nonneg_int,
+        help="--strategy async: step t's all-reduce runs while later steps compute and is "
+             "applied at step t+S; 0 = synchronous")
+    staleness_lr: bool = flag(
+        "--staleness-lr", default=False, action="store_true",
+        help="--strategy async: scale the learning rate by 1/staleness (Zhang et al. 2016)")
+    staleness_warmup: int = flag(
+        "--staleness-warmup", default=0, metavar="N", type=nonneg_int,
+        help="--strategy async: run the first N steps synchronously, then staleness S")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.algo != "native":
+            raise ValueError(f"--strategy async runs its transfers on the transfer engine "
+                             f"(--algo native, --transfer thread|ring), not --algo {self.algo}")
+        check_int("staleness", self.staleness, 0)
+        check_int("staleness_warmup", self.staleness_warmup, 0)
+
+    def check_steps(self, steps: int) -> None:
+        """A run of N steps applies N - S updates: S must be <= N."""
+        if self.staleness > steps:
+            raise ValueError(f"--staleness {self.staleness}: larger than --steps {steps}; "
+                             "a run of N steps applies N - S updates, so S must be <= N")
+
+    def notes(self, warmup: int) -> list[str]:
+        """Async's wall clock starts with its pipeline part-empty where ``warmup`` < S
+        (``Run.step_summary``)."""
+        if warmup < self.staleness:
+            return [f"note: async's wall throughput is flattered: --warmup {warmup} < "
+                    f"--staleness {self.staleness} leaves its first measured steps nothing to "
+                    "wait for; use --warmup >= --staleness"]
+        return []
 
 
 @dataclass
@@ -102,23 +154,19 @@ _PATH_ALGO = {"thread": "native", "ring": "ring", "hier": "hier"}
 class AsyncStrategy(FlatStrategy):
     name = "async"
     algos = ("native",)  # the engine's --transfer picks what runs, not --algo
+    settings_class = AsyncSettings
+    settings: AsyncSettings
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 settings: StrategySettings | None = None, *,
+                 settings: AsyncSettings | None = None, *,
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
-        settings = settings if settings is not None else StrategySettings()
-        algo, staleness = settings.algo, settings.staleness
-        staleness_warmup, transfer = settings.staleness_warmup, settings.transfer
-        if algo != "native":
-            raise ValueError(f"--strategy async runs its transfers on the transfer engine "
-                             f"(--algo native, --transfer thread|ring), not --algo {algo}")
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
-        self.staleness = staleness
-        self.staleness_lr = bool(settings.staleness_lr)
-        self.staleness_warmup = staleness_warmup
+        self.staleness = self.settings.staleness
+        self.staleness_lr = bool(self.settings.staleness_lr)
+        self.staleness_warmup = self.settings.staleness_warmup
         # auto: the backend's blocking all-reduce, the path async's figures were taken on
-        self.transfer = resolve_path(comm, transfer, "thread")
+        self.transfer = resolve_path(comm, self.settings.transfer, "thread")
         # One fused host buffer per step in flight (the first is flat's); packing casts,
         # or copies off a device, one tensor at a time where it must.
         self._slots = [FlatBuffer(self.grads, flat=self.buffer)]

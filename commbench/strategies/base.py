@@ -1,10 +1,10 @@
 """The interface every synchronisation strategy implements.
 
 A strategy is built once per run from the communicator, the gradient tensors
-(in parameter order) and its settings (``StrategySettings``: one typed record,
-the same for every strategy, each reading its own fields), plus the order
-backward produces the gradients and, for the peers that wrap a model, the
-workload. Each step the runner calls
+(in parameter order) and its settings (an instance of its own frozen
+``settings_class``, a ``CommonSettings``: ``BucketedSettings`` for bucketed),
+plus the order backward produces the gradients and, for the peers that wrap a
+model, the workload. Each step the runner calls
 ``begin_step(timer)``; the workload calls ``on_ready(i)`` as gradient ``i``
 is produced (backward order) and ``poll()`` while it computes; then the
 runner calls ``finish()``, after which every gradient holds the mean over
@@ -26,7 +26,7 @@ import torch
 from commbench.buffers import check_rule
 from commbench.comm.algos import check_algo
 from commbench.comm.base import Communicator
-from commbench.strategies.settings import COMPRESSIONS, StrategySettings
+from commbench.strategies.settings import COMPRESSIONS, CommonSettings
 from commbench.timing import NullTimer, StepTimer
 
 
@@ -53,6 +53,8 @@ class Strategy(abc.ABC):
     #: the ALGOS it accepts (None: any), and the one it runs when --algo names none of them
     algos: tuple[str, ...] | None = None
     default_algo: str = "native"
+    #: the frozen class of its settings (``commbench.strategies.SETTINGS`` registers it)
+    settings_class: type[CommonSettings] = CommonSettings
 
     @classmethod
     def algos_for(cls, requested: list[str]) -> list[str]:
@@ -62,19 +64,23 @@ class Strategy(abc.ABC):
         return [a for a in requested if a in cls.algos] or [cls.default_algo]
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 settings: StrategySettings | None = None, *,
+                 settings: CommonSettings | None = None, *,
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         """Every strategy's constructor.
 
         Args:
             comm: the communicator.
             grads: the gradient tensors, in parameter order.
-            settings: the run's settings; each strategy reads its own fields.
+            settings: the run's settings, an instance of ``settings_class`` (default: its
+                defaults); another strategy's settings are a TypeError.
             backward_order: indices of ``grads`` in the order backward produces them
                 (default: reverse parameter order, as DDP assumes); the same on every rank.
             workload: the workload, for the peers that wrap its model (``needs_model``).
         """
-        settings = settings if settings is not None else StrategySettings()
+        settings = settings if settings is not None else self.settings_class()
+        if not isinstance(settings, self.settings_class):
+            raise TypeError(f"--strategy {self.name} is built from {self.settings_class.__name__}, "
+                            f"not {type(settings).__name__}")
         compression = settings.compression
         if self.needs_model and workload is None:
             raise ValueError(f"--strategy {self.name} wraps the workload's model and "

@@ -54,7 +54,7 @@ construction (DDP rebuilds them once from the order of the first iteration);
 the mean is taken after the sum, as ``flat`` does, not by pre-dividing.
 
 Built like every strategy (``Strategy.__init__``); ``backward_order`` is the
-order the buckets follow. It reads these ``StrategySettings`` fields:
+order the buckets follow. Its settings are ``BucketedSettings``:
 
     bucket_mb: bucket cap in MB (2**20 bytes); 0 = one all-reduce per tensor;
         ``auto``: DDP's 25 for the first step, then the cap that
@@ -85,13 +85,25 @@ Example::
 
 from __future__ import annotations
 
+import argparse
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 
-from commbench.buckets import AUTO, MB, ProbeCost, assign_buckets, choose_cap
+from commbench.buckets import (
+    AUTO,
+    DEFAULT_BUCKET_MB,
+    FIRST_BUCKET_MB,
+    MB,
+    ProbeCost,
+    assign_buckets,
+    choose_cap,
+    parse_bucket_mb,
+)
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.engine import (
     AUTO_PATH,
@@ -101,9 +113,10 @@ from commbench.comm.engine import (
     engine_paths,
     resolve_path,
 )
+from commbench.flags import flag, nonneg_float
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
-from commbench.strategies.settings import COMPRESSIONS, StrategySettings
+from commbench.strategies.settings import COMPRESSIONS, EngineSettings, check_choice
 from commbench.timing import NullTimer, StepTimer, now
 
 #: --transfer auto's path: back-to-back buckets on the project's ring (peer_fairness, 2 x 1 at
@@ -120,6 +133,71 @@ PROBE_REPS = 2
 #: put pipeline (the ring's reason) moves only large ones (peer_fairness, GPT-tiny on
 #: 2 x 2 at K = 4: 64 KiB buckets stepped 18 ms on the ring, 12 on Open MPI's; DDP 15).
 BY_SIZE = "by-size"
+#: ``--progress``: how bucketed's all-reduces advance while backward computes
+PROGRESS = ("poll", "thread")
+
+
+def bucket_mb_arg(text: str) -> float | str:
+    """``--bucket-mb``'s argparse type: MB >= 0, or ``auto``."""
+    try:
+        return parse_bucket_mb(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--bucket-mb: ")) from None
+
+
+def bucket_cap_mb(bucket_mb: float | str) -> float:
+    """A fixed cap: ``bucket_mb``, or DDP's default where it is ``auto`` (which only the
+    bucketed strategy resolves, from its probe)."""
+    return DEFAULT_BUCKET_MB if bucket_mb == AUTO else float(bucket_mb)
+
+
+@dataclass(frozen=True)
+class BucketedSettings(EngineSettings):
+    """``bucketed``'s settings: the common ones, the engine's ``transfer``, and its buckets.
+
+    Args:
+        bucket_mb: the cap in MB; 0 = per tensor; ``auto``: the probe's and first step's.
+        first_bucket_mb: the first bucket's cap.
+        progress: ``thread`` (the transfer engine, on ``transfer``) or ``poll``.
+
+    Example::
+
+        make_strategy("bucketed", comm, grads, BucketedSettings(bucket_mb=5, transfer="ring"))
+    """
+
+    bucket_mb: float | str = flag(
+        "--bucket-mb", default=DEFAULT_BUCKET_MB, metavar="MB|auto", type=bucket_mb_arg,
+        help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
+             "bucket_cap_mb); 0 = one all-reduce per tensor; auto (bucketed): the cap a "
+             "probe of the transfer path and the first step's gradient times predict ends "
+             "sync soonest (DDP then keeps its default, 25)")
+    first_bucket_mb: float = flag(
+        "--first-bucket-mb", default=FIRST_BUCKET_MB, metavar="MB", type=nonneg_float,
+        help="--strategy bucketed: the first bucket's cap, DDP's 1 MiB by default, so the "
+             "first all-reduce starts early in backward")
+    progress: str = flag(
+        "--progress", default="thread", choices=PROGRESS,
+        help="--strategy bucketed: how buckets' all-reduces advance during backward: poll = "
+             "MPI non-blocking all-reduce tested from the compute loop, thread = blocking "
+             "all-reduces on a comm thread (Horovod's design)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_bucket_mb(self.bucket_mb)  # MB >= 0 or auto
+        if not 0 <= self.first_bucket_mb < math.inf:
+            raise ValueError(f"--first-bucket-mb must be a finite number >= 0, "
+                             f"got {self.first_bucket_mb}")
+        check_choice("progress", self.progress, PROGRESS)
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        """The cap of the first step: ``bucket_mb``, or DDP's default under ``auto``."""
+        return bucket_cap_mb(self.bucket_mb)
+
+    @property
+    def engine_transfer(self) -> str | None:
+        """``--transfer``, which applies under ``--progress thread`` only."""
+        return self.transfer if self.progress == "thread" else None
 
 
 class _Bucket:
@@ -171,9 +249,11 @@ class _Bucket:
 
 class BucketedStrategy(Strategy):
     name = "bucketed"
+    settings_class = BucketedSettings
+    settings: BucketedSettings
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 settings: StrategySettings | None = None, *,
+                 settings: BucketedSettings | None = None, *,
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)

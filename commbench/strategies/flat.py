@@ -18,6 +18,7 @@ compared with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,15 +28,28 @@ from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies.settings import CommonSettings
+
+
+@dataclass(frozen=True)
+class FlatSettings(CommonSettings):
+    """``flat``'s and ``hierarchical``'s settings: the common ones (``algo``, one of
+    ``--algo`` per run; ``--compression``; ``--accum-steps``), and no flag of their own.
+
+    Example::
+
+        make_strategy("flat", comm, grads, FlatSettings(algo="ring", compression="fp16"))
+    """
 
 
 class FlatStrategy(Strategy):
     name = "flat"
     uses_algo = True
+    settings_class = FlatSettings
+    settings: FlatSettings
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 settings: StrategySettings | None = None, *,
+                 settings: FlatSettings | None = None, *,
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)

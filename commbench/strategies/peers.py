@@ -49,6 +49,7 @@ import os
 import socket
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,14 +57,50 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from commbench import dilation
+from commbench.buckets import parse_bucket_mb
 from commbench.buffers import check_rule
 from commbench.comm.base import Communicator
+from commbench.flags import same_flag
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy
-from commbench.strategies.settings import COMPRESSIONS, StrategySettings
+from commbench.strategies.bucketed import BucketedSettings, bucket_cap_mb
+from commbench.strategies.settings import COMPRESSIONS, CommonSettings
 from commbench.timing import now
 
 HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": str(64 * 2**20), "HOROVOD_CYCLE_TIME": "1"}
+#: the ``--compression`` values Horovod has a compressor for (``hvd.Compression``)
+HOROVOD_COMPRESSIONS = ("none", "fp16")
+
+
+@dataclass(frozen=True)
+class HorovodSettings(CommonSettings):
+    """``horovod``'s settings: the common ones (``--compression`` as ``hvd.Compression``,
+    which has no bfloat16; ``--accum-steps`` as ``backward_passes_per_step``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.compression not in HOROVOD_COMPRESSIONS:
+            raise ValueError(f"--compression {self.compression}: Horovod has no bfloat16 "
+                             "compressor (its Compression offers none and fp16); use fp16 "
+                             "with --strategy horovod")
+
+
+@dataclass(frozen=True)
+class DDPSettings(CommonSettings):
+    """``ddp``'s settings: the common ones (``broadcast_buffers`` from ``--buffers``), and
+    ``--bucket-mb`` as ``bucket_cap_mb`` (declared on ``BucketedSettings``; DDP has no
+    ``auto``: under it DDP keeps its default, 25)."""
+
+    bucket_mb: float | str = same_flag(BucketedSettings, "bucket_mb")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_bucket_mb(self.bucket_mb)  # MB >= 0 or auto
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        """DDP's ``bucket_cap_mb``: ``bucket_mb``, or its default under ``auto``."""
+        return bucket_cap_mb(self.bucket_mb)
 
 
 class _PreSynchronized:
@@ -80,6 +117,8 @@ class _PreSynchronized:
 class HorovodStrategy(Strategy):
     name = "horovod"
     needs_model = True
+    settings_class = HorovodSettings
+    settings: HorovodSettings
     own_buffer_rule = "horovod-initial-broadcast"  # one broadcast of the state dict, at start
 
     @classmethod
@@ -91,7 +130,7 @@ class HorovodStrategy(Strategy):
                              "torchrun use --strategy ddp, torch's own peer)")
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 settings: StrategySettings | None = None, *,
+                 settings: HorovodSettings | None = None, *,
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
@@ -99,9 +138,8 @@ class HorovodStrategy(Strategy):
         self.check(comm, "native")
         import horovod.torch as hvd  # optional extra: only --strategy horovod needs it
 
+        # HOROVOD_COMPRESSIONS: HorovodSettings refused any other
         codecs = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
-        if compression not in codecs:
-            raise ValueError(f"--strategy horovod: Horovod has no {compression} compression")
         # Horovod's rule for state: one broadcast of rank 0's parameters and buffers at the
         # start; buffers are never synchronised again (commbench.buffers).
         hvd.broadcast_parameters(workload.net.state_dict(), root_rank=0)
@@ -180,13 +218,15 @@ def _device_event(t: torch.Tensor) -> Any:
 class DDPStrategy(Strategy):
     name = "ddp"
     needs_model = True
+    settings_class = DDPSettings
+    settings: DDPSettings
 
     @classmethod
     def buffer_rule(cls, requested: str) -> str:
         return f"ddp-{check_rule(requested)}"  # DDP's own broadcast_buffers, set from the flag
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 settings: StrategySettings | None = None, *,
+                 settings: DDPSettings | None = None, *,
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
