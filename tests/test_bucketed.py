@@ -7,13 +7,8 @@ import torch
 
 from commbench.buckets import AUTO_CAPS_MB, MB, ProbeCost, choose_cap, parse_bucket_mb, schedule
 from commbench.strategies import BucketedSettings, make_strategy
-from commbench.strategies.bucketed import (
-    BY_SIZE,
-    PROBE_BYTES,
-    PROBE_REPS,
-    BucketedStrategy,
-    assign_buckets,
-)
+from commbench.strategies.bucketed import BucketedStrategy, assign_buckets
+from commbench.strategies.tuner import BY_SIZE, PROBE_BYTES, PROBE_REPS, BucketTuner
 from commbench.timing import StepTimer
 from tests.conftest import of_kind, run_check, run_tool, summaries
 
@@ -219,6 +214,8 @@ def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(m
     s, grads = _strategy(comm, [MB] * 4, "auto", order=[3, 2, 1, 0])  # 4 MiB each
     assert s.bucket_mb == 25.0 and [b.indices for b in s.buckets] == [[3], [2, 1, 0]]
     auto = s.knobs()["bucket_mb_auto"]
+    assert auto == s.tuner.record  # the strategy's tuner holds its record
+    assert list(auto) == ["requested", "chosen", "probe"]  # no why: every path gave a cost
     assert auto["requested"] == "auto" and auto["chosen"] is None
     assert list(auto["probe"]) == ["iallreduce"]  # --progress poll: the one path it runs
     cost = auto["probe"]["iallreduce"]["cost"]
@@ -235,6 +232,13 @@ def test_auto_rebuilds_its_buckets_at_the_cap_its_probe_and_first_step_predict(m
         for i, g in enumerate(grads):
             assert torch.equal(g, torch.full_like(g, float(i)))  # the mean over one rank
     knobs = s.knobs()
+    # the record's shape, as result files and analysis/ read it
+    assert list(knobs["bucket_mb_auto"]) == ["requested", "chosen", "probe", "chosen_path",
+                                             "backward_s", "predicted_exposed_s",
+                                             "chosen_after_steps"]
+    assert list(knobs["bucket_mb_auto"]["probe"]["iallreduce"]) == ["bytes", "seconds", "cost"]
+    assert knobs["bucket_mb_auto"]["backward_s"] == pytest.approx(0.3)
+    assert not s.tuner.choosing and s.tuner.timed_steps == 1
     assert knobs["bucket_mb"] == 4.0 and knobs["buckets"] == 4  # 1, 2 and 4 tie: the largest
     assert knobs["bucket_mb_auto"]["chosen"] == 4.0
     assert knobs["bucket_mb_auto"]["chosen_after_steps"] == 1
@@ -256,6 +260,7 @@ def test_auto_keeps_its_cap_where_the_probe_gives_no_cost(monkeypatch):
         s.on_ready(0)
         s.finish()
     auto = s.knobs()["bucket_mb_auto"]
+    assert list(auto) == ["requested", "chosen", "probe", "why", "chosen_after_steps"]
     assert auto["chosen"] is None and "give no cost" in auto["why"]["iallreduce"]
     kept = auto["probe"]["iallreduce"]  # its times stay in the record, without a cost
     assert "cost" not in kept and kept["seconds"] and len(kept["bytes"]) == len(kept["seconds"])
@@ -314,8 +319,23 @@ def test_make_strategy_passes_bucket_knobs_only_to_strategies_that_take_them():
     grads = [torch.zeros(MB // 4) for _ in range(3)]
     s = make_strategy("bucketed", _Comm(), grads, bucket_mb=1, backward_order=[0, 1, 2])
     assert [b.indices for b in s.buckets] == [[0], [1], [2]]
+    assert s.tuner is None and s.knobs()["bucket_mb_auto"] is None  # a fixed cap: no tuner
     with pytest.raises(TypeError, match="bucket_mb"):  # flat's settings have no bucket cap
         make_strategy("flat", _Comm(), grads, bucket_mb=1)
+
+
+def test_the_tuner_without_gradient_times_says_why_and_chooses_nothing():
+    tuner = BucketTuner(["iallreduce"], "ring")
+    assert list(tuner.paths) == ["iallreduce"] and tuner.probe_bytes == PROBE_BYTES
+    tuner.measure(lambda t, path, n: [1e-3 + 1e-9 * t.numel()] * n, torch.zeros(1))
+    assert [n for n, _ in tuner.record["probe"]["iallreduce"]["cost"]] == list(PROBE_BYTES)
+    assert not tuner.due  # no timed step yet
+    tuner.end_step(StepTimer())  # a timed step whose gradients were never stamped
+    assert tuner.due
+    assert tuner.choose(_Comm(), [4, 4], [1, 0], [torch.float32] * 2, MB) is None
+    assert tuner.record["why"] == "no gradient times were recorded"
+    assert list(tuner.record) == ["requested", "chosen", "probe", "why", "chosen_after_steps"]
+    assert not tuner.due and not tuner.by_size
 
 
 # --- real jobs ------------------------------------------------------------------
@@ -349,22 +369,30 @@ def _job(launcher, np_, tmp_path, extra, **fakes):
     return summaries(recs), of_kind(recs, "step")
 
 
+def _tuner(probe: dict) -> BucketTuner:
+    tuner = BucketTuner(list(probe), "ring")
+    tuner.probe = probe
+    return tuner
+
+
 @pytest.mark.mpi
 def test_by_size_prices_each_bucket_on_the_cheaper_path():
-    s, _ = _strategy(_Comm(), [MB // 4] * 4, 25.0)
     # the ring: 0.9 ms at 64 KiB, 10 ms a MiB; Open MPI's: 0.1 ms at 64 KiB, 20 ms a MiB
     probe = {"ring": {"cost": [[2**16, 0.0009], [2**20, 0.010]]},
              "thread": {"cost": [[2**16, 0.0001], [2**20, 0.020]]}}
-    costs = s._costs({"probe": probe})
+    costs = _tuner(probe).costs()
     assert list(costs) == ["ring", "thread", BY_SIZE]
     for n in (2**10, 2**16, 2**18, 2**20, 2**24):
         assert costs[BY_SIZE](n) == min(costs["ring"](n), costs["thread"](n))
-    assert s._path_by_size(costs, 2**16) == "thread" and s._path_by_size(costs, 2**20) == "ring"
-    tie = s._costs({"probe": {"thread": probe["ring"], "ring": probe["ring"]}})
-    assert s._path_by_size(tie, 2**16) == "ring"  # the preferred path on a tie
-    assert BY_SIZE not in s._costs({"probe": {"ring": probe["ring"], "thread": None}})
+    assert _tuner(probe).paths_by_size([2**16, 2**20]) == ["thread", "ring"]
+    tie = _tuner({"thread": probe["ring"], "ring": probe["ring"]})
+    assert tie.paths_by_size([2**16]) == ["ring"]  # the preferred path on a tie
+    assert BY_SIZE not in _tuner({"ring": probe["ring"], "thread": None}).costs()
     no_cost = {"bytes": [2**16, 2**20], "seconds": [0.002, 0.001]}  # a probe that gave none
-    assert list(s._costs({"probe": {"ring": probe["ring"], "thread": no_cost}})) == ["ring"]
+    assert list(_tuner({"ring": probe["ring"], "thread": no_cost}).costs()) == ["ring"]
+    half = _tuner(probe)
+    half.wire_ratio = 0.5  # fp16 on the wire: a bucket of 2 MiB of gradient sends 1 MiB
+    assert half.costs()["ring"](2**21) == pytest.approx(costs["ring"](2**20))
 
 
 # ResNet-18's gradients; the first bucket is capped at DDP's 1 MiB (fc.bias alone)

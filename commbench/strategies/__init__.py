@@ -34,6 +34,7 @@ from commbench.strategies.flat import FlatSettings, FlatStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
 from commbench.strategies.peers import DDPSettings, DDPStrategy, HorovodSettings, HorovodStrategy
 from commbench.strategies.settings import CommonSettings, EngineSettings
+from commbench.strategies.tuner import BucketTuner
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "flat": FlatStrategy,
@@ -190,6 +191,6 @@ def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
 
 
 __all__ = ["FLAG_OWNERS", "SETTINGS", "STRATEGIES", "SYNC_FLAGS", "AsyncSettings",
-           "BucketedSettings", "CommonSettings", "DDPSettings",
+           "BucketTuner", "BucketedSettings", "CommonSettings", "DDPSettings",
            "EngineSettings", "FlatSettings", "HorovodSettings", "Strategy", "Sync",
            "make_strategy", "settings_class", "settings_for"]

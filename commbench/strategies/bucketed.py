@@ -65,7 +65,9 @@ order the buckets follow. Its settings are ``BucketedSettings``:
         ``commbench.comm.engine.engine_paths``), also ``by-size`` (each bucket
         on the path priced cheapest for its size). Rank 0 decides, every
         rank rebuilds its buckets (DDP too rebuilds its buckets once, after the
-        first iteration). Records carry the choice under ``knobs.bucket_mb_auto``.
+        first iteration). The tuner is an object of its own, ``BucketTuner``
+        (``commbench.strategies.tuner``), the strategy's ``tuner``; records carry
+        its record under ``knobs.bucket_mb_auto``.
     first_bucket_mb: the first bucket's cap (default 1, DDP's).
     compression: ``none``, ``fp16`` or ``bf16`` (buckets hold that dtype).
     progress: ``thread`` (default: the transfer engine runs the buckets in
@@ -99,9 +101,7 @@ from commbench.buckets import (
     DEFAULT_BUCKET_MB,
     FIRST_BUCKET_MB,
     MB,
-    ProbeCost,
     assign_buckets,
-    choose_cap,
     parse_bucket_mb,
 )
 from commbench.comm.base import Communicator, Handle
@@ -117,22 +117,13 @@ from commbench.flags import flag, nonneg_float
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, EngineSettings, check_choice
+from commbench.strategies.tuner import BY_SIZE, BucketTuner
 from commbench.timing import NullTimer, StepTimer, now
 
 #: --transfer auto's path: back-to-back buckets on the project's ring (peer_fairness, 2 x 1 at
 #: 1 Gbit/s, ResNet-18: Open MPI's tuned all-reduce ran them at 0.72 of the link, the ring
 #: at 0.97); the backend's all-reduce where it has no point-to-point messages
 PREFERRED_PATH = "ring"
-#: --bucket-mb auto's probe of the transfer path: sizes (bytes) and timed all-reduces each
-PROBE_BYTES = (2**13, 2**16, 2**20, 8 * 2**20)
-PROBE_REPS = 2
-#: --bucket-mb auto's extra path where several engine paths were probed: each bucket on the
-#: path the probe prices cheapest for its size, all on the engine's one thread, in order.
-#: Small buckets are latency-bound, and the ring pays a Python-driven message per step
-#: (2(p-1) steps); Open MPI's all-reduce of a small message is one call into C, and its
-#: put pipeline (the ring's reason) moves only large ones (peer_fairness, GPT-tiny on
-#: 2 x 2 at K = 4: 64 KiB buckets stepped 18 ms on the ring, 12 on Open MPI's; DDP 15).
-BY_SIZE = "by-size"
 #: ``--progress``: how bucketed's all-reduces advance while backward computes
 PROGRESS = ("poll", "thread")
 
@@ -156,7 +147,7 @@ class BucketedSettings(EngineSettings):
     """``bucketed``'s settings: the common ones, the engine's ``transfer``, and its buckets.
 
     Args:
-        bucket_mb: the cap in MB; 0 = per tensor; ``auto``: the probe's and first step's.
+        bucket_mb: the cap in MB; 0 = per tensor; ``auto``: the tuner's (``BucketTuner``).
         first_bucket_mb: the first bucket's cap.
         progress: ``thread`` (the transfer engine, on ``transfer``) or ``poll``.
 
@@ -265,7 +256,6 @@ class BucketedStrategy(Strategy):
         # its buckets in the same order), closed by close(); auto's probe opens one per path
         self._engines: dict[str, TransferEngine] = {}
         # --bucket-mb auto: DDP's default cap until the first step's gradient times are in
-        self.auto = self.settings.bucket_mb == AUTO
         self.bucket_mb = self.settings.bucket_cap_mb
         self.first_bucket_mb = float(first_bucket_mb)
         # Caps count the gradients' own bytes, as DDP's do: its fp16 hook compresses each
@@ -279,13 +269,13 @@ class BucketedStrategy(Strategy):
         # when tested (poll) or buckets wait for their copy off a GPU (stage).
         gpu = any(b.dev is not None for b in self.buckets)
         self.poll = self._drive if progress == "poll" or gpu else None
-        self._ready: dict[int, float] = {}  # auto: this step's gradient times
-        self._timed_steps = 0
-        self._auto: dict[str, Any] | None = None
-        # auto, until it has chosen: stamp gradients and count steps (then nothing more)
-        self._choosing = self.auto
-        if self.auto:
-            self._auto = {"requested": AUTO, "chosen": None, **self._probe()}
+        #: --bucket-mb auto's tuner (None for a fixed cap): its probe runs now, its choice
+        #: after the first timed step
+        self.tuner: BucketTuner | None = None
+        if self.settings.bucket_mb == AUTO:
+            self.tuner = BucketTuner(self._tuner_paths(), PREFERRED_PATH,
+                                     wire_ratio=self._wire_ratio())
+            self.tuner.measure(self._time_transfers, like=self.buckets[0].buffer)
         self.begin_step(self.timer)
 
     def _build(self, bucket_mb: float) -> None:
@@ -298,13 +288,13 @@ class BucketedStrategy(Strategy):
                         for idx in groups]
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.indices}
 
-    # -- --bucket-mb auto -------------------------------------------------------------------
+    # -- --bucket-mb auto: what the tuner needs of the strategy, and its choice taken --------
 
-    def _paths(self) -> list[str]:
-        """The transfer paths auto chooses among: every engine path that runs differently on
-        this layout (``engine_paths``) where ``--transfer auto`` and the backend has
-        point-to-point messages (the preferred first), else the one this strategy runs
-        (``iallreduce`` under ``--progress poll``)."""
+    def _tuner_paths(self) -> list[str]:
+        """The transfer paths the tuner chooses among: every engine path that runs
+        differently on this layout (``engine_paths``) where ``--transfer auto`` and the
+        backend has point-to-point messages (the preferred first), else the one this
+        strategy runs (``iallreduce`` under ``--progress poll``)."""
         if self.progress != "thread":
             return ["iallreduce"]
         # A library that runs queued ops itself (Horovod) fuses the buckets queued in a
@@ -346,105 +336,43 @@ class BucketedStrategy(Strategy):
         handles[-1].wait()
         return [h.end - h.start for h in handles]
 
-    def _probe(self) -> dict[str, Any]:
-        """Per path (``_paths``), the transfer's cost by size (``ProbeCost``) from the
-        fastest of ``PROBE_REPS`` all-reduces at each of ``PROBE_BYTES``, queued behind one
-        that warms the path (``_time_transfers``; collectives: every rank builds its
-        strategies, and probes, in the same order). Rank 0's costs decide for every rank.
-        A path whose times give no cost keeps them in the record, without one, and ``why``
-        says so."""
-        like = self.buckets[0].buffer
-        fits: dict[str, Any] = {}
-        why: dict[str, str] = {}
-        for path in self._paths():
-            sizes, times = [], []
-            for nbytes in PROBE_BYTES:
-                t = torch.zeros(max(1, nbytes // like.element_size()), dtype=like.dtype,
-                                device=like.device)
-                for dt in self._time_transfers(t, path, PROBE_REPS + 1)[1:]:
-                    sizes.append(t.numel() * t.element_size())
-                    times.append(dt)
-            fits[path] = {"bytes": sizes, "seconds": [round(x, 6) for x in times]}
-            try:
-                fits[path]["cost"] = ProbeCost(sizes, times).record()
-            except ValueError as e:  # the times stay in the record, beside why
-                why[path] = f"the probe's times give no cost: {e}"
-        return {"probe": fits, **({"why": why} if why else {})}
-
-    def _costs(self, auto: dict[str, Any]) -> dict[str, Any]:
-        """Each candidate path's cost of a bucket by its gradient bytes, from the probe in
-        ``auto`` (taken in the wire dtype), ``BY_SIZE`` included where two engine paths
-        were probed: the cheaper of them at each size."""
-        costs = {path: ProbeCost(*zip(*fit["cost"])).scaled(self._wire_ratio())
-                 for path, fit in (auto.get("probe") or {}).items() if fit and "cost" in fit}
-        engine = [p for p in costs if p in TRANSFER_PATHS]
-        if len(engine) > 1:
-            costs[BY_SIZE] = lambda b: min(costs[p](b) for p in engine)
-        return costs
-
     def _wire_ratio(self) -> float:
         """Bytes on the wire per byte of gradient (0.5 under fp16 or bf16 compression)."""
         return self.buckets[0].buffer.element_size() / self.grads[0].element_size()
 
-    def _path_by_size(self, costs: dict[str, Any], nbytes: int) -> str:
-        """Under ``BY_SIZE``, the engine path the probe prices cheapest for ``nbytes``
-        (the preferred one on a tie)."""
-        return min((p for p in costs if p in TRANSFER_PATHS),
-                   key=lambda p: (costs[p](nbytes), p != PREFERRED_PATH))
-
     def _choose(self) -> None:
-        """Rank 0 picks the path and cap from the probe and the last step's gradient times
-        (``commbench.buckets.choose_cap`` per path; the path whose cap predicts the least
-        exposed sync, the preferred on a tie); every rank rebuilds its buckets at it."""
-        auto = dict(self._auto or {})
-        if self.comm.rank == 0:
-            costs = self._costs(auto)
-            if not costs or not self._ready:
-                auto.setdefault("why", "no gradient times were recorded")
-            else:
-                last = max(self._ready.values())
-                ready = [self._ready.get(i, last) for i in range(len(self.grads))]
-                origin = min(ready)
-                choices = {path: choose_cap(
-                    [g.numel() * g.element_size() for g in self.grads], self.backward_order,
-                    [t - origin for t in ready], cost, self.first_bucket_mb * MB,
-                    [g.dtype for g in self.grads])
-                    for path, cost in costs.items()}
-                path = min(choices, key=lambda p: choices[p][1][choices[p][0]])  # first: tie
-                auto.update(chosen=choices[path][0], chosen_path=path, backward_s=last - origin,
-                            predicted_exposed_s={p: {f"{c:g}": round(e, 6) for c, e in
-                                                     pred.items()}
-                                                 for p, (_, pred) in choices.items()})
-        auto = self.comm.bcast_object(auto)
-        auto["chosen_after_steps"] = self._timed_steps
-        self._auto = auto
-        self._choosing = False
-        self._ready.clear()
-        if auto.get("chosen") is None:
+        """The tuner chooses (rank 0 for every rank); every rank then rebuilds its buckets
+        at the chosen cap, on the chosen path, and closes the engines it no longer needs."""
+        assert self.tuner is not None
+        choice = self.tuner.choose(self.comm, [g.numel() * g.element_size() for g in self.grads],
+                                   self.backward_order, [g.dtype for g in self.grads],
+                                   self.first_bucket_mb * MB)
+        if choice is None:
             return
-        chosen = auto["chosen_path"]
+        chosen = choice["chosen_path"]
         if chosen in TRANSFER_PATHS:
             self.transfer = chosen
         elif chosen == BY_SIZE:
             self.transfer = PREFERRED_PATH
         for path in [p for p in self._engines if p != self.transfer]:  # in the same order
             self._engines.pop(path).close()
-        if auto["chosen"] != self.bucket_mb:
-            self.bucket_mb = float(auto["chosen"])
+        if choice["chosen"] != self.bucket_mb:
+            self.bucket_mb = float(choice["chosen"])
             self._build(self.bucket_mb)
         if chosen == BY_SIZE:  # every rank prices its buckets alike: rank 0's probe
-            costs = self._costs(auto)
-            for b in self.buckets:
-                b.path = self._path_by_size(costs, b.nbytes / self._wire_ratio())
+            paths = self.tuner.paths_by_size([b.nbytes / self._wire_ratio()
+                                              for b in self.buckets])
+            for b, path in zip(self.buckets, paths):
+                b.path = path
 
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         super().begin_step(timer)
         if self._in_flight or self._next not in (0, len(self.buckets)):
             raise RuntimeError("bucketed: a step began before the previous one finished")
-        if self._choosing:
-            if self._timed_steps:
+        if self.tuner is not None:
+            if self.tuner.due:
                 self._choose()  # as DDP rebuilds its buckets after the first iteration
-            self._ready.clear()
+            self.tuner.begin_step()
         for b in self.buckets:
             b.pending = set(b.indices)
             b.handle = None
@@ -454,8 +382,8 @@ class BucketedStrategy(Strategy):
         bucket = self.buckets[self._bucket_of[i]]
         if i not in bucket.pending:
             raise RuntimeError(f"bucketed: gradient {i} announced twice in one step")
-        if self._choosing and self.timer.enabled:
-            self._ready[i] = self.timer.clock()
+        if self.tuner is not None:
+            self.tuner.stamp(i, self.timer)
         bucket.views[i].copy_(self.grads[i])
         bucket.pending.discard(i)
         if not bucket.pending:
@@ -551,11 +479,12 @@ class BucketedStrategy(Strategy):
                 done.append(b)
         for b in done:
             self._unpack_here(b)
-        if self._choosing and self.timer.enabled:
-            self._timed_steps += 1
+        if self.tuner is not None:
+            self.tuner.end_step(self.timer)
 
     def knobs(self) -> dict:
-        return {**super().knobs(), "bucket_mb": self.bucket_mb, "bucket_mb_auto": self._auto,
+        return {**super().knobs(), "bucket_mb": self.bucket_mb,
+                "bucket_mb_auto": self.tuner.record if self.tuner is not None else None,
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [b.nbytes for b in self.buckets],
                 "collective": self._collective(), "progress": self.progress,
@@ -566,7 +495,7 @@ class BucketedStrategy(Strategy):
                 "comm_device": str(self.buckets[0].buffer.device) if self.buckets else None}
 
     def _by_size(self) -> bool:
-        return bool(self._auto and self._auto.get("chosen_path") == BY_SIZE)
+        return self.tuner is not None and self.tuner.by_size
 
     def _transfer_path(self) -> str | None:
         """The path buckets ran on, as records carry it (``knobs.transfer_path``)."""
