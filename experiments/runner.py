@@ -275,7 +275,8 @@ class Runner:
                 last = _cluster_key(j)
         return total
 
-    def dry_run(self, log=sys.stdout) -> None:
+    def dry_run(self, log=None) -> None:
+        log = log or sys.stdout
         planned = {j.name: j for j in self.jobs}
         for job, argv in self.commands():
             print(f"# {planned[job.name].describe()}", file=log)
