@@ -3,6 +3,10 @@ whose verdict is host-bound below the dilation ``--needs`` (read from COMMBENCH_
 as every commbench rank reads it), and link-bound from there on.
 
     python -m tests.dilation_probe --needs 4 --output FILE
+
+``ProbeConfig`` is its configuration as a tool's (flags declared with ``commbench.flags``),
+so an ``experiments.job.Job`` can carry it: the runner runs ``python -m
+tests.dilation_probe`` with ``to_argv`` of it, and its probe is itself.
 """
 
 from __future__ import annotations
@@ -10,21 +14,41 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 
 from commbench import dilation
+from commbench.flags import add_fields, flag, values_for
 from commbench.hostload import HOST_BOUND, LINK_BOUND
+from commbench.jobtime import Seconds, Where
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """The stand-in's configuration: the K from which it is link-bound."""
+
+    needs: float = flag("--needs", default=1.0, type=float,
+                        help="the smallest dilation K at which the run is link-bound")
+    output: str | None = flag("--output", default=None, help="JSON Lines results file")
+
+    def emulated_s(self, where: Where) -> Seconds:
+        return Seconds(1.0)
+
+    def probe(self) -> ProbeConfig:
+        return self
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--needs", type=float, required=True)
-    p.add_argument("--output", required=True)
+    add_fields(p, ProbeConfig)
     a, _ = p.parse_known_args()
+    cfg = ProbeConfig(**values_for(ProbeConfig, a))
+    if cfg.output is None:
+        p.error("--output is required")
     if int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) != 0:
         return
     k = dilation.from_env()
-    bound = LINK_BOUND if k >= a.needs else f"{HOST_BOUND} (needs {a.needs:g})"
-    with open(a.output, "a") as f:
+    bound = LINK_BOUND if k >= cfg.needs else f"{HOST_BOUND} (needs {cfg.needs:g})"
+    with open(cfg.output, "a") as f:
         f.write(json.dumps({"kind": "summary", "dilation": k, "bound": bound}) + "\n")
 
 

@@ -236,13 +236,18 @@ def test_report_gives_the_host_verdict_of_every_row_and_beside_every_claims_set(
 
 def test_a_searched_folder_skips_dilation_probes(tmp_path):
     """``--dilation auto``'s probes are shortened copies of real runs: a folder searched for
-    results leaves them out; a probe file named on its own is still read."""
+    results leaves them out; a probe file named on its own is still read. The experiment
+    runner keeps each probe as a one-point sweep of its own, in
+    ``<outdir>/dilation-probes/<launcher>-<layout>@<rate>-k<K>/`` (``experiments.runner``)."""
     from analysis.load import result_files
     from commbench.dilation import PROBE_DIR
+    from experiments.runner import PROBE_DIR as RUNNERS
 
+    assert RUNNERS == PROBE_DIR  # where the runner writes them is where the loader skips
     (tmp_path / "run.jsonl").write_text("{}\n")
-    (tmp_path / PROBE_DIR).mkdir()
-    probe = tmp_path / PROBE_DIR / "4+4-1gbit-k1.jsonl"
+    sweep = tmp_path / PROBE_DIR / "mpirun-2 nodes x 4 slots@1gbit-k1"
+    sweep.mkdir(parents=True)
+    probe = sweep / "flat-np8-probe-0123abcd.jsonl"
     probe.write_text("{}\n")
     assert result_files([tmp_path]) == [tmp_path / "run.jsonl"]
     assert result_files([probe]) == [probe]

@@ -1,30 +1,37 @@
-"""The toolkit's own benchmarks: their jobs (tools' configurations run as sweep points), the
-commands their --dry-run prints, and how they read records (not their figures)."""
+"""The toolkit's own benchmarks (each a ``experiments.bench.Benchmark`` on the one runner):
+their jobs (tools' configurations run as sweep points), the commands their --dry-run
+prints, and how they read records (not their figures)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import shlex
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 
 from analysis import alphabeta, costmodel
 from benchmarks import (
     async_speedup,
-    cluster_jobs,
     hier_bound,
     horovod_presence,
     peer_fairness,
     replay_fidelity,
 )
-from benchmarks.cluster_jobs import Planned, ToolJob, output_of
 from commbench import allreduce, microbench, profile
 from commbench.metrics import ring_bytes
 from commbench.microbench import MicroConfig
+from experiments import bench
+from experiments import runner as rn
+from experiments.bench import outdir_of, output_of
+from experiments.job import Job
+from experiments.runner import Runner, RunnerError, compared_sets
+from launch import sweep as sweeps
 from tests.conftest import ROOT
 
 #: each tool's parser, by the module its configuration names
@@ -33,13 +40,12 @@ PARSE = {"commbench.allreduce": allreduce.parse_config,
          "commbench.profile": profile.parse_config}
 
 
-def planned(module, argv: list[str], tmp_path) -> list[ToolJob]:
-    """The tool jobs a benchmark plans for ``argv``."""
-    args = module.build_parser().parse_args(argv)
-    if module is replay_fidelity:
-        return [j for r in module.plan(args, tmp_path) for j in r.jobs]
-    jobs = module.plan(args)
-    return [j.tool for j in jobs] if module is async_speedup else jobs
+def planned(module, argv: list[str], tmp_path) -> list[Job]:
+    """The jobs a benchmark plans for ``argv`` with ``--outdir tmp_path``, as its ``main``
+    plans them (the command line's ``--dilation`` applied)."""
+    args = module.build_parser().parse_args(["--outdir", str(tmp_path), *argv])
+    args.outdir = outdir_of(args, module.BENCHMARK.stem)  # as main: jobs may name files there
+    return module.BENCHMARK.jobs(args)
 
 
 def dry_run(module, argv: list[str], tmp_path, capsys) -> list[tuple[str, list[str]]]:
@@ -68,10 +74,9 @@ def test_every_job_is_a_tools_configuration_that_parses_back(module, argv, tmp_p
     that configuration (no flag retyped by hand, no default written twice)."""
     jobs = planned(module, argv, tmp_path)
     assert jobs
-    files = Planned(jobs, tmp_path)
     for job in jobs:
         if job.program == "commbench.profile":  # what the job will write, for the replay's
-            shutil.copy(ROOT / "profiles/h200-resnet18-b64.json", files.output(job))
+            shutil.copy(ROOT / "profiles/h200-resnet18-b64.json", output_of(job, tmp_path))
         out = str(tmp_path / "r.jsonl")
         parsed = PARSE[job.program]([*job.point()["args"], "--output", out])
         want = dataclasses.replace(job.config, output=out)
@@ -85,18 +90,38 @@ def test_every_job_is_a_tools_configuration_that_parses_back(module, argv, tmp_p
 def test_dry_run_prints_each_jobs_command(module, argv, tmp_path, capsys):
     jobs = planned(module, argv, tmp_path)
     printed = dry_run(module, argv, tmp_path, capsys)
-    assert [c.split(": ")[0] for c, _ in printed] == [f"# {j.name}" for j in jobs]
+    # the jobs in the order of their sweeps (one per launcher, in the order jobs name it)
+    order = list(dict.fromkeys(j.placement.launcher for j in jobs))
+    jobs = sorted(jobs, key=lambda j: order.index(j.placement.launcher))
+    assert [c for c, _ in printed] == [f"# {j.describe()}" for j in jobs]
+    assert all(c.split(": ")[0].endswith(j.name) for j, (c, _) in zip(jobs, printed))
     files = set()
     for job, (_, cmd) in zip(jobs, printed):
         args = tool_args(cmd, job.program)
         assert args[:-2] == job.point()["args"]
         assert args[-2] == "--output" and args[-1].startswith(str(tmp_path))
         files.add(args[-1])
-        launcher = "horovodrun" if job.launcher == "horovodrun" else "mpirun"
+        launcher = "horovodrun" if job.placement.launcher == "horovodrun" else "mpirun"
         assert any(w.endswith(launcher) for w in cmd), cmd
-        assert cmd[cmd.index("-np") + 1] == str(job.ranks)
+        assert cmd[cmd.index("-np") + 1] == str(job.nranks)
     assert len(files) == len(jobs)  # a file each
     assert not any(tmp_path.iterdir())  # nothing made, nothing run
+
+
+def test_dry_run_with_dilation_auto_prints_each_jobs_command_before_any_probe(tmp_path,
+                                                                               capsys):
+    """``--dilation auto``'s K is chosen by probes when the jobs run; a dry run prints each
+    job's command as its sweep would run it (at K = 1), probes nothing, makes nothing."""
+    argv = ["--dilation", "auto"]
+    jobs = planned(hier_bound, argv, tmp_path)
+    assert {j.placement.dilation for j in jobs} == {"auto"}
+    printed = dry_run(hier_bound, argv, tmp_path, capsys)
+    assert len(printed) == len(jobs)
+    for job, (comment, cmd) in zip(jobs, printed):
+        assert f" {job.name}: " in comment and "dilation auto" in comment
+        assert cmd[cmd.index("-np") + 1] == str(job.nranks)
+        assert tool_args(cmd, job.program)[:-2] == job.point()["args"]
+    assert not any(tmp_path.iterdir())
 
 
 def test_horovod_presence_runs_each_mode_on_each_layout(tmp_path, capsys):
@@ -118,14 +143,20 @@ def test_peer_fairness_runs_each_launcher_as_its_own_sweep(tmp_path):
     jobs = planned(peer_fairness, [], tmp_path)
     models, layouts = list(peer_fairness.PROFILES), [(2, 1), (2, 2), (2, 4)]
     assert len(jobs) == len(models) * len(layouts) * 2
-    assert [j.launcher for j in jobs] == ["mpirun", "horovodrun"] * (len(jobs) // 2)
+    assert [j.placement.launcher for j in jobs] == ["mpirun", "horovodrun"] * (len(jobs) // 2)
     assert [j.config.strategies for j in jobs[:2]] == [["bucketed", "ddp"],
                                                        ["bucketed", "horovod"]]
-    plan = Planned(jobs, tmp_path)
-    assert [s.launcher for s in plan.sweeps] == ["mpirun", "horovodrun"]
-    assert {plan.output(j).parent for j in jobs} == {tmp_path / "horovodrun",
-                                                      tmp_path / "mpirun"}
-    assert {(j.nodes, j.slots) for j in jobs} == set(layouts)
+    runner = Runner(jobs, tmp_path)
+    assert [s.launcher for s, _ in runner.sweeps()] == ["mpirun", "horovodrun"]
+    assert {runner.outputs(j)[0].parent for j in jobs} == {tmp_path / "horovodrun",
+                                                            tmp_path / "mpirun"}
+    assert {(j.placement.nodes, j.placement.slots) for j in jobs} == set(layouts)
+    # a cell's jobs, both launchers', are one compared set: they run at one K
+    groups = compared_sets(jobs)
+    assert len(groups) == len(models) * len(layouts)
+    for g in groups:
+        assert [j.placement.launcher for j in g] == ["mpirun", "horovodrun"]
+        assert len({j.sets for j in g}) == 1
 
 
 def test_peer_fairness_balances_backward_against_the_rings_link_bound(tmp_path):
@@ -241,17 +272,20 @@ def test_peer_fairness_repeats_each_job_and_reads_every_repeats_file(tmp_path):
     jobs = planned(peer_fairness, ["--models", "resnet18", "--layouts", "2x2", "--repeats",
                                    "3"], tmp_path)
     assert [j.repeats for j in jobs] == [3, 3] and all(j.point()["repeats"] == 3 for j in jobs)
-    plan = Planned(jobs, tmp_path)
-    for job in jobs:
-        sweep, _ = plan._where[job.name]
-        # the files the sweep writes, repeat by repeat, are the ones read back
-        written = sorted(f"{i}.jsonl" for i, _, _ in sweep.jobs())
-        assert sorted(p.name for p in plan.outputs(job)) == written
-        assert plan.output(job) == plan.outputs(job)[0]
+    runner = Runner(jobs, tmp_path)
+    sweeps_of = runner.sweeps()
+    assert sorted(j.name for _, mine in sweeps_of for j in mine) == sorted(j.name for j in jobs)
+    for sweep, mine in sweeps_of:
+        for job in mine:
+            # the files the sweep writes, repeat by repeat, are the ones read back
+            written = sorted(f"{i}.jsonl" for i, p, _ in sweep.jobs() if p["name"] == job.name)
+            assert len(written) == 3
+            assert sorted(p.name for p in runner.outputs(job)) == written
+            assert runner.outputs(job)[0] == output_of(job, runner.outputs(job)[0].parent)
     # repeats are not part of a job's identity: one run's files stay repeat 0's
-    one = Planned(planned(peer_fairness, ["--models", "resnet18", "--layouts", "2x2"],
-                          tmp_path), tmp_path)
-    assert [one.output(j) for j in one.jobs] == [plan.output(j) for j in jobs]
+    one = Runner(planned(peer_fairness, ["--models", "resnet18", "--layouts", "2x2"],
+                         tmp_path), tmp_path)
+    assert [one.outputs(j)[0] for j in one.jobs] == [runner.outputs(j)[0] for j in jobs]
     for bad in ("0", "two", "-1"):
         with pytest.raises(SystemExit):
             peer_fairness.build_parser().parse_args(["--repeats", bad])
@@ -263,15 +297,19 @@ def test_peer_fairness_prints_every_repeats_rows_and_the_verdict_over_them(tmp_p
     a row, the verdict on the spread over the repeats."""
     argv = ["--models", "resnet18", "--layouts", "2x1", "--repeats", "2", "--launchers",
             "mpirun", "--outdir", str(tmp_path)]
-    plan = Planned(planned(peer_fairness, argv, tmp_path), tmp_path.resolve())
-    [job] = plan.jobs
+    runner = Runner(planned(peer_fairness, argv, tmp_path), tmp_path.resolve())
+    [job] = runner.jobs
     steps = {"bucketed": [0.90, 0.92], "ddp": [1.00, 1.01]}
-    for r, path in enumerate(plan.outputs(job)):
+    for r, path in enumerate(runner.outputs(job)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(_summary(k, v[r], v[r] / 10, 0.5) | {
             "kind": "summary", "repeat": r, "compute_s": 0.5}) + "\n" for k, v in steps.items()))
-    monkeypatch.setattr(peer_fairness, "execute", lambda jobs, args, stem: plan)
+    swept = []  # the runner's sweeps, as run: every job already there, nothing to run
+    monkeypatch.setattr(rn, "check_machine", lambda: None)
+    monkeypatch.setattr(sweeps, "run_sweep", lambda sw, log=None: swept.append(sw) or {
+        "done": 0, "failed": 0, "skipped": len(sw.jobs())})
     assert peer_fairness.main(argv) == 0
+    assert [Path(sw.output) for sw in swept] == [tmp_path.resolve()]
     out = capsys.readouterr().out
     for r in (0, 1):
         assert f"resnet18 2x1 mpirun r{r}" in out
@@ -280,21 +318,26 @@ def test_peer_fairness_prints_every_repeats_rows_and_the_verdict_over_them(tmp_p
 
 
 def test_replay_fidelity_replays_the_file_its_profile_job_writes(tmp_path):
+    """The replay's configuration names the profile job's results file before either runs:
+    the runner's file for that job (planned before any job ran, as a run plans them)."""
     jobs = planned(replay_fidelity, ["--models", "resnet18", "--repeats", "1"], tmp_path)
     prof, real, replay = jobs
     assert prof.program == "commbench.profile" and real.config.workload == "real"
-    plan = Planned(jobs, tmp_path)
-    assert replay.config.compute_profile == str(plan.output(prof)) \
+    runner = Runner(jobs, tmp_path)
+    assert replay.config.compute_profile == str(runner.outputs(prof)[0]) \
         == str(output_of(prof, tmp_path))
-    assert {(j.nodes, j.slots, j.rate) for j in jobs} == {(1, 1, "none")}
+    assert {(j.placement.nodes, j.placement.slots, j.placement.rate) for j in jobs} == {
+        (1, 1, "none")}
+    assert len(compared_sets(jobs)) == 1  # the model's three jobs: one compared set
 
 
 def test_jobs_on_uneven_layouts_and_repeated_names(tmp_path):
-    job = ToolJob("uneven", MicroConfig(), 2, (3, 1), "1gbit")
-    assert job.ranks == 4 and job.point()["slots"] == [3, 1]
-    assert Planned([job], tmp_path).sweeps[0].points()[0]["slots"] == [3, 1]
-    with pytest.raises(ValueError, match="repeat"):
-        Planned([job, job], tmp_path)
+    job = Job.place("uneven", MicroConfig(), 2, (3, 1), "1gbit")
+    assert job.nranks == 4 and job.point()["slots"] == [3, 1]
+    [(sweep, _)] = Runner([job], tmp_path).sweeps()
+    assert sweep.points()[0]["slots"] == [3, 1]
+    with pytest.raises(RunnerError, match="repeat"):
+        Runner([job, job], tmp_path)
 
 
 @pytest.mark.parametrize("nodes,slots", [(2, 1), (2, 4), (4, 2)])
@@ -320,30 +363,39 @@ def test_hier_bound_cases_take_the_tools_sizes():
 
 def test_records_read_through_the_results_reader(tmp_path):
     path = tmp_path / "r.jsonl"
-    assert cluster_jobs.records(path, "summary") == []  # a failed job wrote nothing
+    assert bench.records(path, "summary") == []  # a failed job wrote nothing
     good = [{"kind": "summary", "x": 1}, {"kind": "step", "x": 2}]
     path.write_text("".join(json.dumps(r) + "\n" for r in good) + '{"kind": "summ')
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert cluster_jobs.records(path, "summary") == good[:1]  # truncated last line
+        assert bench.records(path, "summary") == good[:1]  # truncated last line
     assert any("truncated last line" in str(w.message) for w in seen)
     path.write_text('{"kind": "summary"}\nnot json\n{"kind": "summary"}\n')
     with pytest.raises(ValueError, match=r"r\.jsonl:2: not a JSON record"):
-        cluster_jobs.records(path, "summary")
+        bench.records(path, "summary")
 
 
-def test_execute_runs_one_sweep_per_launcher_between_load_readings(tmp_path, monkeypatch,
-                                                                   capsys):
+def test_the_runner_runs_one_sweep_per_launcher_between_load_readings(tmp_path,
+                                                                      monkeypatch):
     ran = []
-    monkeypatch.setattr(cluster_jobs, "check_machine", lambda: None)
-    monkeypatch.setattr(cluster_jobs.sweeps, "run_sweep",
-                        lambda s: ran.append(s) or {"done": 1, "failed": len(ran) - 1,
-                                                    "skipped": 0})
-    monkeypatch.setattr(cluster_jobs.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(rn, "check_machine", lambda: None)
+    monkeypatch.setattr(sweeps, "run_sweep",
+                        lambda s, log=None: ran.append(s) or {"done": 1, "failed": len(ran) - 1,
+                                                              "skipped": 0})
     jobs = planned(peer_fairness, [], tmp_path)
-    done = cluster_jobs.execute(jobs, argparse.Namespace(outdir=tmp_path, dry_run=False), "pf")
-    assert [s.launcher for s in ran] == ["mpirun", "horovodrun"] and done.failed == 1
-    assert done.outdir == tmp_path.resolve()
-    out = capsys.readouterr()
-    assert "# before starting:" in out.out and "# after the jobs:" in out.out
-    assert f"{tmp_path / 'horovodrun'}/*.failed.json" in out.err
+    log = io.StringIO()
+    runner = Runner(jobs, tmp_path, log=log)
+    counts = runner.run()
+    assert [s.launcher for s in ran] == ["mpirun", "horovodrun"] and runner.failed == 1
+    assert counts == {"done": 2, "failed": 1, "skipped": 0}
+    out = log.getvalue()
+    assert "# load average" in out and "before the first job" in out
+    assert "after the jobs" in out
+    assert out.index("before the first job") < out.index("failed") < out.index("after the jobs")
+    assert f"{tmp_path / 'horovodrun'}/*.failed.json" in out
+    # a benchmark's results folder: --outdir as given (absolute), else results/<stem>-<time>
+    rel = outdir_of(argparse.Namespace(outdir=Path("x")), "pf")
+    assert rel.is_absolute() and rel.name == "x"
+    assert outdir_of(argparse.Namespace(outdir=tmp_path), "pf") == tmp_path.resolve()
+    default = outdir_of(argparse.Namespace(outdir=None), "pf")
+    assert default.parent == bench.ROOT / "results" and default.name.startswith("pf-")

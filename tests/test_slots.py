@@ -7,12 +7,16 @@ sweep layouts and the study's cluster; bad input exits 2 before anything is crea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 
 import pytest
 
 from commbench.allreduce import Config
-from launch import commands, study
+from experiments import study
+from experiments.claims import StudyCluster
+from experiments.job import Job, Placement
+from launch import commands
 from launch.cluster import ClusterError, ClusterSpec, node_slots, parse_slots
 from launch.commands import layout_text
 from launch.sweep import SweepError, launch_point, make_sweep, parse_set, point_id
@@ -142,21 +146,25 @@ def _study_args(**kw) -> argparse.Namespace:
 
 def test_study_cluster_uneven():
     c = study.make_cluster(_study_args(slots="3,1"))
-    assert (c.nodes, c.node_slots, c.ranks, c.layout) == (2, [3, 1], 4, "2 nodes (3+1 slots)")
+    p = c.placement
+    assert (p.nodes, p.node_slots, c.ranks, p.layout) == (2, [3, 1], 4, "2 nodes (3+1 slots)")
     # the emulated cluster runs time-dilated, K chosen by probing, unless told otherwise
-    assert study.make_cluster(_study_args()) == study.Cluster(2, 4, dilation="auto")
-    assert study.make_cluster(_study_args(nodes=3)) == study.Cluster(3, 4, dilation="auto")
-    assert study.make_cluster(_study_args(slots=2, dilation=4)) == study.Cluster(2, 2,
-                                                                                dilation=4.0)
+    assert study.make_cluster(_study_args()) == StudyCluster(Placement(2, 4, dilation="auto"))
+    assert study.make_cluster(_study_args(nodes=3)) == StudyCluster(
+        Placement(3, 4, dilation="auto"))
+    assert study.make_cluster(_study_args(slots=2, dilation=4)) == StudyCluster(
+        Placement(2, 2, dilation=4.0))
     real = study.make_cluster(_study_args(hosts="a:3,b:1"))
-    assert real.node_slots == [3, 1] and not real.emulated
+    assert real.placement.node_slots == [3, 1] and not real.placement.emulated
     with pytest.raises(study.StudyError, match="--nodes 3 does not match --slots 3,1"):
         study.make_cluster(_study_args(nodes=3, slots="3,1"))
-    job = study.Job(name="j", claims={"C1"}, ranks=4, config=Config(), rate="1gbit")
-    assert job.point(c)["slots"] == [3, 1]
-    recs = planned_records(job, c)
+    at = dataclasses.replace(p, rate="1gbit")  # a job of the study on that cluster
+    config = Config(model="resnet18")  # a model: the job's estimate counts its parameters
+    job = Job("j", config, at, sets=frozenset({"C1"}))
+    assert job.point()["slots"] == [3, 1] and job.nranks == 4
+    recs = planned_records(job)
     assert recs and all(r["local_sizes"] == [3, 1] and r["nodes"] == 2 for r in recs)
-    three = planned_records(study.Job(name="k", claims={"C1"}, ranks=3, config=Config()), c)
+    three = planned_records(Job("k", config, at, ranks=3, sets=frozenset({"C1"})))
     assert all(r["local_sizes"] == [3] and r["nodes"] == 1 for r in three)
 
 
@@ -193,10 +201,11 @@ def test_sweep_cli_bad_slots_exit_2(tmp_path, args, message):
 
 
 def test_study_cli_bad_slots_exit_2(tmp_path):
-    res = subprocess.run([PY, "-m", "launch.study", "--slots", "3,x", "--dry-run", "-o",
+    res = subprocess.run([PY, "-m", "experiments.study", "--slots", "3,x", "--dry-run", "-o",
                           str(tmp_path / "s")], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 2 and "--slots 3,x" in res.stderr, res.stderr
+    assert "experiments.study: error:" in res.stderr and not (tmp_path / "s").exists()
 
 
 def test_cli_run_refuses_slots_that_differ_from_the_cluster_up(tmp_path, monkeypatch, capsys):

@@ -220,27 +220,91 @@ def test_point_on_emulated_cluster(tmp_path):
     assert recs[-1]["runnable_start"] is not None
 
 
+#: the runner's ``auto`` on two jobs of one compared set, run as its own process (so a
+#: deadline's SIGTERM unwinds it through ``launch.execute.interruptible``, and the emulated
+#: cluster is taken down on the way out); ``argv[1]``: the results folder
+AUTO_DRIVER = """
+import json, sys
+from pathlib import Path
+from experiments.job import Job, Placement
+from experiments.runner import Runner
+from launch.execute import interruptible
+from tests.dilation_probe import ProbeConfig
+
+at = Placement(2, 1, dilation="auto")  # 2 emulated nodes x 1 slot, links unshaped
+jobs = [Job(f"np{n}", ProbeConfig(needs=4.0), at, ranks=n, sets=frozenset({"probe-set"}),
+            timeout_s=60) for n in (1, 2)]
+
+def body():
+    counts = Runner(jobs, Path(sys.argv[1])).run()
+    print(json.dumps(counts))
+    return 1 if counts["failed"] else 0
+
+sys.exit(interruptible(body, "dilation-auto-test"))
+"""
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root")
-def test_dilation_auto_probes_the_largest_point_once_and_runs_every_point_at_its_k(tmp_path):
-    """``--dilation auto`` on a real emulated cluster: the probe (a stand-in program that is
-    link-bound from K = 4 on) runs at K = 1, 2, 4 and stops; every point then runs at 4;
-    a resumed sweep reuses the choice without probing again."""
-    out = tmp_path / "s"
-    args = ["--program", "tests.dilation_probe", "--set", "nodes=2", "--set", "slots=1",
-            "--set", "ranks=1,2", "--dilation", "auto", "-o", str(out), "--",
-            "--needs", "4"]
-    res = sweep_cli(*args, timeout=300)
+def test_runner_dilation_auto_probes_the_largest_job_once_and_runs_every_job_at_its_k(tmp_path):
+    """The experiment runner's ``auto`` on a real emulated cluster: the compared set's probe
+    (its largest job, a stand-in program that is link-bound from K = 4 on) climbs from the
+    start K (ranks / cores) to 4 and stops; every job then runs at 4; a resumed run reuses
+    the choice without probing again. (``launch.sweep`` itself refuses ``auto``.)"""
+    from commbench.dilation import PROBE_DIR
+    from experiments.runner import AUTO_FACTORS, CHOICE_FILE
+    from launch.execute import run
+
+    out, cache = tmp_path / "s", tmp_path / "cache"
+    env = {"COMMBENCH_CACHE": str(cache)}  # no hint from an earlier choice; none left behind
+
+    def drive():
+        res = run([PY, "-c", AUTO_DRIVER, str(out)], timeout=300, env=env, cwd=str(ROOT))
+        assert not res.timed_out, res.stderr[-3000:]
+        return res
+
+    res = drive()
     assert res.returncode == 0, res.stderr[-3000:]
-    chosen = json.loads((out / "dilation.json").read_text())
+    assert json.loads(res.stdout.splitlines()[-1]) == {"done": 2, "failed": 0, "skipped": 0}
+    chosen = json.loads((out / CHOICE_FILE).read_text())
     [(key, pick)] = chosen.items()
-    assert key == "1+1@None" and pick["dilation"] == 4.0, chosen
-    assert [t["dilation"] for t in pick["tried"]] == [1, 2, 4]
-    assert "probe nodes=2 slots=1 ranks=2 at K = 4: link-bound" in res.stderr, res.stderr
+    assert key == "probe-set" and pick["dilation"] == 4.0, chosen
+    # the ladder starts at the smallest K with no more ranks than cores x K, and climbs
+    start = next(k for k in AUTO_FACTORS if 2 <= (os.cpu_count() or 1) * k)
+    tried = [t["dilation"] for t in pick["tried"]]
+    assert tried == [k for k in AUTO_FACTORS if start <= k <= 4], pick
+    for t in pick["tried"]:  # only the largest job (2 ranks) is probed; rank 0's verdict
+        assert list(t["verdicts"]) == ["np2"] and len(t["verdicts"]["np2"]) == 1, t
+        assert t["verdicts"]["np2"][0].startswith("link" if t["dilation"] == 4 else "host")
+    assert "[runner] dilation auto, probe-set: K = 4: link-bound" in res.stderr, res.stderr
+    assert "K = 4 (smallest K whose probes are link-bound)" in res.stderr
+    probes = sorted((out / PROBE_DIR).iterdir())  # one probe sweep per K tried
+    assert sorted(int(d.name.rsplit("-k", 1)[1]) for d in probes) == tried
+    # every job ran at the chosen K: its records, and its sweep's done markers
+    runs = [r for f in sorted(out.glob("*.jsonl")) for r in read_jsonl(f)]
+    assert len(runs) == 2 and {r["dilation"] for r in runs} == {4.0}, runs
+    done = sorted(out.glob("*.done.json"))
+    assert [json.loads(f.read_text())["point"]["name"] for f in done] == ["np1", "np2"]
+    for f in done:
+        assert json.loads(f.read_text())["dilation"] == 4.0
+    # the choice is left as the next choice's starting hint
+    hints = json.loads((cache / "dilation-hints.json").read_text())
+    assert list(hints.values()) == [4.0] and "tests.dilation_probe" in next(iter(hints))
+    # resumed: both jobs again (their done markers gone), at the kept K, and no probe runs
+    kept = {p: p.stat().st_mtime for p in [out / CHOICE_FILE, *probes]}
+    for f in done:
+        f.unlink()
+    again = drive()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "dilation auto" not in again.stderr, again.stderr[-2000:]
+    assert {p: p.stat().st_mtime for p in kept} == kept
+    assert sorted((out / PROBE_DIR).iterdir()) == probes
     runs = [r for f in sorted(out.glob("*.jsonl")) for r in read_jsonl(f)]
     assert len(runs) == 2 and {r["dilation"] for r in runs} == {4.0}, runs
     for f in out.glob("*.done.json"):
         assert json.loads(f.read_text())["dilation"] == 4.0
-    for f in out.glob("*.done.json"):
-        f.unlink()  # both points again: the choice is reused, no probe runs
-    again = sweep_cli(*args, timeout=300)
-    assert again.returncode == 0 and "dilation auto" not in again.stderr, again.stderr[-2000:]
+    # a new folder starts from the hint: link-bound at 4, host-bound one step down; 4 again
+    out = tmp_path / "t"
+    res = drive()
+    assert res.returncode == 0, res.stderr[-3000:]
+    pick = json.loads((out / CHOICE_FILE).read_text())["probe-set"]
+    assert pick["dilation"] == 4.0 and [t["dilation"] for t in pick["tried"]] == [4, 2], pick
