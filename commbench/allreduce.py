@@ -41,6 +41,7 @@ from commbench.jobtime import HOST_S_PER_PARAM, Seconds, Where, real_pass_s
 from commbench.lifecycle import run_job
 from commbench.models.registry import parameter_shapes
 from commbench.output import Output, merge_rank_fields, rank_extras, summarize_extras
+from commbench.profilefile import ProfileError
 from commbench.profilefile import read as read_profile
 from commbench.results import run_fields
 from commbench.steploop import run_steps
@@ -131,7 +132,7 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
             host += real_pass_s(params, self.batch_size, self.image_size) * where.share * k
             replayed = 0.0
         elif self.compute_profile:
-            replayed = read_profile(self.compute_profile).step_s * self.compute_scale * k
+            replayed = self._profile_step_s(params) * self.compute_scale * k
         else:
             replayed = self.compute_ms / 1e3 * k
         if self.slow_rank:
@@ -139,13 +140,25 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
         steps = (self.steps + self.warmup + int(self.validate)) * len(runs_of(self))
         return Seconds(steps * (replayed + where.allreduce_s(params * 4)), steps * host)
 
+    def _profile_step_s(self, params: int) -> float:
+        """The replayed profile's step; one not yet written (a job that replays what an
+        earlier job of its experiment profiles) as a real pass here would take."""
+        try:
+            return read_profile(self.compute_profile).step_s
+        except ProfileError:
+            return real_pass_s(params, self.batch_size, self.image_size)
+
     def parameter_count(self) -> int:
         """The gradient's elements: from the replayed profile where there is one (no model
-        is built), else from the model's shapes."""
+        is built), else from the model's shapes (the default model where none is given)."""
         if self.workload == "synthetic" and self.compute_profile:
-            return read_profile(self.compute_profile).params
+            try:
+                return read_profile(self.compute_profile).params
+            except ProfileError:
+                pass  # not written yet: the model's own
+        model = self.model or ("resnet50" if self.workload == "synthetic" else "resnet18")
         return sum(math.prod(s) for _, s in parameter_shapes(
-            self.model, self.num_classes or 1000, self.model_kwargs))
+            model, self.num_classes or 1000, self.model_kwargs))
 
     def probe(self) -> Config:
         """This job shortened for a dilation probe: 2 steps after 1 warm-up, no table."""

@@ -79,9 +79,9 @@ class Seconds(NamedTuple):
 CPU_S_PER_PARAM_SAMPLE = 1e-8
 
 
-def real_pass_s(params: int, batch: int, image_size: int | None) -> float:
+def real_pass_s(params: int, batch: int | None, image_size: int | None) -> float:
     """Seconds of one real forward + backward of a model of ``params`` on ``batch`` samples
-    at ``image_size`` px (activations scale with the pixels); a small model costs at least
-    ``REAL_S_PER_SAMPLE`` a sample (its overheads)."""
-    pixels = ((image_size or 224) / 224) ** 2
-    return batch * max(REAL_S_PER_SAMPLE, params * pixels * CPU_S_PER_PARAM_SAMPLE)
+    (32 where not yet resolved) at ``image_size`` px (activations scale with the pixels); a
+    small model costs at least ``REAL_S_PER_SAMPLE`` a sample (its overheads)."""
+    pixels = ((image_size or 64) / 224) ** 2  # 64 px: the CPU default
+    return (batch or 32) * max(REAL_S_PER_SAMPLE, params * pixels * CPU_S_PER_PARAM_SAMPLE)

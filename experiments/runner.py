@@ -58,9 +58,10 @@ class RunnerError(Exception):
     """A plan that cannot run; the message names why."""
 
 
-def read_load(when: str, log=sys.stdout) -> float | None:
+def read_load(when: str, log=None) -> float | None:
     """Print the 1-minute load average with ``when``, warning where it is above
     ``BUSY_LOAD_FRACTION`` of the cores (timings then measure the other work too)."""
+    log = log or sys.stdout
     load, cores = load_average(), os.cpu_count() or 1
     if load is None:
         print(f"# load average {when}: unavailable", file=log, flush=True)
@@ -125,11 +126,12 @@ class Runner:
     jobs: Sequence[Job]
     outdir: Path
     repeats: int = 1
-    log: object = sys.stderr
+    log: object = None  # where progress goes (None: stderr)
     chosen: dict[str, dict] = field(default_factory=dict)
     failed: int = 0
 
     def __post_init__(self) -> None:
+        self.log = self.log or sys.stderr
         names = [j.name for j in self.jobs]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
