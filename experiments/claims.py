@@ -19,7 +19,7 @@ from analysis import claims as checks
 from commbench.allreduce import Config
 from commbench.microbench import MicroConfig
 from commbench.staleness import StudyConfig
-from commbench.strategies.settings import StrategySettings
+from commbench.strategies import AsyncSettings, BucketedSettings, CommonSettings, FlatSettings
 from experiments.job import Job, Placement
 
 PROFILES = "profiles"  # committed H200 profiles, relative to the repository root
@@ -99,7 +99,7 @@ class SeedClaim:
 
 def synthetic(scale: Scale, strategy: str = "flat", algos: Sequence[str] = ("native",), *,
               profile: str | None = None, batch: int | None = None,
-              sync: StrategySettings | None = None,
+              sync: CommonSettings | None = None,
               slow_rank: tuple[int, float] | None = None) -> Config:
     """``commbench.allreduce`` on the replayed H200 profile of ``scale``."""
     return Config(workload="synthetic", model=scale.model,
@@ -107,7 +107,7 @@ def synthetic(scale: Scale, strategy: str = "flat", algos: Sequence[str] = ("nat
                   compute_scale=scale.compute_scale, batch_size=batch or scale.batch,
                   steps=scale.steps, warmup=scale.warmup, quiet=True,
                   strategies=[strategy], algos=list(algos), slow_rank=slow_rank,
-                  sync=sync or StrategySettings())
+                  sync=sync)
 
 
 def _job(cluster: StudyCluster, name: str, config, rate: str | None = None,
@@ -170,7 +170,7 @@ def plan_c3(scale: Scale, cluster: StudyCluster, ranks: Sequence[int]) -> list[J
     """Bucketed at each cap (0 = per tensor) beside flat."""
     return [reference(scale, cluster)] + [
         _job(cluster, f"bucketed-{mb:g}mb", synthetic(
-            scale, "bucketed", sync=StrategySettings(bucket_mb=float(mb))),
+            scale, "bucketed", sync=BucketedSettings(bucket_mb=float(mb))),
             _rate(scale, cluster)) for mb in scale.bucket_mb]
 
 
@@ -185,7 +185,7 @@ def plan_c4(scale: Scale, cluster: StudyCluster, ranks: Sequence[int]) -> list[J
             jobs.append(_job(cluster, f"flat-np{n}{suffix}",
                              synthetic(scale, slow_rank=straggler), rate))
         jobs += [_job(cluster, f"async-s{s}{suffix}", synthetic(
-            scale, "async", sync=StrategySettings(staleness=s), slow_rank=straggler), rate)
+            scale, "async", sync=AsyncSettings(staleness=s), slow_rank=straggler), rate)
             for s in scale.staleness]
     study = StudyConfig(staleness=list(scale.conv_staleness),
                         mitigations=scale.conv_mitigations.split(","), steps=scale.conv_steps,
@@ -226,7 +226,7 @@ def plan_real(scale: Scale, cluster: StudyCluster, ranks: Sequence[int]) -> list
 def plan_c7(scale: Scale, cluster: StudyCluster, ranks: Sequence[int]) -> list[Job]:
     """Flat native at each accumulation k (k = 1 is the reference)."""
     return [reference(scale, cluster)] + [
-        _job(cluster, f"accum-k{k}", synthetic(scale, sync=StrategySettings(accum_steps=k)),
+        _job(cluster, f"accum-k{k}", synthetic(scale, sync=FlatSettings(accum_steps=k)),
              _rate(scale, cluster)) for k in scale.accum if k != 1]
 
 
