@@ -191,16 +191,13 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = flags.Parser(
-        prog="python -m commbench.allreduce",
-        description="Time every training step under a gradient-sync strategy and report "
-                    "how much of it is spent waiting for gradients. Run it under "
-                    "horovodrun or mpirun.",
-        formatter_class=flags.help_formatter,
-        epilog="examples:\n"
-               "  horovodrun -np 8 -H localhost:8 python -m commbench.allreduce\n"
-               "  mpirun -np 4 python -m commbench.allreduce --algo ring --model resnet18\n"
-               "  mpirun -np 64 --hostfile hosts python -m commbench.allreduce --steps 100")
+    p = flags.tool_parser(
+        "python -m commbench.allreduce",
+        "Time every training step under a gradient-sync strategy and report how much of it "
+        "is spent waiting for gradients. Run it under horovodrun or mpirun.",
+        ["horovodrun -np 8 -H localhost:8 python -m commbench.allreduce",
+         "mpirun -np 4 python -m commbench.allreduce --algo ring --model resnet18",
+         "mpirun -np 64 --hostfile hosts python -m commbench.allreduce --steps 100"])
     g = p.add_argument_group("synchronisation")
     flags.add_fields(g, Config, ["strategies", "algos"])
     Sync.add_flags(g)

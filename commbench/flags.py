@@ -51,6 +51,14 @@ class Parser(argparse.ArgumentParser):
 
 # -- argparse types -------------------------------------------------------------------------
 
+def tool_parser(prog: str, description: str, examples: Sequence[str],
+                note: str = "") -> Parser:
+    """A tool's parser: ``prog``, what it does, and an epilog of ``note`` then its example
+    command lines, one per line (the tools' ``--help`` all end so)."""
+    return Parser(prog=prog, description=description, formatter_class=help_formatter,
+                  epilog=note + "examples:\n" + "\n".join(f"  {e}" for e in examples))
+
+
 def csv_list(choices: Iterable[str] | None, flag: str) -> Callable[[str], list[str]]:
     """``a,b,c`` as a list, each item one of ``choices`` (any, when None)."""
     allowed = tuple(choices) if choices is not None else None

@@ -190,14 +190,13 @@ class MicroConfig(ToolConfig):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = flags.Parser(
-        prog=f"python -m {PROG}",
-        description="Time the all-reduce per message size and report algbw, busbw and "
-                    "#wrong as nccl-tests does. Run it under horovodrun or mpirun.",
-        formatter_class=flags.help_formatter,
-        epilog="sizes take K, M, G suffixes (binary: 1K = 1024 bytes).\nexamples:\n"
-               "  mpirun -np 4 python -m commbench.microbench -b 8 -e 128M -f 2\n"
-               "  horovodrun -np 4 -H localhost:4 python -m commbench.microbench -d all")
+    p = flags.tool_parser(
+        f"python -m {PROG}",
+        "Time the all-reduce per message size and report algbw, busbw and #wrong as "
+        "nccl-tests does. Run it under horovodrun or mpirun.",
+        ["mpirun -np 4 python -m commbench.microbench -b 8 -e 128M -f 2",
+         "horovodrun -np 4 -H localhost:4 python -m commbench.microbench -d all"],
+        note="sizes take K, M, G suffixes (binary: 1K = 1024 bytes).\n")
     flags.add_fields(p.add_argument_group("sizes to scan"), MicroConfig,
                ["minbytes", "maxbytes", "stepfactor"])
     g = p.add_argument_group("operation")

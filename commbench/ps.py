@@ -62,15 +62,15 @@ class PSConfig(WorkloadSpec, StepCount, ToolConfig):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = flags.Parser(prog=f"python -m {PROG}", formatter_class=flags.help_formatter,
-               description="Train with a parameter server on rank 0 and workers on the other "
-                           "ranks that push gradients and pull parameters without waiting for "
-                           "each other; report staleness, throughput and the server's load. "
-                           "Run it under mpirun (or torchrun) with at least 2 ranks.",
-               epilog="examples:\n  mpirun -np 4 python -m commbench.ps\n"
-                      "  torchrun --nproc-per-node 4 -m commbench.ps\n"
-                      "  mpirun -np 4 python -m commbench.ps --workload real --model smallcnn "
-                      "--dataset digits --image-size 32 --lr 0.01")
+    p = flags.tool_parser(
+        f"python -m {PROG}",
+        "Train with a parameter server on rank 0 and workers on the other ranks that push "
+        "gradients and pull parameters without waiting for each other; report staleness, "
+        "throughput and the server's load. Run it under mpirun (or torchrun) with at least 2 "
+        "ranks.",
+        ["mpirun -np 4 python -m commbench.ps", "torchrun --nproc-per-node 4 -m commbench.ps",
+         "mpirun -np 4 python -m commbench.ps --workload real --model smallcnn --dataset "
+         "digits --image-size 32 --lr 0.01"])
     g = p.add_argument_group("parameter server")
     flags.add_fields(g, PSConfig, ["compression", "staleness_lr"])
     flags.add_backend_flag(g, BACKENDS)

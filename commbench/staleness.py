@@ -174,15 +174,15 @@ class StudyConfig(ToolConfig):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = flags.Parser(prog=f"python -m {PROG}", formatter_class=flags.help_formatter,
-               description="Train on scikit-learn's digits under bounded staleness s and a "
-                           "parameter server; report time-to-accuracy, final accuracy and "
-                           "throughput relative to synchronous training. Run it under mpirun "
-                           "(or torchrun).",
-               epilog="examples:\n  mpirun -np 4 python -m commbench.staleness\n"
-                      "  torchrun --nproc-per-node 4 -m commbench.staleness\n"
-                      "  mpirun -np 4 python -m commbench.staleness --staleness 0,4 "
-                      "--mitigations none,lr --no-ps")
+    p = flags.tool_parser(
+        f"python -m {PROG}",
+        "Train on scikit-learn's digits under bounded staleness s and a parameter server; "
+        "report time-to-accuracy, final accuracy and throughput relative to synchronous "
+        "training. Run it under mpirun (or torchrun).",
+        ["mpirun -np 4 python -m commbench.staleness",
+         "torchrun --nproc-per-node 4 -m commbench.staleness",
+         "mpirun -np 4 python -m commbench.staleness --staleness 0,4 --mitigations none,lr "
+         "--no-ps"])
     flags.add_fields(p.add_argument_group("study"), StudyConfig,
                ["staleness", "mitigations", "ps", "staleness_warmup", "steps", "eval_every",
                 "target_accuracy"])
