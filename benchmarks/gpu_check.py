@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from commbench.profilefile import read as read_profile
 from commbench.workloads import compute_profile
 from launch import commands
 from launch.execute import run
@@ -89,14 +90,14 @@ def check_profile(out: Path) -> bool:
         problems.append("gradient ready times outside backward")
     if problems:
         return _line(False, "profile", "; ".join(problems))
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = read_profile(SHIPPED)
     return _line(True, "profile",
                  f"{prof['device']}: forward {prof['forward_s'] * 1e3:.1f} ms "
-                 f"(x{prof['forward_s'] / shipped['forward_s']:.2f} of {SHIPPED.name}), "
+                 f"(x{prof['forward_s'] / shipped.forward_s:.2f} of {SHIPPED.name}), "
                  f"backward {prof['backward_s'] * 1e3:.1f} ms "
-                 f"(x{prof['backward_s'] / shipped['backward_s']:.2f}), "
+                 f"(x{prof['backward_s'] / shipped.backward_s:.2f}), "
                  f"peak {prof['peak_cuda_mb']:.0f} MiB "
-                 f"(shipped {shipped['peak_cuda_mb']:.0f}) -> {path}")
+                 f"(shipped {shipped.raw['peak_cuda_mb']:.0f}) -> {path}")
 
 
 def _records(path: Path, kind: str) -> list[dict]:

@@ -103,8 +103,11 @@ def set_key(group: Sequence[Job]) -> str:
 
 
 def _cluster_key(job: Job) -> str:
+    """``mpirun:2x4@1gbit`` (``3+1`` for uneven nodes): the cluster a job runs on."""
     p = job.placement
-    return f"{p.launcher}:{p.layout}@{p.rate}"
+    slots = p.node_slots
+    layout = f"{len(slots)}x{slots[0]}" if len(set(slots)) == 1 else "+".join(map(str, slots))
+    return f"{p.launcher}:{layout}@{p.rate}"
 
 
 def _hint_key(job: Job) -> str:

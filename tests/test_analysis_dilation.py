@@ -245,7 +245,7 @@ def test_a_searched_folder_skips_dilation_probes(tmp_path):
 
     assert RUNNERS == PROBE_DIR  # where the runner writes them is where the loader skips
     (tmp_path / "run.jsonl").write_text("{}\n")
-    sweep = tmp_path / PROBE_DIR / "mpirun-2 nodes x 4 slots@1gbit-k1"
+    sweep = tmp_path / PROBE_DIR / "mpirun-2x4@1gbit-k1"
     sweep.mkdir(parents=True)
     probe = sweep / "flat-np8-probe-0123abcd.jsonl"
     probe.write_text("{}\n")

@@ -181,3 +181,12 @@ def test_runner_names_each_repeats_file_and_a_dry_run_prints_every_command(tmp_p
     printed = capsys.readouterr().out
     assert printed.count("mpirun -np") == len(jobs)
     assert "COMMBENCH_DILATION=2" in printed
+
+
+def test_the_experiment_package_is_installed_and_in_the_image():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"experiments*"' in pyproject
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "COPY experiments experiments" in dockerfile
+    assert "experiments/__init__.py" in dockerfile  # the editable install finds it
+    assert "!experiments" in (ROOT / ".dockerignore").read_text().splitlines()

@@ -14,7 +14,7 @@
    gradients arrive in (MPI matches collectives by issue order; DDP has the
    same rule).
 4. While compute runs, ``poll`` tests the handles in flight: Open MPI
-   advances a non-blocking collective only inside MPI calls (DESIGN.md §8).
+   advances a non-blocking collective only inside MPI calls (docs/strategies.md).
    Horovod progresses on its own thread; the test only observes.
    ``progress="thread"`` (``--progress thread``) instead hands each full bucket
    to the strategy's transfer engine (``commbench.comm.engine``): one
