@@ -114,10 +114,20 @@ def _hint_key(job: Job) -> str:
     return f"{job.program}:{_cluster_key(job)}:{job.nranks}"
 
 
+def _hints() -> dict:
+    """The last K chosen for each probe (``HINTS``); none where the file is unreadable."""
+    try:
+        return json.loads(HINTS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _start_k(job: Job, hints: dict) -> int:
-    """Where the ladder starts for ``job``'s probe: the last choice, else ranks / cores."""
+    """Where the ladder starts for ``job``'s probe: the last choice (the nearest rung of the
+    ladder at or above it), else the smallest K with no more ranks than cores x K."""
     if _hint_key(job) in hints:
-        return int(hints[_hint_key(job)])
+        want = float(hints[_hint_key(job)])
+        return next((k for k in AUTO_FACTORS if k >= want), AUTO_FACTORS[-1])
     cores = os.cpu_count() or 1
     return next((k for k in AUTO_FACTORS if job.nranks <= cores * k), AUTO_FACTORS[-1])
 
@@ -147,30 +157,50 @@ class Runner:
 
     # -- the dilation -----------------------------------------------------------------
 
+    def chosen_k(self, group: Sequence[Job]) -> float | None:
+        """The K chosen before for a compared set: that of every earlier choice whose sets
+        share a name with ``group``'s and whose clusters hold all of ``group``'s (a study
+        run for C2 alone, then for all claims, keeps C2's K); None where none was. Two such
+        choices that disagree are an error: the folder holds runs of both."""
+        names = {s for j in group for s in j.sets} or {group[0].name}
+        clusters = {_cluster_key(j) for j in group}
+        ks = {float(c["dilation"]) for key, c in self.chosen.items()
+              if (names & set(c.get("sets", ())) and clusters <= set(c.get("clusters", ())))
+              or key == set_key(group)}
+        if len(ks) > 1:
+            raise RunnerError(f"{self.outdir / CHOICE_FILE}: the compared set "
+                              f"{set_key(group)} was given K = "
+                              f"{', '.join(map(dil.text, sorted(ks)))} by earlier runs; give "
+                              "a new folder, or --dilation K")
+        return ks.pop() if ks else None
+
     def resolved(self) -> list[Job]:
         """The jobs with every ``auto`` replaced by its compared set's chosen K (jobs of a
         set not yet chosen keep ``auto``)."""
         out = {j.name: j for j in self.jobs}
         for group in compared_sets([j for j in self.jobs if j.placement.dilation == "auto"]):
-            pick = self.chosen.get(set_key(group))
-            if pick is not None:
+            k = self.chosen_k(group)
+            if k is not None:
                 for j in group:
-                    out[j.name] = j.at(float(pick["dilation"]))
+                    out[j.name] = j.at(k)
         return [out[j.name] for j in self.jobs]
 
     def choose_dilations(self) -> None:
         """Probe each compared set placed at ``auto`` not yet chosen (module docstring)."""
         for group in compared_sets([j for j in self.jobs if j.placement.dilation == "auto"]):
             key = set_key(group)
-            if key in self.chosen:
+            if self.chosen_k(group) is not None:
                 continue
             largest: dict[str, Job] = {}
             for j in group:  # each cluster's (launcher, layout, rate) largest job
                 c = _cluster_key(j)
                 if c not in largest or j.nranks > largest[c].nranks:
                     largest[c] = j
-            self.chosen[key] = self._ladder(key, list(largest.values()))
+            pick = self._ladder(key, list(largest.values()))
+            self.chosen[key] = {**pick, "sets": sorted({s for j in group for s in j.sets}),
+                                "clusters": sorted(largest)}
             write_atomic(self.outdir / CHOICE_FILE, json.dumps(self.chosen, indent=1))
+            self._remember(list(largest.values()), pick["dilation"])
 
     def _probe(self, job: Job, k: int) -> list[str]:
         """The verdicts of ``job``'s probe at ``k`` (a one-point sweep of its own)."""
@@ -185,11 +215,14 @@ class Runner:
             raise RunnerError(f"dilation auto: the probe of {job.name} at K = {k} failed: see "
                               f"{where}/*.failed.json")
         pid = sweeps.point_id(sweep.points()[0], sweep)
-        return [r["bound"] for r in read_records(where / f"{pid}.jsonl") if r.get("bound")]
+        try:
+            return [r["bound"] for r in read_records(where / f"{pid}.jsonl") if r.get("bound")]
+        except (OSError, ValueError) as e:
+            raise RunnerError(f"dilation auto: the probe of {job.name} at K = {k} left no "
+                              f"readable records: {e}") from None
 
     def _ladder(self, key: str, probes: list[Job]) -> dict:
-        hints = json.loads(HINTS.read_text()) if HINTS.exists() else {}
-        k = max(_start_k(j, hints) for j in probes)
+        k = max(_start_k(j, _hints()) for j in probes)
         tried: list[dict] = []
         best = None  # the smallest K seen at which every probe was link-bound
         while True:
@@ -202,6 +235,9 @@ class Runner:
                      f"{len(host)} runs host-bound" if host else "link-bound"),
                   file=self.log, flush=True)
             if not judged:
+                if len(tried) > 1:
+                    raise RunnerError(f"dilation auto, {key}: the probes at K = {k} judged no "
+                                      "host load, those at another K did")
                 pick = {"dilation": 1.0, "why": "the probes' programs judge no host load"}
                 break
             i = AUTO_FACTORS.index(k)
@@ -221,20 +257,35 @@ class Runner:
             else:
                 k = AUTO_FACTORS[i + 1]
         pick["tried"] = tried
-        for j in probes:
-            hints[_hint_key(j)] = pick["dilation"]
-        HINTS.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(HINTS, json.dumps(hints, indent=1))
         print(f"[runner] dilation auto, {key}: K = {dil.text(pick['dilation'])} "
               f"({pick['why']})", file=self.log, flush=True)
         return pick
 
+    def _remember(self, probes: list[Job], k: float) -> None:
+        """Keep ``k`` as the next ladder's start for these probes (``HINTS``), merged into
+        what is there now (another run may have written since); a cache: a failure to
+        write it is a warning."""
+        hints = _hints()
+        hints.update({_hint_key(j): k for j in probes})
+        try:
+            HINTS.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(HINTS, json.dumps(hints, indent=1))
+        except OSError as e:
+            print(f"[runner] warning: the dilation hints were not kept ({HINTS}: {e})",
+                  file=self.log, flush=True)
+
     # -- the sweeps -------------------------------------------------------------------
 
-    def sweeps(self) -> list[tuple[sweeps.Sweep, list[Job]]]:
-        """One sweep per launcher (in the order the jobs first name it), with its jobs; a
-        job whose set's K is not chosen yet stands at K = 1 (what a dry run prints)."""
-        jobs = [j.at(1.0) if j.placement.dilation == "auto" else j for j in self.resolved()]
+    def sweeps(self, pending: float | None = None) -> list[tuple[sweeps.Sweep, list[Job]]]:
+        """One sweep per launcher (in the order the jobs first name it), with its jobs. A job
+        whose set's K is not chosen yet stands at ``pending`` (a dry run's 1); without it,
+        such a job is an error (its files are not named yet)."""
+        jobs = self.resolved()
+        waiting = sorted(j.name for j in jobs if j.placement.dilation == "auto")
+        if waiting and pending is None:
+            raise RunnerError(f"dilation auto: no K chosen yet for {', '.join(waiting)} "
+                              "(Runner.run chooses it)")
+        jobs = [j.at(pending) if j.placement.dilation == "auto" else j for j in jobs]
         launchers = list(dict.fromkeys(j.placement.launcher for j in jobs))
         out = []
         for launcher in launchers:
@@ -261,20 +312,31 @@ class Runner:
     def commands(self) -> list[tuple[Job, list[str]]]:
         """Each job's command, as its sweep will run it (``auto`` not yet chosen: at 1)."""
         out = []
-        for sweep, mine in self.sweeps():
+        for sweep, mine in self.sweeps(pending=1.0):
             for j, pt in zip(mine, sweep.points()):
                 pid = sweeps.point_id(pt, sweep)
                 out.append((j, sweeps.planned_command(
                     pt, sweep, Path(sweep.output) / f"{pid}.jsonl")))
         return out
 
-    def estimate_s(self, k_auto: float = 1.0) -> float:
-        """Wall seconds of every job and repeat, with a bring-up per cluster; jobs at
-        ``auto`` not yet chosen priced at ``k_auto``."""
+    def priced(self) -> list[Job]:
+        """The jobs at the K they will run at: chosen, or for a set not chosen yet, where its
+        ladder will start (the last choice for its probes, else ranks / cores)."""
+        hints = _hints()
+        out = {j.name: j for j in self.resolved()}
+        for group in compared_sets([j for j in out.values() if j.placement.dilation == "auto"]):
+            k = max(_start_k(j, hints) for j in group)
+            out.update({j.name: j.at(float(k)) for j in group})
+        return [out[j.name] for j in self.jobs]
+
+    def estimate_s(self, names: set[str] | None = None) -> float:
+        """Wall seconds of every job (or those named) and its repeats at the K it will run
+        at (``priced``), with a bring-up per cluster."""
         total, last = 0.0, None
-        for j in self.resolved():
-            k = k_auto if j.placement.dilation == "auto" else j.placement.k
-            total += j.estimate_s(k) * (j.repeats or self.repeats)
+        for j in self.priced():
+            if names is not None and j.name not in names:
+                continue
+            total += j.estimate_s() * (j.repeats or self.repeats)
             if j.placement.emulated and _cluster_key(j) != last:
                 total += CLUSTER_S
                 last = _cluster_key(j)
@@ -320,10 +382,8 @@ class Runner:
             done = out.with_suffix(".done.json")
             if done.exists():
                 secs.append(json.loads(done.read_text()).get("seconds") or 0.0)
-        return sum(secs) / len(secs) if secs else self.resolved_job(job).estimate_s()
-
-    def resolved_job(self, job: Job) -> Job:
-        return next(j for j in self.resolved() if j.name == job.name)
+        return sum(secs) / len(secs) if secs else next(
+            j for j in self.priced() if j.name == job.name).estimate_s()
 
     def repeat_until(self, judge: Callable[[], dict[str, int]], budget_s: float,
                      started: float) -> dict:

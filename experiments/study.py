@@ -132,7 +132,7 @@ def make_cluster(a: argparse.Namespace) -> cl.StudyCluster:
         raise StudyError(str(e)) from None
     return cl.StudyCluster(Placement(len(per_node), tuple(per_node) if listed else per_node[0],
                                      launcher=a.launcher,
-                                     dilation="auto" if k is None else float(k)))
+                                     dilation="auto" if k in (None, "auto") else float(k)))
 
 
 def check(cluster: cl.StudyCluster, claims: Sequence[cl.SeedClaim], ranks: Sequence[int],
@@ -178,7 +178,9 @@ def check(cluster: cl.StudyCluster, claims: Sequence[cl.SeedClaim], ranks: Seque
 def parse_duration(text: str, flag: str = "--budget") -> float:
     """``8h``, ``90m``, ``1h30m``, ``45s`` or plain seconds, in seconds."""
     t = text.strip().lower()
-    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", t)
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        t += "s"  # plain seconds
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", t)
     if not t or parts is None:
         raise StudyError(f"{flag} {text!r}: expected a duration such as 8h, 90m, 1h30m or "
                          "3600s")
@@ -287,13 +289,16 @@ def _records(out: Path) -> list[dict]:
 
 
 def judge_claims(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path, pct: float,
-                 judged: list) -> dict[str, int]:
+                 judged: list, fixed: set[str]) -> dict[str, int]:
     """Repeats wanted per job: for each claim whose figure is not within +-``pct`` %, as many
-    as ``stats.repeats_for_precision`` asks, on every job of the claim's set."""
+    as ``stats.repeats_for_precision`` asks, on the jobs behind its figure (the runs it
+    names, through the files they wrote), less those whose repeats the plan fixed
+    (``fixed``: the convergence study repeats itself over seeds)."""
     want: dict[str, int] = {}
     judged.clear()
+    records = _records(out)
     for claim in claims:
-        c = claim.check(_records(out), None)
+        c = claim.check(records, None)
         sp = c.spread
         if sp is None or sp.kind == stats.NONE:
             continue
@@ -302,10 +307,19 @@ def judge_claims(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path, pct:
                        "verdict": c.verdict})
         if not ok:
             n = stats.repeats_for_precision(sp, pct)
-            for j in runner.jobs:
-                if claim.id in j.sets:
-                    want[j.name] = max(want.get(j.name, 0), n)
+            for name in claim_jobs(runner, c, records) - fixed:
+                want[name] = max(want.get(name, 0), n)
     return want
+
+
+def claim_jobs(runner: Runner, claim, records: Sequence[dict]) -> set[str]:
+    """The names of the jobs behind ``claim``'s figures: the runs it names (``Claim.runs``),
+    through the results files they were written to."""
+    ids = {i for runs in claim.runs.values() for i in runs}
+    files = {Path(r["_file"]).resolve() for r in records
+             if str(r.get("run_id")) in ids and r.get("_file")}
+    return {j.name for j in runner.jobs
+            if files & {f.resolve() for f in runner.outputs(j)}}
 
 
 def verdict_lines(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path) -> list[str]:
@@ -348,23 +362,26 @@ def main(argv: list[str] | None = None) -> int:
                              "compared set): its jobs cannot resume here; give a new folder")
         runner = Runner(cl.plan(scale, cluster, claims, ranks), out, scale.repeats)
         k = cluster.placement.dilation
-        guess = 8.0 if k == "auto" else cluster.placement.k
-        total = runner.estimate_s(guess)
+        total = runner.estimate_s()
+        guess = max((j.placement.k for j in runner.priced()), default=1.0)
         if until is not None:
             for claim in claims:  # one round of each claim's set must fit
-                need = sum(j.estimate_s(guess) * (j.repeats or scale.repeats)
-                           for j in runner.jobs if claim.id in j.sets)
+                need = runner.estimate_s({j.name for j in runner.jobs if claim.id in j.sets})
                 if need > until[1]:
                     raise StudyError(f"--budget {a.budget}: {claim.id}'s jobs need ~"
                                      f"{fmt_s(need)} for one round; give at least that")
+            if total > until[1]:
+                raise StudyError(f"--budget {a.budget}: the study's first round needs ~"
+                                 f"{fmt_s(total)}; give at least that")
     except (StudyError, RunnerError, ValueError) as e:
         print(f"experiments.study: error: {e}", file=sys.stderr)
         return 2
     print(f"# experiments.study{' --quick' if a.quick else ''}: {len(runner.jobs)} points for "
           f"{', '.join(c.id for c in claims)}, "
           f"{sum(j.repeats or scale.repeats for j in runner.jobs)} jobs with repeats; expected "
-          f"~{fmt_s(total)}" + (f" at K = {dil.text(guess)} (dilation auto: probes first, "
-                                "then the K they choose)" if k == "auto" else ""), flush=True)
+          f"~{fmt_s(total)}" + (f" at K = {dil.text(guess)} (dilation auto: the K its probes "
+                                "start at, from the last choice or ranks / cores; probes "
+                                "first)" if k == "auto" else ""), flush=True)
     if a.dry_run:
         runner.dry_run()
         return 0
@@ -375,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         if until is None:
             counts = runner.run()
         else:
-            d = runner.repeat_until(lambda: judge_claims(runner, claims, out, until[0], judged),
-                                    until[1], started)
+            fixed = {j.name for j in runner.jobs if j.repeats is not None}
+            d = runner.repeat_until(
+                lambda: judge_claims(runner, claims, out, until[0], judged, fixed), until[1],
+                started)
             (out / UNTIL_FILE).write_text(json.dumps({**d, "pct": until[0], "claims": judged},
                                                      indent=1))
             counts = {"failed": runner.failed}

@@ -17,7 +17,7 @@ from experiments import EXPERIMENTS
 from experiments import claims as cl
 from experiments import study as st
 from experiments.job import Job, Placement
-from experiments.runner import Runner, compared_sets
+from experiments.runner import Runner, RunnerError, compared_sets
 from launch.execute import INTERRUPTED
 from tests.conftest import PY, ROOT, read_jsonl
 
@@ -190,3 +190,41 @@ def test_the_experiment_package_is_installed_and_in_the_image():
     assert "COPY experiments experiments" in dockerfile
     assert "experiments/__init__.py" in dockerfile  # the editable install finds it
     assert "!experiments" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_a_chosen_k_serves_every_set_that_shares_a_name_and_its_clusters(tmp_path):
+    """A study run for C2 alone, then for every claim, keeps C2's K; two earlier choices
+    that disagree for one set are refused; files are not named before a K is chosen."""
+    cluster = cl.StudyCluster(Placement(2, 4, dilation="auto"))
+    c2 = Runner(cl.plan(st.QUICK, cluster, [cl.BY_ID["C2"]]), tmp_path)
+    with pytest.raises(RunnerError, match="no K chosen yet"):
+        c2.outputs("flat-np8")
+    assert "COMMBENCH_DILATION" not in " ".join(a for _, argv in c2.commands() for a in argv)
+    c2.chosen = {"C2": {"dilation": 16.0, "sets": ["C2"], "clusters": ["mpirun:2x4@4gbit"]}}
+    everything = Runner(cl.plan(st.QUICK, cluster), tmp_path)
+    everything.chosen = c2.chosen
+    ks = {j.name: j.placement.dilation for j in everything.resolved()}
+    assert ks["flat-np8"] == ks["accum-k4"] == 16.0  # C7 shares flat-np8 with C2
+    assert ks["real-digits-b16"] == 1.0  # the host's compute: K = 1 under auto
+    assert everything.outputs("flat-np8")[0].parent == tmp_path
+    everything.chosen = {**c2.chosen, "C7": {"dilation": 8.0, "sets": ["C7"],
+                                             "clusters": ["mpirun:2x4@4gbit"]}}
+    with pytest.raises(RunnerError, match="K = 8, 16"):
+        everything.resolved()
+
+
+@pytest.mark.parametrize("text,seconds", [("90m", 5400), ("1h30m", 5400), ("3600", 3600),
+                                          ("45s", 45)])
+def test_durations(text, seconds):
+    assert st.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1h30", "soon", "0m", ""])
+def test_bad_durations(text):
+    with pytest.raises(st.StudyError, match="--budget"):
+        st.parse_duration(text)
+
+
+def test_dilation_auto_given_is_the_default():
+    a = st.build_parser().parse_args(["--dilation", "auto"])
+    assert st.make_cluster(a).placement.dilation == "auto"

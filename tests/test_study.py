@@ -425,7 +425,7 @@ def _c2_jobs(tmp_path, monkeypatch, budget_s: float):
     monkeypatch.setattr(rn, "time", clock)
     judged: list = []
     info = runner.repeat_until(
-        lambda: study.judge_claims(runner, cl.SEED_CLAIMS, out, 10.0, judged), budget_s,
+        lambda: study.judge_claims(runner, cl.SEED_CLAIMS, out, 10.0, judged, set()), budget_s,
         clock.t)
     return runner, ran, info, judged
 
