@@ -138,7 +138,8 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
         if self.slow_rank:
             replayed *= self.slow_rank[1]
         steps = (self.steps + self.warmup + int(self.validate)) * len(runs_of(self))
-        return Seconds(steps * (replayed + where.allreduce_s(params * 4)), steps * host)
+        comm = where.allreduce(params * 4)
+        return Seconds(steps * (replayed + comm.dilated), steps * (host + comm.host))
 
     def _profile_step_s(self, params: int) -> float:
         """The replayed profile's step; one not yet written (a job that replays what an

@@ -49,16 +49,17 @@ class Where:
         """Ranks sharing each core (at least 1)."""
         return max(1.0, self.ranks / self.cores)
 
-    def allreduce_s(self, nbytes: float) -> float:
-        """Seconds a ring all-reduce of ``nbytes`` takes on these ranks: the bytes each rank
-        sends through shared memory (all on the first node) or the node link."""
+    def allreduce(self, nbytes: float) -> Seconds:
+        """How long a ring all-reduce of ``nbytes`` takes on these ranks: the bytes each
+        rank sends through the node link (emulated: dilation stretches it) or, all ranks on
+        the first node, through shared memory (the host's own copies: it does not)."""
         if self.ranks < 2:
-            return 0.0
+            return Seconds(0.0)
         moved = metrics.ring_bytes(nbytes, self.ranks)
         if self.ranks <= self.local:
-            return moved / SHM_BYTES_S
+            return Seconds(0.0, moved / SHM_BYTES_S)
         gbps = (self.link_gbps or ASSUMED_GBPS) * LINK_EFFICIENCY
-        return moved * 8 / (gbps * 1e9)
+        return Seconds(moved * 8 / (gbps * 1e9))
 
 
 class Seconds(NamedTuple):

@@ -180,9 +180,9 @@ class MicroConfig(ToolConfig):
     def emulated_s(self, where: Where) -> Seconds:
         """How long the sweep takes on ``where`` (``commbench.jobtime``): every size of
         every type, each algorithm, warm-up and timed calls, at about a ring's link time."""
-        per_iter = sum(where.allreduce_s(n) for n in self.sizes()) * len(self.algos) \
-            * len(self.dtypes)
-        return Seconds((self.iters + self.warmup_iters) * per_iter)
+        calls = (self.iters + self.warmup_iters) * len(self.algos) * len(self.dtypes)
+        per = [where.allreduce(n) for n in self.sizes()]
+        return Seconds(calls * sum(t.dilated for t in per), calls * sum(t.host for t in per))
 
     def probe(self) -> MicroConfig:
         """This sweep shortened for a dilation probe: 3 timed calls after 1, no table."""
