@@ -142,7 +142,7 @@ def _host_note(g: Sequence[dict], links: bool = True) -> str:
     note = f"; its runs were {match.host_verdict(g)}"
     if links and max(num(r.get("nodes")) for r in g) > 1:
         note += (": the figure holds this machine's scheduling as well as the links, rerun "
-                 "with --dilation (launch.cluster, launch.sweep)")
+                 "at a higher dilation (python -m experiments.study --dilation K)")
     return note
 
 

@@ -37,7 +37,7 @@ from commbench.flags import (
     positive_int,
 )
 from commbench.hostload import HostMonitor
-from commbench.jobtime import HOST_S_PER_PARAM, Seconds, Where, real_pass_s
+from commbench.jobtime import HOST_S_PER_PARAM, REAL_FIXED_S, Seconds, Where, real_pass_s
 from commbench.lifecycle import run_job
 from commbench.models.registry import parameter_shapes
 from commbench.output import Output, merge_rank_fields, rank_extras, summarize_extras
@@ -121,15 +121,18 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
              f"{DEFAULT_STEPS}")
 
     def emulated_s(self, where: Where) -> Seconds:
-        """How long this job's runs take on ``where`` (``commbench.jobtime``): per run
-        (warm-up + steps + validation), the replayed compute and the gradient's ring
-        all-reduce, which dilation stretches, and the ranks' own host work (writing
-        gradients, the update; real passes), which it does not."""
+        """How long this job takes on ``where`` (``commbench.jobtime``): per run (warm-up +
+        steps), the replayed compute and the gradient's ring all-reduce across nodes, which
+        dilation stretches; the ranks' start-up and own host work (writing gradients, the
+        update; real passes; copies within a node), which it does not."""
         params = self.parameter_count()
         k = self.sync.accum_steps
         host = params * HOST_S_PER_PARAM * where.share
+        runs = len(runs_of(self))
+        fixed = where.startup_s()
         if self.workload != "synthetic":
             host += real_pass_s(params, self.batch_size, self.image_size) * where.share * k
+            fixed += REAL_FIXED_S * runs
             replayed = 0.0
         elif self.compute_profile:
             replayed = self._profile_step_s(params) * self.compute_scale * k
@@ -137,9 +140,9 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
             replayed = self.compute_ms / 1e3 * k
         if self.slow_rank:
             replayed *= self.slow_rank[1]
-        steps = (self.steps + self.warmup + int(self.validate)) * len(runs_of(self))
+        steps = (self.steps + self.warmup) * runs  # (validation: one all-reduce, no step)
         comm = where.allreduce(params * 4)
-        return Seconds(steps * (replayed + comm.dilated), steps * (host + comm.host))
+        return Seconds(steps * (replayed + comm.dilated), fixed + steps * (host + comm.host))
 
     def _profile_step_s(self, params: int) -> float:
         """The replayed profile's step; one not yet written (a job that replays what an

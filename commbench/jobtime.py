@@ -6,9 +6,10 @@ shortened form for a probe (``probe()``); the experiment runner adds start-up
 and link tests, and multiplies the emulated part by the job's dilation K
 (``experiments.job.Job.estimate_s``). Stdlib only: planning starts no MPI.
 
-The rates below are this kind of machine's (2 cores), measured as the comments
-say; the estimate is checked against recorded job seconds
-(``tests/test_experiments.py``), within +-30 %.
+The rates below are this kind of machine's (2 cores), fitted to the job seconds
+of the quick study's 31 jobs (``tests/data/job_seconds.json``: 8 ranks on 2
+cores, K = 16 and 1); the estimate is checked against them
+(``tests/test_experiments.py``), within +-30 % per job.
 """
 
 from __future__ import annotations
@@ -21,9 +22,18 @@ from commbench import metrics
 
 LINK_EFFICIENCY = 0.95  # tbf-shaped links carry 0.944-0.956 of their rate (docs/fidelity.md)
 SHM_BYTES_S = 1.1e9  # one node's shared memory, busbw, 2 ranks per core
-HOST_S_PER_PARAM = 2.6e-9  # writing gradients + SGD per parameter and rank per core
-# (README: 270 ms for 25.6 M parameters with 8 ranks on 2 cores)
-REAL_S_PER_SAMPLE = 6e-4  # small CNN on digits at 32 px, per sample on one core
+#: writing gradients + SGD per parameter and rank per core (the quick study's fit: twice the
+#: README's 270 ms for 25.6 M parameters with 8 ranks on 2 cores, which timed them alone)
+HOST_S_PER_PARAM = 5.2e-9
+#: a real training step's own CPU seconds on one core: fixed (the step's Python, the
+#: evaluation's share) and per sample (small CNN on digits at 32 px), fitted
+REAL_STEP_S = 0.025
+REAL_S_PER_SAMPLE = 4e-4
+#: a real-workload run's own fixed seconds: the data set, the model, the held-out evaluation
+REAL_FIXED_S = 10.0
+#: CPU seconds each rank spends before its first step (torch 1.4 s, torch.optim's dynamo
+#: 1.5 s, the model, MPI's start; docs/setup.md), by tool; the ranks share the cores
+STARTUP_CPU_S = {"train": 4.5, "microbench": 3.0}
 ASSUMED_GBPS = 1.0  # a real cluster's link, for the estimate only (its rate is not known)
 
 
@@ -48,6 +58,11 @@ class Where:
     def share(self) -> float:
         """Ranks sharing each core (at least 1)."""
         return max(1.0, self.ranks / self.cores)
+
+    def startup_s(self, tool: str = "train") -> float:
+        """Wall seconds until every rank's first step: each rank's start-up CPU
+        (``STARTUP_CPU_S``), the ranks sharing the cores."""
+        return STARTUP_CPU_S[tool] * max(1.0, self.ranks / self.cores) * min(1.0, self.ranks)
 
     def allreduce(self, nbytes: float) -> Seconds:
         """How long a ring all-reduce of ``nbytes`` takes on these ranks: the bytes each
@@ -77,12 +92,14 @@ class Seconds(NamedTuple):
 
 #: a real forward + backward pass on this machine's CPU, per parameter and sample at 224 px
 #: (ResNet-50 at batch 32, 224 px: ~8 s in one process on 2 cores, 25.6 M parameters)
-CPU_S_PER_PARAM_SAMPLE = 1e-8
+CPU_S_PER_PARAM_SAMPLE = 2e-8
 
 
 def real_pass_s(params: int, batch: int | None, image_size: int | None) -> float:
-    """Seconds of one real forward + backward of a model of ``params`` on ``batch`` samples
-    (32 where not yet resolved) at ``image_size`` px (activations scale with the pixels); a
-    small model costs at least ``REAL_S_PER_SAMPLE`` a sample (its overheads)."""
-    pixels = ((image_size or 64) / 224) ** 2  # 64 px: the CPU default
-    return (batch or 32) * max(REAL_S_PER_SAMPLE, params * pixels * CPU_S_PER_PARAM_SAMPLE)
+    """Seconds of one real training step (forward + backward + update) of a model of
+    ``params`` on ``batch`` samples (32 where not yet resolved) at ``image_size`` px
+    (activations scale with the pixels) on one core: ``REAL_STEP_S``, and a small model
+    costs at least ``REAL_S_PER_SAMPLE`` a sample."""
+    pixels = ((image_size or 64) / 224) ** 2  # (64 px: the CPU default)
+    per_sample = max(REAL_S_PER_SAMPLE, params * pixels * CPU_S_PER_PARAM_SAMPLE)
+    return REAL_STEP_S + (batch or 32) * per_sample

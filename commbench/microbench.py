@@ -182,7 +182,8 @@ class MicroConfig(ToolConfig):
         every type, each algorithm, warm-up and timed calls, at about a ring's link time."""
         calls = (self.iters + self.warmup_iters) * len(self.algos) * len(self.dtypes)
         per = [where.allreduce(n) for n in self.sizes()]
-        return Seconds(calls * sum(t.dilated for t in per), calls * sum(t.host for t in per))
+        return Seconds(calls * sum(t.dilated for t in per),
+                       where.startup_s("microbench") + calls * sum(t.host for t in per))
 
     def probe(self) -> MicroConfig:
         """This sweep shortened for a dilation probe: 3 timed calls after 1, no table."""

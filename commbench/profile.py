@@ -146,7 +146,7 @@ class ProfileConfig(WorkloadSpec):
         """How long the profile takes (``commbench.jobtime``): real passes, host work."""
         params = sum(math.prod(s) for _, s in parameter_shapes(
             self.model, self.num_classes or 1000, self.model_kwargs))
-        return Seconds(0.0, (self.iters + self.warmup)
+        return Seconds(0.0, where.startup_s() + (self.iters + self.warmup)
                        * real_pass_s(params, self.batch_size, self.image_size) * where.share)
 
     def probe(self) -> ProfileConfig:

@@ -59,7 +59,7 @@ from commbench.flags import (
     positive_float,
     positive_int,
 )
-from commbench.jobtime import REAL_S_PER_SAMPLE, Seconds, Where
+from commbench.jobtime import Seconds, Where, real_pass_s
 from commbench.lifecycle import run_job
 from commbench.models.registry import MODELS
 from commbench.output import Output
@@ -164,8 +164,8 @@ class StudyConfig(ToolConfig):
         """How long the study takes on ``where`` (``commbench.jobtime``): real passes of the
         small model, every run of every seed, its evaluations included (host work: the
         gradient's transfers are small beside them)."""
-        step = self.batch_size * REAL_S_PER_SAMPLE * where.share
-        return Seconds(0.0, len(seeded_runs(self)) * self.steps * step * 1.2)
+        step = real_pass_s(0, self.batch_size, self.image_size) * where.share
+        return Seconds(0.0, where.startup_s() + len(seeded_runs(self)) * self.steps * step * 1.2)
 
     def probe(self) -> StudyConfig:
         """The study shortened for a dilation probe: its first seed, 10 steps."""

@@ -20,10 +20,9 @@ from commbench.jobtime import Seconds, Where
 from launch.cluster import parse_rate
 from launch.commands import layout_text
 
-#: wall seconds before a job's first step that no dilation stretches: the launcher, every
-#: rank importing torch (~4 s of CPU each, docs/setup.md), validation; per rank on 2 cores
-STARTUP_S = 12.0
-STARTUP_S_PER_RANK = 1.5
+#: wall seconds of the launcher itself (mpirun, the ranks' start-up is the tool's:
+#: ``commbench.jobtime.Where.startup_s``)
+STARTUP_S = 1.0
 #: wall seconds to bring an emulated cluster up, test its link and take it down (paid once per
 #: run of consecutive jobs on one cluster shape)
 CLUSTER_S = 8.0
@@ -138,11 +137,12 @@ class Job:
         return self.config.emulated_s(self.where())
 
     def estimate_s(self, k: float | None = None) -> float:
-        """Wall seconds of one run of this job at dilation ``k`` (default: its own):
-        start-up, then its own time (``Seconds.wall_s``). A cluster's bring-up and link test
-        are the runner's (``CLUSTER_S``, once per cluster)."""
+        """Wall seconds of one run of this job at dilation ``k`` (default: its own): the
+        launcher, then the tool's own time (``Seconds.wall_s``: its ranks' start-up and host
+        work, and K x its emulated seconds). A cluster's bring-up and link test are the
+        runner's (``CLUSTER_S``, once per cluster)."""
         k = self.placement.k if k is None else k
-        return STARTUP_S + STARTUP_S_PER_RANK * self.nranks + self.seconds().wall_s(k)
+        return STARTUP_S + self.seconds().wall_s(k)
 
     def timeout(self) -> float:
         """The deadline in emulated seconds (the sweep multiplies it by K)."""

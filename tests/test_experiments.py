@@ -16,7 +16,7 @@ import pytest
 from experiments import EXPERIMENTS
 from experiments import claims as cl
 from experiments import study as st
-from experiments.job import Job, Placement
+from experiments.job import CLUSTER_S, Job, Placement
 from experiments.runner import Runner, RunnerError, compared_sets
 from launch.execute import INTERRUPTED
 from tests.conftest import PY, ROOT, read_jsonl
@@ -228,3 +228,24 @@ def test_bad_durations(text):
 def test_dilation_auto_given_is_the_default():
     a = st.build_parser().parse_args(["--dilation", "auto"])
     assert st.make_cluster(a).placement.dilation == "auto"
+
+
+def test_the_estimate_is_within_30_percent_of_recorded_job_seconds():
+    """Every job of a recorded quick study (``job_seconds.json``: each job's wall seconds from
+    its ``.done.json``, its K, and whether it brought its cluster up) against its estimate at
+    that K, planned from the scale it ran with."""
+    data = json.loads((DATA / "job_seconds.json").read_text())
+    scale = cl.Scale(**{k: tuple(v) if isinstance(v, list) else v
+                        for k, v in data["scale"].items()})
+    jobs = {j.name: j for j in cl.plan(scale, cl.StudyCluster(Placement(2, 4, dilation="auto")))}
+    assert len(data["jobs"]) == 31
+    off = []
+    for rec in data["jobs"]:
+        job = jobs[rec["name"]]
+        if job.placement.dilation == "auto":
+            job = job.at(rec["dilation"])
+        assert job.placement.k == rec["dilation"], rec  # host jobs ran at K = 1 under auto
+        est = job.estimate_s() + (CLUSTER_S if rec["first_on_cluster"] else 0.0)
+        if not 0.7 <= est / rec["seconds"] <= 1.3:
+            off.append(f"{rec['name']} r{rec['repeat']}: {est:.0f} s for {rec['seconds']:.0f}")
+    assert off == []
