@@ -78,7 +78,7 @@ def _decide(spread: stats.Spread, threshold: float, holds_below: bool, what: str
                  f"{threshold:{fmt}}; " + (f"about {need} runs a side would decide it"
                                             if need else "no number of repeats decides it"))
     elif spread.kind == stats.SINGLE:
-        note += ": no spread (launch.study --repeats, launch.sweep --repeats)"
+        note += ": no spread (experiments.study --repeats, launch.sweep --repeats)"
     return verdict, note
 
 
@@ -142,7 +142,7 @@ def _host_note(g: Sequence[dict], links: bool = True) -> str:
     note = f"; its runs were {match.host_verdict(g)}"
     if links and max(num(r.get("nodes")) for r in g) > 1:
         note += (": the figure holds this machine's scheduling as well as the links, rerun "
-                 "at a higher dilation (python -m experiments.study --dilation K)")
+                 "with --dilation K, higher (python -m experiments.study)")
     return note
 
 
@@ -468,7 +468,7 @@ def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, lis
         if ref is not None and stale:
             usable.append((ref, group, stale))
     if not usable:
-        why = ("no convergence runs (python -m commbench.staleness; launch.study plans them "
+        why = ("no convergence runs (python -m commbench.staleness; experiments.study plans them "
                "as convergence-digits)" if not pts else
                "no convergence runs at s = 0 and s > 0 of one set-up and target")
         return NOT_HERE, "", why, {}, []

@@ -240,7 +240,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
               "comm times (C1-C4, C7) prefer sets whose runs were all link-bound, and say so "
               "where the set they judge on was host-bound; the host column gives the "
               "verdict's runs' time dilation and host verdict.", "",
-              "Repeats of one set-up (`launch.study --repeats`) are one sample: the figure a "
+              "Repeats of one set-up (`experiments.study --repeats`) are one sample: the figure a "
               "verdict compares with its threshold is the median (or the ratio of medians), "
               "with a 95 % interval from 6 runs a side (order statistics of the median, a "
               "seeded bootstrap of a ratio; `analysis/stats.py`), else the range over the "
@@ -263,12 +263,12 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
     return page
 
 
-#: what ``launch.study --repeat-until`` did, in its results folder
+#: what ``experiments.study --repeat-until`` did, in its results folder
 UNTIL_FILE = "repeat-until.json"
 
 
 def repeat_until_lines(paths: Sequence[str]) -> list[str]:
-    """What ``launch.study --repeat-until PCT --budget D`` did (``UNTIL_FILE`` in a results
+    """What ``experiments.study --repeat-until PCT --budget D`` did (``UNTIL_FILE`` in a results
     folder given): the repeats each point ran, the rounds, and why it stopped."""
     found = [Path(p) / UNTIL_FILE for p in paths if (Path(p) / UNTIL_FILE).is_file()]
     if not found:
@@ -278,7 +278,7 @@ def repeat_until_lines(paths: Sequence[str]) -> list[str]:
     except (OSError, ValueError) as e:
         return ["## Repeats until a precision", "", f"{found[0]} unreadable: {e}", ""]
     lines = ["## Repeats until a precision", "",
-             f"`launch.study --repeat-until {d['pct']:g}` with a budget of "
+             f"`experiments.study --repeat-until {d['pct']:g}` with a budget of "
              f"{d['budget_s'] / 3600:.1f} h: the study took {d['spent_s'] / 3600:.1f} h and "
              f"stopped because {d['stopped']}.", ""]
     for i, r in enumerate(d.get("rounds", []), 1):

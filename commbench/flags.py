@@ -3,7 +3,7 @@
 A flag is declared once, on the dataclass field it sets, with ``flag(...)``:
 its name, its default (the field's), its type, choices and help. A tool's
 parser adds a dataclass's flags with ``add_fields``, and ``to_argv`` renders a
-configuration back to the command line that gives it (``launch.study`` plans
+configuration back to the command line that gives it (``experiments.claims`` plans
 typed configurations and runs them this way). So ``--help``, a configuration
 built in code and a planned job agree on every default.
 

@@ -4,7 +4,7 @@
   field's default: no flag default is written twice.
 - No product module adds an argument by hand outside ``commbench/flags.py``.
 - ``to_argv`` gives back the command line of a configuration: parsing it gives the same
-  configuration (``launch.study`` plans jobs this way).
+  configuration (``experiments.claims`` plans jobs this way).
 - ``--bucket-mb`` goes from the command line to the bucketed strategy's caps by field name.
 - A strategy flag is declared once, on the settings class that owns it; a strategy that
   reads the same flag takes that field (``flags.same_flag``), default and all.

@@ -16,7 +16,8 @@ import pytest
 from commbench.cores import MACHINE_RANKS_ENV
 from commbench.linkstats import GBPS_ENV, IFACE_ENV, SHAPING_ENV, WIRE_GBPS_ENV
 from commbench.results import link_info
-from launch import cluster, commands, links, study, sweep
+from experiments import study
+from launch import cluster, commands, links, sweep
 from launch.cluster import ClusterSpec
 from launch.commands import Host, NodeSet, on_nodes
 from tests.conftest import ROOT

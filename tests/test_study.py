@@ -23,7 +23,7 @@ from commbench.jobtime import LINK_EFFICIENCY
 from experiments import claims as cl
 from experiments import study
 from experiments.claims import Scale, StudyCluster
-from experiments.job import STARTUP_S, STARTUP_S_PER_RANK, Job, Placement
+from experiments.job import STARTUP_S, Job, Placement
 from experiments.runner import Runner
 from experiments.study import FULL, QUICK
 from launch import commands, links
@@ -181,7 +181,8 @@ def test_quick_study_is_estimated_within_its_budget():
 
 def _own_s(job: Job) -> float:
     """A job's estimate without its start-up: its configuration's own time."""
-    return job.estimate_s() - STARTUP_S - STARTUP_S_PER_RANK * job.nranks
+    return job.estimate_s() - STARTUP_S - job.where().startup_s(
+        "microbench" if job.program == "commbench.microbench" else "train")
 
 
 def test_microbench_estimate_reads_its_own_sizes_and_where_it_runs():
