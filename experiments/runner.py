@@ -319,21 +319,30 @@ class Runner:
                     pt, sweep, Path(sweep.output) / f"{pid}.jsonl")))
         return out
 
-    def priced(self) -> list[Job]:
+    def priced(self, rungs: int = 0) -> list[Job]:
         """The jobs at the K they will run at: chosen, or for a set not chosen yet, where its
-        ladder will start (the last choice for its probes, else ranks / cores)."""
+        ladder will start (the last choice for its probes, else ranks / cores), or
+        ``rungs`` rungs above it."""
         hints = _hints()
         out = {j.name: j for j in self.resolved()}
         for group in compared_sets([j for j in out.values() if j.placement.dilation == "auto"]):
-            k = max(_start_k(j, hints) for j in group)
+            i = AUTO_FACTORS.index(max(_start_k(j, hints) for j in group))
+            k = AUTO_FACTORS[min(i + rungs, len(AUTO_FACTORS) - 1)]
             out.update({j.name: j.at(float(k)) for j in group})
         return [out[j.name] for j in self.jobs]
 
-    def estimate_s(self, names: set[str] | None = None) -> float:
+    def from_hints(self) -> bool:
+        """Whether every set not chosen yet starts its ladder at a remembered K (one of its
+        jobs, its probe, has one)."""
+        hints = _hints()
+        return all(any(_hint_key(j) in hints for j in group) for group in compared_sets(
+            [j for j in self.resolved() if j.placement.dilation == "auto"]))
+
+    def estimate_s(self, names: set[str] | None = None, rungs: int = 0) -> float:
         """Wall seconds of every job (or those named) and its repeats at the K it will run
         at (``priced``), with a bring-up per cluster."""
         total, last = 0.0, None
-        for j in self.priced():
+        for j in self.priced(rungs):
             if names is not None and j.name not in names:
                 continue
             total += j.estimate_s() * (j.repeats or self.repeats)

@@ -344,6 +344,21 @@ def verdict_lines(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path) -> 
     return lines
 
 
+def _auto_words(runner: Runner, guess: float, k: float | str) -> str:
+    """What the expected time assumes of ``--dilation auto``: the K the probes start at, from
+    the last choice; on a machine without one, also the time two rungs up (the probes
+    climbed from 4 to 16 on this 2-core machine: docs/claims.md)."""
+    if k != "auto":
+        return ""
+    if runner.from_hints():
+        return (f" at K = {dil.text(guess)}, the last K chosen here (dilation auto: probes "
+                "first)")
+    up = max((j.placement.k for j in runner.priced(2)), default=guess)
+    return (f" at K = {dil.text(guess)}, the probes' first rung, to ~"
+            f"{fmt_s(runner.estimate_s(rungs=2))} at K = {dil.text(up)} (dilation auto: "
+            "probes first choose it)")
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
@@ -379,9 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# experiments.study{' --quick' if a.quick else ''}: {len(runner.jobs)} points for "
           f"{', '.join(c.id for c in claims)}, "
           f"{sum(j.repeats or scale.repeats for j in runner.jobs)} jobs with repeats; expected "
-          f"~{fmt_s(total)}" + (f" at K = {dil.text(guess)} (dilation auto: the K its probes "
-                                "start at, from the last choice or ranks / cores; probes "
-                                "first)" if k == "auto" else ""), flush=True)
+          f"~{fmt_s(total)}" + _auto_words(runner, guess, k), flush=True)
     if a.dry_run:
         runner.dry_run()
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -249,3 +250,18 @@ def test_the_estimate_is_within_30_percent_of_recorded_job_seconds():
         if not 0.7 <= est / rec["seconds"] <= 1.3:
             off.append(f"{rec['name']} r{rec['repeat']}: {est:.0f} s for {rec['seconds']:.0f}")
     assert off == []
+
+
+def test_the_expected_time_names_the_k_it_assumes(tmp_path):
+    """Without a remembered K the study prices its compared set at the probes' first rung and
+    two rungs up (the quick study's probes climbed from 4 to 16 on 2 cores); with one, at it."""
+    env = {**os.environ, "COMMBENCH_CACHE": str(tmp_path)}
+    args = [PY, "-m", "experiments.study", "--quick", "--dry-run", "-o", str(tmp_path / "s")]
+    fresh = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert fresh.returncode == 0, fresh.stderr
+    head = fresh.stdout.splitlines()[0]
+    assert "the probes' first rung, to ~" in head, head
+    hint = {"commbench.allreduce:mpirun:2x4@4gbit:8": 16.0}
+    (tmp_path / "dilation-hints.json").write_text(json.dumps(hint))
+    known = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert "at K = 16, the last K chosen here" in known.stdout.splitlines()[0]
