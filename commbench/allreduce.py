@@ -41,7 +41,7 @@ from commbench.jobtime import HOST_S_PER_PARAM, REAL_FIXED_S, Seconds, Where, re
 from commbench.lifecycle import run_job
 from commbench.models.registry import parameter_shapes
 from commbench.output import Output, merge_rank_fields, rank_extras, summarize_extras
-from commbench.profilefile import ProfileError
+from commbench.profilefile import ComputeProfile, ProfileError
 from commbench.profilefile import read as read_profile
 from commbench.results import run_fields
 from commbench.steploop import run_steps
@@ -125,7 +125,8 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
         steps), the replayed compute and the gradient's ring all-reduce across nodes, which
         dilation stretches; the ranks' start-up and own host work (writing gradients, the
         update; real passes; copies within a node), which it does not."""
-        params = self.parameter_count()
+        prof = self._replayed_profile()
+        params = prof.params if prof else self._model_params()
         k = self.sync.accum_steps
         host = params * HOST_S_PER_PARAM * where.share
         runs = len(runs_of(self))
@@ -135,7 +136,11 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
             fixed += REAL_FIXED_S * runs
             replayed = 0.0
         elif self.compute_profile:
-            replayed = self._profile_step_s(params) * self.compute_scale * k
+            # a profile not yet written (a job that replays what an earlier job of its
+            # experiment profiles) is priced as a real pass here would take
+            step_s = prof.step_s if prof else real_pass_s(params, self.batch_size,
+                                                          self.image_size)
+            replayed = step_s * self.compute_scale * k
         else:
             replayed = self.compute_ms / 1e3 * k
         if self.slow_rank:
@@ -144,22 +149,19 @@ class Config(WorkloadSpec, StepCount, ToolConfig):
         comm = where.allreduce(params * 4)
         return Seconds(steps * (replayed + comm.dilated), fixed + steps * (host + comm.host))
 
-    def _profile_step_s(self, params: int) -> float:
-        """The replayed profile's step; one not yet written (a job that replays what an
-        earlier job of its experiment profiles) as a real pass here would take."""
+    def _replayed_profile(self) -> ComputeProfile | None:
+        """The profile this job replays, read once for its estimate; None where it replays
+        none or its file is not written yet."""
+        if self.workload != "synthetic" or not self.compute_profile:
+            return None
         try:
-            return read_profile(self.compute_profile).step_s
+            return read_profile(self.compute_profile)
         except ProfileError:
-            return real_pass_s(params, self.batch_size, self.image_size)
+            return None
 
-    def parameter_count(self) -> int:
-        """The gradient's elements: from the replayed profile where there is one (no model
-        is built), else from the model's shapes (the default model where none is given)."""
-        if self.workload == "synthetic" and self.compute_profile:
-            try:
-                return read_profile(self.compute_profile).params
-            except ProfileError:
-                pass  # not written yet: the model's own
+    def _model_params(self) -> int:
+        """The gradient's elements from the model's shapes (the default model where none is
+        given): for a job without a readable profile."""
         model = self.model or ("resnet50" if self.workload == "synthetic" else "resnet18")
         return sum(math.prod(s) for _, s in parameter_shapes(
             model, self.num_classes or 1000, self.model_kwargs))

@@ -16,15 +16,14 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import match
 from commbench import dilation as dil
 from commbench.results import read_records
 from experiments.job import Job
-from experiments.runner import Runner, RunnerError
-from launch import sweep as sweeps
+from experiments.runner import Runner, RunnerError, one_sweep
 from launch.execute import interruptible
 
 ROOT = Path(__file__).resolve().parents[1]  # default results go here: results/<stem>-<time>
@@ -80,9 +79,7 @@ def output_of(job: Job, sweep_dir: Path) -> Path:
     """The results file the runner gives ``job`` in a sweep writing to ``sweep_dir``: named
     by the point's id, which depends on the point and its launcher alone, so a job can name
     another's file before either runs (a profile the next job replays)."""
-    sweep = sweeps.make_sweep({"launcher": job.placement.launcher, "output": str(sweep_dir)},
-                              {}, [job.point()])
-    return sweep_dir / f"{sweeps.point_id(sweep.points()[0], sweep)}.jsonl"
+    return one_sweep(job, sweep_dir)[1]
 
 
 def records(path: Path, kind: str) -> list[dict]:
@@ -150,8 +147,3 @@ class Benchmark:
             return 1 if runner.failed else status
 
         return interruptible(body, f"benchmarks.{self.stem.replace('-', '_')}")
-
-
-def with_sets(jobs: Sequence[Job], key: Callable[[Job], str]) -> list[Job]:
-    """``jobs`` each in the compared set ``key(job)`` names."""
-    return [replace(j, sets=frozenset({key(j)})) for j in jobs]

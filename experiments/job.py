@@ -136,19 +136,20 @@ class Job:
     def seconds(self) -> Seconds:
         return self.config.emulated_s(self.where())
 
-    def estimate_s(self, k: float | None = None) -> float:
+    def estimate_s(self, k: float | None = None, seconds: Seconds | None = None) -> float:
         """Wall seconds of one run of this job at dilation ``k`` (default: its own): the
         launcher, then the tool's own time (``Seconds.wall_s``: its ranks' start-up and host
-        work, and K x its emulated seconds). A cluster's bring-up and link test are the
-        runner's (``CLUSTER_S``, once per cluster)."""
+        work, and K x its emulated seconds; ``seconds`` where already asked). A cluster's
+        bring-up and link test are the runner's (``CLUSTER_S``, once per cluster)."""
         k = self.placement.k if k is None else k
-        return STARTUP_S + self.seconds().wall_s(k)
+        return STARTUP_S + (seconds or self.seconds()).wall_s(k)
 
-    def timeout(self) -> float:
+    def timeout(self, seconds: Seconds | None = None) -> float:
         """The deadline in emulated seconds (the sweep multiplies it by K)."""
         if self.timeout_s is not None:
             return float(self.timeout_s)
-        return float(max(MIN_TIMEOUT_S, round(TIMEOUT_FACTOR * self.estimate_s(1.0))))
+        return float(max(MIN_TIMEOUT_S,
+                         round(TIMEOUT_FACTOR * self.estimate_s(1.0, seconds))))
 
     def at(self, k: float | str | None) -> Job:
         """This job at dilation ``k``."""
@@ -168,8 +169,9 @@ class Job:
                       rate=p.rate or "none")
             if p.dilation not in (None, 1, 1.0):
                 pt["dilation"] = p.dilation
-        pt.update(program=self.program, args=self.args, timeout=self.timeout(),
-                  estimate_s=round(self.estimate_s()))
+        sec = self.seconds()  # the tool's estimate, asked once
+        pt.update(program=self.program, args=self.args, timeout=self.timeout(sec),
+                  estimate_s=round(self.estimate_s(seconds=sec)))
         if self.repeats is not None:
             pt["repeats"] = self.repeats
         return pt

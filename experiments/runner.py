@@ -122,6 +122,19 @@ def _hints() -> dict:
         return {}
 
 
+def one_sweep(job: Job, folder: Path) -> tuple[sweeps.Sweep, Path]:
+    """A sweep of ``job`` alone writing to ``folder``, and the results file it gives the job
+    (named by the point's id: the point and its launcher alone decide it)."""
+    sweep = sweeps.make_sweep({"launcher": job.placement.launcher, "output": str(folder)},
+                              {}, [job.point()])
+    return sweep, folder / f"{sweeps.point_id(sweep.points()[0], sweep)}.jsonl"
+
+
+def _auto_sets(jobs: Sequence[Job]) -> list[list[Job]]:
+    """The compared sets of the jobs placed at ``auto``."""
+    return compared_sets([j for j in jobs if j.placement.dilation == "auto"])
+
+
 def _start_k(job: Job, hints: dict) -> int:
     """Where the ladder starts for ``job``'s probe: the last choice (the nearest rung of the
     ladder at or above it), else the smallest K with no more ranks than cores x K."""
@@ -178,7 +191,7 @@ class Runner:
         """The jobs with every ``auto`` replaced by its compared set's chosen K (jobs of a
         set not yet chosen keep ``auto``)."""
         out = {j.name: j for j in self.jobs}
-        for group in compared_sets([j for j in self.jobs if j.placement.dilation == "auto"]):
+        for group in _auto_sets(self.jobs):
             k = self.chosen_k(group)
             if k is not None:
                 for j in group:
@@ -187,7 +200,7 @@ class Runner:
 
     def choose_dilations(self) -> None:
         """Probe each compared set placed at ``auto`` not yet chosen (module docstring)."""
-        for group in compared_sets([j for j in self.jobs if j.placement.dilation == "auto"]):
+        for group in _auto_sets(self.jobs):
             key = set_key(group)
             if self.chosen_k(group) is not None:
                 continue
@@ -208,15 +221,13 @@ class Runner:
         where = self.outdir / PROBE_DIR / f"{_cluster_key(job).replace(':', '-')}-k{k}"
         for stale in where.glob("*.done.json"):
             stale.unlink()  # a probe always runs anew
-        sweep = sweeps.make_sweep({"launcher": job.placement.launcher, "output": str(where)},
-                                  {}, [probe.point()])
+        sweep, out = one_sweep(probe, where)
         counts = sweeps.run_sweep(sweep, self.log)
         if counts["failed"]:
             raise RunnerError(f"dilation auto: the probe of {job.name} at K = {k} failed: see "
                               f"{where}/*.failed.json")
-        pid = sweeps.point_id(sweep.points()[0], sweep)
         try:
-            return [r["bound"] for r in read_records(where / f"{pid}.jsonl") if r.get("bound")]
+            return [r["bound"] for r in read_records(out) if r.get("bound")]
         except (OSError, ValueError) as e:
             raise RunnerError(f"dilation auto: the probe of {job.name} at K = {k} left no "
                               f"readable records: {e}") from None
@@ -325,7 +336,7 @@ class Runner:
         ``rungs`` rungs above it."""
         hints = _hints()
         out = {j.name: j for j in self.resolved()}
-        for group in compared_sets([j for j in out.values() if j.placement.dilation == "auto"]):
+        for group in _auto_sets(list(out.values())):
             i = AUTO_FACTORS.index(max(_start_k(j, hints) for j in group))
             k = AUTO_FACTORS[min(i + rungs, len(AUTO_FACTORS) - 1)]
             out.update({j.name: j.at(float(k)) for j in group})
@@ -335,8 +346,8 @@ class Runner:
         """Whether every set not chosen yet starts its ladder at a remembered K (one of its
         jobs, its probe, has one)."""
         hints = _hints()
-        return all(any(_hint_key(j) in hints for j in group) for group in compared_sets(
-            [j for j in self.resolved() if j.placement.dilation == "auto"]))
+        return all(any(_hint_key(j) in hints for j in group)
+                   for group in _auto_sets(self.resolved()))
 
     def estimate_s(self, names: set[str] | None = None, rungs: int = 0) -> float:
         """Wall seconds of every job (or those named) and its repeats at the K it will run
