@@ -43,7 +43,9 @@ BENCHMARKS = ("async_speedup", "dilation", "hier_bound", "horovod_presence", "pe
 def planned(jobs: list[Job]) -> list[dict]:
     def one(j: Job) -> dict:
         p = j.placement
-        return {"program": j.program, "argv": sorted(j.args),
+        # the repository's own path stands as <ROOT>, so a clone anywhere plans the same jobs
+        argv = sorted(a.replace(str(ROOT), "<ROOT>") for a in j.args)
+        return {"program": j.program, "argv": argv,
                 "placement": {"nodes": p.nodes, "slots": p.slots if isinstance(p.slots, int)
                               else list(p.slots), "rate": p.rate, "launcher": p.launcher,
                               "ranks": j.nranks, "dilation": float(p.k)}}
