@@ -39,8 +39,10 @@ from commbench.dilation import PROBE_DIR
 #: to read 3 unseen): fields of 1 mean the same in 2, which only adds ``sync_wait_s``,
 #: ``sync_wait_max_s``, ``sync_transfer_s``, ``collectives``, ``imbalance_s``,
 #: ``straggler_rank``; 3 names the real workload ``real`` where 1 and 2 said ``resnet``
-#: (``analysis.match.REAL_WORKLOADS`` reads both)
-READABLE_SCHEMAS = frozenset({1, 2, 3, 4})
+#: (``analysis.match.REAL_WORKLOADS`` reads both); 4 adds ``dilation`` and the host
+#: verdict; 5 adds the measured latency between nodes, ``alpha_us`` and its spread
+#: (``commbench.latency``: older records have none, and reports say "alpha not recorded")
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5})
 
 
 class LoadError(Exception):

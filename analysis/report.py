@@ -16,6 +16,7 @@ is shown with its dilation and host verdict (``match.host_words``).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,15 +89,24 @@ def host_load_lines(records: list[dict]) -> list[str]:
              "Summaries and microbenchmark rows of schema 4 carry their time dilation K "
              "(durations are emulated: wall ÷ K) and a verdict over their measured steps: "
              "link-bound, or host-bound with the reason (`commbench.hostload`). Claims that "
-             "compare comm times prefer matched sets whose runs were all link-bound.", ""]
+             "compare comm times prefer matched sets whose runs were all link-bound. From "
+             "schema 5 each job also measured the per-message latency between its nodes "
+             "through its own library (an 8-byte all-reduce among one rank per node, "
+             "`commbench.latency`): on the emulated cluster the host's own, about 1/K of it "
+             "at dilation K; a row is latency-bound where its calls x alpha are at least "
+             "half of its comm time, and such a figure is not shown converged by dilation "
+             "alone.", ""]
     if not rows:
         return [*lines, "No summaries or microbenchmark rows.", ""]
-    lines += ["| dilation | rows | " + " | ".join(match.VERDICT_WORDS.values()) + " |",
-              "|---:|---:|---:|---:|---:|"]
+    lines += ["| dilation | rows | " + " | ".join(match.VERDICT_WORDS.values())
+              + " | alpha between nodes (us, median) | latency-bound |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
     for k in sorted({match.dilation(r) for r in rows}):
-        at = [is_link_bound(r) for r in rows if match.dilation(r) == k]
+        here = [r for r in rows if match.dilation(r) == k]
+        at = [is_link_bound(r) for r in here]
         lines.append(f"| {k:g} | {len(at)} | " + " | ".join(
-            str(sum(v is j for v in at)) for j in match.VERDICT_WORDS) + " |")
+            str(sum(v is j for v in at)) for j in match.VERDICT_WORDS)
+            + f" | {alpha_words(here)} | {sum(bool(r.get('latency_bound')) for r in here)} |")
     host = [r for r in rows if is_link_bound(r) is False]
     if host:
         lines += ["", f"**{len(host)} host-bound rows**: their figures hold this machine's "
@@ -107,6 +117,21 @@ def host_load_lines(records: list[dict]) -> list[str]:
                   f"{_cell(match.run_label(r))} | {match.dilation(r):g} | "
                   f"{_cell(match.host_why(r))} |" for r in host]
     return [*lines, ""]
+
+
+def alpha_words(rows: list[dict]) -> str:
+    """The measured per-message latency between nodes of ``rows`` (``commbench.latency``):
+    the median of their ``alpha_us``; "alpha not recorded" where runs across nodes carry
+    none (records before schema 5); "one node" where none ran across nodes."""
+    across = [r for r in rows if (r.get("nodes") or 1) > 1]
+    if not across:
+        return "one node"
+    alphas = sorted(r["alpha_us"] for r in across if r.get("alpha_us") is not None)
+    if not alphas:
+        return "alpha not recorded"
+    words = f"{statistics.median(alphas):.1f}"
+    missing = len(across) - len(alphas)
+    return words + (f" ({missing} of {len(across)} rows: alpha not recorded)" if missing else "")
 
 
 def claim_runs_lines(claims: list) -> list[str]:

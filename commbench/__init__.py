@@ -14,4 +14,4 @@ __version__ = "0.1.0"
 #   4: time dilation and the host's load: ``dilation`` in every record (every duration is
 #      emulated time, wall / dilation), ``host`` and ``bound`` (link-bound or host-bound)
 #      in summaries and microbenchmark rows; only added.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5

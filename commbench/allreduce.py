@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from commbench import dilation, flags, hostload
+from commbench import dilation, flags, hostload, latency
 from commbench.buffers import BUFFER_RULES, BufferSync
 from commbench.comm import BACKENDS
 from commbench.comm.algos import ALGOS
@@ -448,6 +448,9 @@ def study(comm, cfg: Config) -> int:
                           *hostload.footer_lines(
                               summaries, lambda s: f"{s['strategy']}/{s['algo'] or '-'}",
                               dilation.factor(), real_compute=cfg.workload != "synthetic"),
+                          *latency.footer_lines(
+                              out.alpha, dilation.factor(),
+                              [(f"{s['strategy']}/{s['algo'] or '-'}", s) for s in summaries]),
                           *accuracy_lines(summaries), *settings_notes(cfg),
                           *[f"torch.profiler traces: {s['torch_trace_dir']}" for s in summaries
                             if s.get("torch_trace_dir")],

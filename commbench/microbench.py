@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 import torch
 
-from commbench import dilation, flags, hostload, linkstats, watchdog
+from commbench import dilation, flags, hostload, latency, linkstats, watchdog
 from commbench.comm import BACKENDS, detect_backend
 from commbench.comm.algos import ALGOS, TWO_LEVEL_ALGOS, check_algo, get_algo, wire_dtype
 from commbench.comm.base import Communicator
@@ -450,10 +450,11 @@ def table_row(rec: dict) -> list:
 
 def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, algo: str,
                 per_rank: list[tuple[float, int, dict[str, float], dict | None]],
-                beside: dict | None = None) -> dict:
+                beside: dict | None = None, alpha_us: float | None = None) -> dict:
     """One row's fields on rank 0 from every rank's (seconds per call, wrong elements,
     seconds per call of each phase, its host window); ``beside``: the fields of what ran
-    beside the sweep (``start_horovod_beside``)."""
+    beside the sweep (``start_horovod_beside``); ``alpha_us``: the job's measured latency
+    between nodes, for the row's ``latency_share`` (``commbench.latency``)."""
     seconds = [s for s, _, _, _ in per_rank]
     slowest = max(range(len(per_rank)), key=lambda r: seconds[r])
     avg_s = sum(seconds) / len(seconds)
@@ -489,6 +490,7 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
                   "phases_us": [{k: v * 1e6 for k, v in ph.items()} for _, _, ph, _ in per_rank]},
         **link_info(),  # the launcher's measured link, so busbw reads as a fraction of it
         **host_fields(per_rank, avg_s * cfg.iters),
+        **latency.latency_fields(alpha_us, 1, avg_s),
     }
 
 
@@ -551,7 +553,8 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
                 if comm.rank != 0:
                     continue
                 rec = run.write("microbench",
-                                make_record(comm, cfg, size, dtype, name, per_rank, beside))
+                                make_record(comm, cfg, size, dtype, name, per_rank, beside,
+                                            out.alpha.get("alpha_us")))
                 records.append(rec)
                 out.print(format_row(columns, table_row(rec)))
             del buf
@@ -590,7 +593,11 @@ def bench(comm: Communicator, cfg: MicroConfig) -> int:
     wrong = comm.bcast_object(sum(r["wrong"] for r in records) if comm.rank == 0 else None)
     out.close()
     if comm.rank == 0:
-        out.print(format_footer(footer_lines(comm, cfg, records, out.path)))
+        out.print(format_footer([*footer_lines(comm, cfg, records, out.path),
+                                 *latency.footer_lines(
+                                     out.alpha, dilation.factor(),
+                                     [(f"{r['size']} B {r['dtype']} {r['algo']}", r)
+                                      for r in records])]))
     return wrong
 
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import torch
 
-from commbench import metrics
+from commbench import latency, metrics
 from commbench.comm.base import Communicator
 from commbench.cores import (
     ThreadPlan,
@@ -77,7 +77,7 @@ class Output:
     def __init__(self, comm: Communicator, cfg: ToolConfig, path: str | Path,
                  threads: ThreadPlan, vers: dict, loadavg_start: float | None,
                  loadavg_source: str | None = None,
-                 runnable_start: float | None = None) -> None:
+                 runnable_start: float | None = None, alpha: dict | None = None) -> None:
         self.comm = comm
         self.cfg = cfg
         self.path = path
@@ -87,6 +87,8 @@ class Output:
         self.loadavg_start = loadavg_start
         self.loadavg_source = loadavg_source
         self.runnable_start = runnable_start
+        #: the emulated per-message latency between nodes (``commbench.latency``)
+        self.alpha = alpha or {}
         self.cores = machine_cores()
         #: joins every record of this job to its ``job_end`` record (one file may hold
         #: several jobs: ``--output`` appends)
@@ -110,8 +112,9 @@ class Output:
         runnable = runnable_before_job()
         threads = set_torch_threads(comm.local_size)
         vers = versions(comm.versions())
+        alpha = latency.measure(comm)  # on the idle link, before the job's own work
         path = cfg.output or default_output(cfg.output_dir, comm.name, comm.size, tool)
-        return cls(comm, cfg, path, threads, vers, loadavg_start, source, runnable)
+        return cls(comm, cfg, path, threads, vers, loadavg_start, source, runnable, alpha)
 
     def header(self, kind: str, run_id: str | None) -> dict:
         return job_header(kind=kind, run_id=run_id, backend=self.comm.name,
@@ -120,7 +123,7 @@ class Output:
                           job_id=self.job_id, threads=self.thread_plan, cores=self.cores,
                           loadavg_start=self.loadavg_start,
                           loadavg_source=self.loadavg_source,
-                          runnable_start=self.runnable_start)
+                          runnable_start=self.runnable_start, alpha=self.alpha)
 
     def run(self, fields: dict, live: Callable[[], dict] | None = None) -> Run:
         """A new run whose records all carry ``fields`` besides the job's header, and
@@ -216,6 +219,10 @@ class Run:
         6-step run at 1 Gbit/s with one warm-up step showed S=2 at 1.55x flat.
         """
         out = summarize_steps(self.steps, samples_per_step)
+        calls = metrics.percentile([st["comm_calls"] for st in self.steps
+                                    if not st["warmup"] and st.get("comm_calls")], 50)
+        out.update(latency.latency_fields(self.out.alpha.get("alpha_us"), calls,
+                                          out.get("comm_s")))
         if wall_clock:
             wall_s = self._marks[-1] - self._marks[out["warmup_steps"]]
             skip = 0

@@ -30,7 +30,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from commbench import flags, paramserver
+from commbench import dilation, flags, latency, paramserver
 from commbench.comm import BACKENDS
 from commbench.flags import StepCount, ToolConfig
 from commbench.lifecycle import run_job
@@ -178,7 +178,7 @@ def serve(comm, cfg: PSConfig) -> int:
                       "worker steps; thru = samples of measured updates / server time; "
                       "stale = mean staleness of measured updates; busy = server time "
                       "receiving, applying, sending / its wall time",
-                      *accuracy,
+                      *accuracy, *latency.footer_lines(out.alpha, dilation.factor(), []),
                       f"results: {out.path}"])
     return 0
 

@@ -214,14 +214,16 @@ def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
                torch_threads: int, config: dict, job_id: str | None = None,
                threads: ThreadPlan | None = None, cores: int | None = None,
                loadavg_start: float | None = None, loadavg_source: str | None = None,
-               runnable_start: float | None = None) -> dict:
+               runnable_start: float | None = None, alpha: dict | None = None) -> dict:
     """Fields every record of every tool carries: what ran, where, on which versions, and
     the machine's share (``commbench.cores``): ``torch_threads`` per rank and by which
     ``thread_rule`` (the ``rank_cores`` rank 0 may run on shared among ``machine_ranks``
     ranks), and rank 0's machine's ``cores`` and 1-minute load average as the job
     started, ``loadavg_start``, read where ``loadavg_source`` says (its ``job_end``
     record adds the load at the end), and ``runnable_start``, the tasks running or
-    runnable just before the job where a launcher read them (``cores.runnable_tasks``)."""
+    runnable just before the job where a launcher read them (``cores.runnable_tasks``);
+    and ``alpha``, the per-message latency between nodes the job measured through its own
+    library (``commbench.latency.measure``'s fields: ``alpha_us`` and its spread)."""
     return {
         "schema": SCHEMA_VERSION,
         "kind": kind,
@@ -246,6 +248,9 @@ def job_header(*, kind: str, run_id: str | None, backend: str, topo, vers: dict,
         "runnable_start": runnable_start,
         # wall time / emulated time (``commbench.dilation``): every duration here is emulated
         "dilation": dilation.factor(),
+        # emulated per-message latency between nodes, in emulated time (commbench.latency);
+        # on the emulated cluster the host's own, about 1/K of it at dilation K
+        **(alpha or {"alpha_us": None, "alpha_note": "not measured"}),
         # which repeat of its point this job is (launch.sweep --repeats), and the code's
         # revision: repeats of one set-up are one sample, two revisions two set-ups
         "repeat": repeat_index(),

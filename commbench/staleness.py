@@ -47,7 +47,7 @@ import math
 import sys
 from dataclasses import dataclass, replace
 
-from commbench import flags, metrics
+from commbench import dilation, flags, latency, metrics
 from commbench.comm import BACKENDS
 from commbench.flags import (
     ConfigError,
@@ -349,7 +349,8 @@ def study(comm, cfg: StudyConfig) -> int:
                     f"{cfg.target_accuracy:g}  seeds {','.join(map(str, cfg.seeds))}",
               footer=["to target: wall time until held-out accuracy first >= target "
                       "(n/a: never); vs sync: throughput / async s=0 of the same seed",
-                      f"ps: rank 0 serves, {comm.size - 1} workers; results: {out.path}"])
+                      f"ps: rank 0 serves, {comm.size - 1} workers; results: {out.path}",
+                      *latency.footer_lines(out.alpha, dilation.factor(), [])])
     return 0
 
 

@@ -89,6 +89,8 @@ class Group(abc.ABC):
 
     rank: int
     size: int
+    #: what carries the group's collectives, as records name it (``commbench.latency``)
+    name: str = "?"
     #: whether ``isend``/``irecv`` work within the group (the project's ring needs them)
     supports_p2p: bool = False
     #: whether ``ireduce_scatter_v`` and the other ``i`` collectives return before the

@@ -98,6 +98,8 @@ class _HorovodGroup(Group):
     list; Horovod has no reduce, so ``reduce`` all-reduces inside the set (more traffic
     than a reduce, same result on the root). No point-to-point messages."""
 
+    name = "horovod process set"
+
     def __init__(self, parent: HorovodCommunicator, process_set: Any,
                  members: tuple[int, ...]) -> None:
         if list(members) != sorted(members):

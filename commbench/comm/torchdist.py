@@ -421,6 +421,7 @@ class TorchDistGroup(_ProcessGroupOps, Group):
                  device: torch.device) -> None:
         self.pg, self.members, self.library, self.device = pg, members, library, device
         self.rank, self.size = members.index(dist.get_rank()), len(members)
+        self.name = f"torch-{library}"
 
 
 class StoreSideChannel(base.SideChannel):
