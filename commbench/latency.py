@@ -81,10 +81,10 @@ def measure(comm: Communicator) -> dict:
             if i >= WARMUP:
                 per_call.append(now() - t0)
     _wait_idle(comm, device)
-    if comm.rank == 0:
+    if comm.rank == 0:  # rank 0 is its node's first rank, so it is in the group
         # what carried the calls: under Horovod's MPI controller its groups are MPI
         # communicators (the process sets' twins), under its Gloo controller process sets
-        carrier = group.name if group.name == comm.name else f"{group.name} within {comm.name}"  # rank 0 is its node's first rank, so it is in the group
+        carrier = group.name if group.name == comm.name else f"{group.name} within {comm.name}"
         fields.update(
             alpha_us=round(statistics.median(per_call) * 1e6, 3),
             alpha_p5_us=round(_percentile(per_call, 0.05) * 1e6, 3),
