@@ -19,6 +19,7 @@ EXPERIMENTS = {
     "dilation": "benchmarks.dilation",
     "hier_bound": "benchmarks.hier_bound",
     "horovod_presence": "benchmarks.horovod_presence",
+    "hostload_calibration": "benchmarks.hostload_calibration",
     "peer_fairness": "benchmarks.peer_fairness",
     "replay_fidelity": "benchmarks.replay_fidelity",
 }

@@ -20,6 +20,7 @@ from benchmarks import (
     async_speedup,
     hier_bound,
     horovod_presence,
+    hostload_calibration,
     peer_fairness,
     replay_fidelity,
 )
@@ -65,7 +66,8 @@ def tool_args(argv: list[str], module: str) -> list[str]:
 
 ALL = [(peer_fairness, []), (async_speedup, ["--layouts", "2x1,4x2"]),
        (hier_bound, []), (horovod_presence, []),
-       (replay_fidelity, ["--models", "resnet18", "--repeats", "2"])]
+       (replay_fidelity, ["--models", "resnet18", "--repeats", "2"]),
+       (hostload_calibration, ["--bases", "1", "--launchers", "mpirun,horovodrun"])]
 
 
 @pytest.mark.parametrize("module,argv", ALL, ids=lambda x: getattr(x, "__name__", ""))
@@ -399,3 +401,38 @@ def test_the_runner_runs_one_sweep_per_launcher_between_load_readings(tmp_path,
     assert outdir_of(argparse.Namespace(outdir=tmp_path), "pf") == tmp_path.resolve()
     default = outdir_of(argparse.Namespace(outdir=None), "pf")
     assert default.parent == bench.ROOT / "results" and default.name.startswith("pf-")
+
+
+def _calib_rows(launcher: str, algo: str, times: dict[float, list[float]],
+                bound: str = "link-bound") -> list[dict]:
+    return [{"_launcher": launcher, "algo": algo, "size": 1 << 20, "dilation": k,
+             "time_us": {"avg": t}, "bound": bound, "latency_bound": False}
+            for k, ts in times.items() for t in ts]
+
+
+def test_hostload_calibration_scores_each_rule_against_k_and_4k():
+    """The reference is K against 4K (converged inside +-5 %, moved wholly outside, else
+    unresolved); the counter rule is each run's recorded verdict, the outcome rule K
+    against 2K."""
+    flat = {1.0: [100, 101, 102], 2.0: [100, 101, 99], 4.0: [101, 100, 102]}
+    host = {1.0: [150, 152, 151], 2.0: [120, 121, 119], 4.0: [100, 101, 99]}
+    noisy = {1.0: [100, 130, 90], 2.0: [100, 101, 99], 4.0: [100, 101, 99]}
+    rows = (_calib_rows("mpirun", "native", flat)            # converged, counted link: agree
+            + _calib_rows("mpirun", "ring", host)            # moved, counted link: disagree
+            + _calib_rows("torchrun", "native", flat, "host-bound (x)")  # converged, host
+            + _calib_rows("horovodrun", "native", noisy))    # unresolved
+    cs = {(c["library"], c["algo"]): c for c in hostload_calibration.cells(rows, [1.0])}
+    assert cs["Open MPI", "native"]["reference"] == "converged"
+    assert cs["Open MPI", "native"]["counter_agrees"] is True
+    assert cs["Open MPI", "native"]["outcome_agrees"] is True
+    assert cs["Open MPI", "ring"]["reference"] == "moved"
+    assert cs["Open MPI", "ring"]["counter_agrees"] is False
+    assert cs["Open MPI", "ring"]["outcome"] == "host" and cs["Open MPI", "ring"]["outcome_agrees"]
+    assert cs["Gloo", "native"]["counter_agrees"] is False
+    assert cs["Horovod", "native"]["reference"] == "unresolved"
+    assert cs["Horovod", "native"]["counter_agrees"] is None
+    lines = hostload_calibration.score(list(cs.values()))
+    assert next(x for x in lines if x.startswith("Open MPI")) == (
+        "Open MPI: 2 of 2 cells resolved; counter rule 1 agree, 1 disagree, 0 no verdict; "
+        "outcome rule 2 agree, 0 disagree, 0 no verdict")
+    assert hostload_calibration.factors([1.0, 4.0]) == [1.0, 2.0, 4.0, 8.0, 16.0]
