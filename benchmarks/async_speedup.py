@@ -19,8 +19,8 @@ Then it prints one fixed-width table per layout: wall-clock throughput
 lacks it, which the table's footer says) of flat, async S=1, async S=2 and
 bucketed, the ratios to flat, the link rate the cluster measured
 (``link_gbps`` in the records) and the validation's #wrong. The load average
-(``uptime``) is printed first, with a warning above 1.5: timing on a busy
-machine measures the machine.
+is printed first (the experiment runner's reading, ``experiments.runner.read_load``),
+with a warning above 0.75 x the cores: timing on a busy machine measures the machine.
 
 Run it from the repository root, as root (the cluster needs network
 namespaces), with nothing else measuring::
