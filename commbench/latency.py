@@ -26,13 +26,13 @@ says why.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Sequence
 
 import torch
 
 from commbench.comm.base import Communicator
+from commbench.metrics import percentile
 from commbench.timing import now
 
 #: 8-byte all-reduces before the timed ones (connections, first-call set-up)
@@ -41,11 +41,6 @@ WARMUP = 5
 CALLS = 50
 #: how often a rank outside the group checks whether the group is done (wall seconds)
 IDLE_POLL_S = 0.001
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def _wait_idle(comm: Communicator, device: torch.device) -> None:
@@ -86,9 +81,9 @@ def measure(comm: Communicator) -> dict:
         # communicators (the process sets' twins), under its Gloo controller process sets
         carrier = group.name if group.name == comm.name else f"{group.name} within {comm.name}"
         fields.update(
-            alpha_us=round(statistics.median(per_call) * 1e6, 3),
-            alpha_p5_us=round(_percentile(per_call, 0.05) * 1e6, 3),
-            alpha_p95_us=round(_percentile(per_call, 0.95) * 1e6, 3),
+            alpha_us=round(percentile(per_call, 50) * 1e6, 3),
+            alpha_p5_us=round(percentile(per_call, 5) * 1e6, 3),
+            alpha_p95_us=round(percentile(per_call, 95) * 1e6, 3),
             alpha_calls=len(per_call),
             alpha_note=(f"8-byte all-reduce among one rank per node ({nodes}) on "
                         f"{carrier}, median of {len(per_call)} calls after {WARMUP}, "
