@@ -21,6 +21,17 @@ well as the links (docs/fidelity.md). Where the chosen set still has
 host-bound runs, the reason says so and why; records without a verdict (before
 schema 4) are judged as before, and the reason says their host load was not
 judged. Claims of compute (C5, C6, C8) state the verdict without preferring.
+
+A verdict needs an interval of stated coverage. A ratio claim (C2, C4's halves, C5,
+C7) is decided on its paired runs (``stats.decide``, ``analysis.sequential``): each
+side's runs in run order (by ``repeat``), a 95 % confidence sequence with looks at 3
+to 12 runs a side, the figure the best of k variants judged at alpha / k (C2: the
+hierarchical algorithms; C4: stale x synchronous schemes, or the mitigations);
+below 3 runs a side it is ``undecided (n runs: range ...)`` and one run a side is
+never judged on its value. C3's overlap, a median, needs its order-statistic
+interval (``stats.verdict``: 6 runs). ``Claim.spread`` stays the figure's spread as
+the measured words give it; ``Claim.decision`` is what the verdict was decided on,
+and how many runs a side it wants next.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from itertools import product
 
 import numpy as np
 
-from analysis import convergence, match, overlap, stats
+from analysis import convergence, match, overlap, sequential, stats
 from analysis.alphabeta import Scenario, predict, sync_share
 from analysis.costmodel import ModelResult, error_by_algorithm
 from analysis.load import get, knob, num, stat
@@ -60,26 +71,85 @@ class Claim:
     others: list[str] = field(default_factory=list)
     #: the verdict's runs' time dilation and host verdict, in words (``match.host_words``)
     host: str | None = None
-    #: the spread of the figure the verdict compares with its threshold (``analysis.stats``)
+    #: the spread of the figure the verdict compares with its threshold (``analysis.stats``:
+    #: the median or ratio of medians over repeats, as the measured words give it)
     spread: stats.Spread | None = None
+    #: a ratio claim's verdict on its paired runs (``stats.decide``): the interval it was
+    #: decided on, the runs a side it read and how many more it wants
+    decision: sequential.Decision | None = None
 
 
 def _decide(spread: stats.Spread, threshold: float, holds_below: bool, what: str,
             fmt: str = ".2f") -> tuple[str, str]:
-    """A verdict on ``spread`` against ``threshold`` (``stats.judge``: reproduced or refuted
-    when the whole interval or range is on one side, undecided when it straddles) and the
+    """A verdict on a median's ``spread`` against ``threshold`` (``stats.verdict``: reproduced
+    or refuted when the whole confidence interval is on one side, undecided when it
+    straddles or there is no interval yet, below ``stats.MIN_CI_SAMPLES`` runs) and the
     words for its reason: ``what``, the spread, and for an undecided verdict about how many
-    runs a side would decide it; a single run a side is judged on its value, and says so."""
-    verdict = stats.judge(spread, threshold, holds_below)
+    runs would decide it ("runs a side", the words ``experiments.study`` reads)."""
+    verdict = stats.verdict(spread, threshold, holds_below)
+    if spread.kind in (stats.RANGE, stats.SINGLE):
+        runs = f"{spread.n} run" + ("s" if spread.n > 1 else "")
+        seen = (f"range {spread.lo:{fmt}}-{spread.hi:{fmt}}" if spread.kind == stats.RANGE
+                else format(spread.value, fmt))
+        need = stats.repeats_to_decide(spread, threshold)
+        about = f"; about {need} runs a side would decide it" if need else ""
+        return verdict, (f"{what} undecided ({runs}: {seen}): a verdict needs a 95% interval, "
+                         f"from {stats.MIN_CI_SAMPLES} runs{about}")
     note = f"{what} {spread.words(fmt)}"
     if verdict == UNDECIDED:
         need = stats.repeats_to_decide(spread, threshold)
-        note += (f": the {'interval' if spread.kind == stats.CI_95 else spread.kind} straddles "
-                 f"{threshold:{fmt}}; " + (f"about {need} runs a side would decide it"
-                                            if need else "no number of repeats decides it"))
-    elif spread.kind == stats.SINGLE:
-        note += ": no spread (experiments.study --repeats, launch.sweep --repeats)"
+        note += (f": the interval straddles {threshold:{fmt}}; " + (
+            f"about {need} runs a side would decide it" if need else
+            "no number of repeats decides it"))
     return verdict, note
+
+
+def _in_run_order(runs: Iterable[dict]) -> list[dict]:
+    """A side's runs in the order they ran, to pair with another side's (``stats.decide``):
+    by their repeat (``launch.sweep --repeats``: repeat r of one side ran in round r
+    beside repeat r of the other; records carry no start time), in the order read within
+    one repeat or without one."""
+    def repeat(r: dict) -> float:
+        value = num(r.get("repeat"))
+        return 0.0 if math.isnan(value) else value
+
+    return sorted(runs, key=repeat)
+
+
+def _decision_words(d: sequential.Decision, threshold: float, what: str, fmt: str) -> str:
+    """The reason's words for a ratio claim's decision: ``what`` and the interval (or the
+    range below the first look); where undecided, what it wants and about how many runs a
+    side would decide it if the mean and spread held (``sequential.runs_to_decide``)."""
+    note = f"{what} {d.words(fmt)}"
+    if d.verdict != UNDECIDED:
+        return note
+    need = sequential.runs_to_decide(d, threshold)
+    about = (f"about {need} runs a side would decide it" if need else
+             f"no number of runs up to {sequential.MAX_RUNS} a side would decide it at this "
+             "spread" if not math.isnan(d.log_sd) else "no spread seen yet")
+    if d.coverage is None:
+        return (f"{note}: a verdict needs a {sequential.CONFIDENCE:.0%} interval, from "
+                f"{sequential.FIRST_LOOK} runs a side; {about}")
+    if d.wants == 0:
+        return (f"{note}: the interval straddles {threshold:{fmt}} at the cap of "
+                f"{sequential.MAX_RUNS} runs a side: undecided")
+    return (f"{note}: the interval straddles {threshold:{fmt}}; one more run a side next, "
+            f"{about}")
+
+
+def _decide_runs(num_runs: Sequence[float], den_runs: Sequence[float], threshold: float,
+                 holds_below: bool, what: str, k: int = 1, fmt: str = ".2f"
+                 ) -> tuple[str, str, sequential.Decision | None]:
+    """A ratio claim's verdict on its paired runs (``stats.decide``: a 95 % confidence
+    sequence, reproduced or refuted from 3 runs a side when the whole interval is on one
+    side, the figure the best of ``k``), the words for its reason and the decision; one
+    run a side, or two, is undecided. Each side's figures in run order
+    (``_in_run_order``). A figure of 0 or below has no log-ratio: undecided, and says so."""
+    try:
+        d = stats.decide(num_runs, den_runs, threshold, holds_below, k)
+    except ValueError as e:
+        return UNDECIDED, f"{what}: no verdict ({e})", None
+    return d.verdict, _decision_words(d, threshold, what, fmt), d
 
 
 def _by_scheme(g: Sequence[dict], keep: Callable[[dict], bool] = lambda r: True
@@ -250,17 +320,26 @@ def _is_hier(r: dict) -> bool:
     return match.sync_family(r) == "hierarchical"
 
 
+def _c2_sides(g: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
+    """The flat ring's runs and each hierarchical algorithm's, in run order."""
+    ring = _in_run_order(r for r in g if _is_flat_ring(r))
+    hier = {algo: _in_run_order(r for r in g if _is_hier(r) and r.get("algo") == algo)
+            for algo in match.HIERARCHICAL_ALGOS}
+    return ring, {algo: hs for algo, hs in hier.items() if hs}
+
+
+def _exposed(rs: Sequence[dict]) -> list[float]:
+    return [stat(r, "exposed_sync_s") for r in rs]
+
+
 def _c2_ratios(g: list[dict]) -> tuple[dict[str, stats.Spread], dict[str, list[str]]]:
     """Exposed sync of each hierarchical algorithm / the flat ring's: the ratio of their
     medians over repeats, with its spread (``stats.ratio_spread``)."""
-    ring = [r for r in g if _is_flat_ring(r)]
-    base = [stat(r, "exposed_sync_s") for r in ring]
+    ring, hier = _c2_sides(g)
     ratios, runs = {}, {"flat (ring)": match.run_ids(ring)}
-    for algo in match.HIERARCHICAL_ALGOS:
-        hs = [r for r in g if _is_hier(r) and r.get("algo") == algo]
-        if hs:
-            ratios[algo] = stats.ratio_spread([stat(r, "exposed_sync_s") for r in hs], base)
-            runs[f"hierarchical ({algo})"] = match.run_ids(hs)
+    for algo, hs in hier.items():
+        ratios[algo] = stats.ratio_spread(_exposed(hs), _exposed(ring))
+        runs[f"hierarchical ({algo})"] = match.run_ids(hs)
     return ratios, runs
 
 
@@ -315,12 +394,15 @@ def c2(records, model) -> Claim:
                      if r.get("link_efficiency") is not None)
     measured = (f"{measured} on {nodes} nodes x {local} ({f.get('link_shaping') or 'unshaped'} "
                 f"links)" + (f"; link efficiency {link}" if link else ""))
-    # a cut of at least 30 %: the ratio at most 0.70
-    verdict, note = _decide(ratios[best], 0.70, True, f"best variant ({best}): ratio")
+    # a cut of at least 30 %: the ratio at most 0.70, judged on the paired runs of the best
+    # variant, best of the variants measured (alpha / k)
+    ring, hier = _c2_sides(g)
+    verdict, note, decision = _decide_runs(_exposed(hier[best]), _exposed(ring), 0.70, True,
+                                           f"best variant ({best}): ratio", k=len(hier))
     return Claim("C2", text, measured, "overlap", pred, verdict,
                  f"{note}; it cuts {1 - ratios[best].value:.0%} (reproduced when the ratio is "
                  f"at most 0.70, a cut of at least 30%){_host_note(g)}", _setup(g, vary), runs,
-                 others, match.host_words(g), ratios[best])
+                 others, match.host_words(g), ratios[best], decision)
 
 
 # -- C3: bucketed ---------------------------------------------------------------------
@@ -396,26 +478,28 @@ def _stale(r: dict) -> bool:
     return family == "ps" or (family == "async" and num(knob(r, "staleness")) > 0)
 
 
-def _c4_speedup(g: list[dict]) -> tuple[stats.Spread, list[dict], list[dict], str]:
+def _c4_speedup(g: list[dict]) -> tuple[stats.Spread, list[dict], list[dict], str, int]:
     """Fastest stale scheme / fastest synchronous scheme of one matched set (each by its
-    median over repeats), with the spread of that ratio. Runs are judged by
-    ``wall_throughput`` where all of them carry it (async's transfers run on between
-    steps, which ``step_s`` misses), else by ``throughput``."""
+    median over repeats), with the spread of that ratio, each side's runs in run order, the
+    rate read and k, the pairs of schemes the pick compared (stale x synchronous). Runs
+    are judged by ``wall_throughput`` where all of them carry it (async's transfers run
+    on between steps, which ``step_s`` misses), else by ``throughput``."""
     pair = [r for r in g if _synchronous(r) or _stale(r)]
     rate = "wall_throughput" if all(not math.isnan(stat(r, "wall_throughput")) for r in pair) \
         else "throughput"
 
     def fastest(keep: Callable[[dict], bool]) -> list[dict]:
-        return max(_by_scheme(g, keep).values(),
-                   key=lambda rs: _med([stat(r, rate) for r in rs]))
+        return _in_run_order(max(_by_scheme(g, keep).values(),
+                                 key=lambda rs: _med([stat(r, rate) for r in rs])))
 
     ref, best = fastest(_synchronous), fastest(_stale)
+    k = len(_by_scheme(g, _synchronous)) * len(_by_scheme(g, _stale))
     return (stats.ratio_spread([stat(r, rate) for r in best], [stat(r, rate) for r in ref]),
-            best, ref, rate)
+            best, ref, rate, k)
 
 
 def _c4_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
-    speed, best, ref, rate = _c4_speedup(g)
+    speed, best, ref, rate, _ = _c4_speedup(g)
     return (f"fastest stale / fastest synchronous {rate}: {speed.words(unit='x')} ("
             f"{_scheme(best[0])} "
             f"{_med([stat(r, rate) for r in best]):.4g} vs {_scheme(ref[0])} "
@@ -485,11 +569,20 @@ def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, lis
                 f"none of {ref.n} seeds: no time to compare with (more --steps, or a lower "
                 "--target-accuracy)", runs, others)
     top = max(p.staleness or 0 for p in stale)
-    ratios = _c4_ratios([p for p in stale if p.staleness == top], ref)
+    at_top = [p for p in stale if p.staleness == top]
+    ratios = _c4_ratios(at_top, ref)
     best = min(ratios, key=lambda k: ratios[k].value)
-    verdict, note = _decide(ratios[best], 1.0, False, f"{best}, the better mitigated at "
-                            f"s={top}: time to accuracy / s=0's")
-    note = note.replace(ratios[best].words(), _tta_words(ratios[best]))
+    what = f"{best}, the better mitigated at s={top}: time to accuracy / s=0's"
+    seeds = convergence.time_ratio_or_never(next(p for p in at_top if p.label == best), ref)
+    if any(math.isinf(x) for x in seeds):
+        # a seed that never got there has no log-ratio: the interval of the mean needs them all
+        verdict, note = UNDECIDED, (f"{what} {_tta_words(ratios[best])}: a seed never reached "
+                                    "the target, so no interval of the paired ratio (more "
+                                    "--steps)")
+    else:
+        # per seed, paired by seed; the better of the mitigations read (alpha / k)
+        d = stats.decide_log_ratios(np.log(seeds), 1.0, False, k=len(ratios))
+        verdict, note = d.verdict, _decision_words(d, 1.0, what, ".2f")
     return (verdict, measured, f"{note} (staleness hurts when even that is above 1; "
             f"{len(ratios)} mitigation(s) read)", runs, others)
 
@@ -529,14 +622,16 @@ def c4(records, model) -> Claim:
         return Claim("C4", text, measured + accuracy, "staleness", pred, NOT_HERE,
                      f"speed-up: {why}; accuracy: {acc_reason}", None, acc_runs, acc_others)
     g, measured, runs, others = _choose(groups, _c4_figure, vary)
-    speed = _c4_speedup(g)[0]
-    # within a sixth of 3x
-    speed_verdict, note = _decide(speed, 2.5, False, "speed-up")
+    speed, best, ref, rate, k = _c4_speedup(g)
+    # within a sixth of 3x, on the paired runs of the two fastest, best of k pairs of schemes
+    speed_verdict, note, decision = _decide_runs([stat(r, rate) for r in best],
+                                                 [stat(r, rate) for r in ref], 2.5, False,
+                                                 "speed-up", k=k)
     return Claim("C4", text, measured + accuracy, "staleness", pred,
                  _both(speed_verdict, acc_verdict),
                  f"{note} vs ~3x (reproduced from 2.5x){_host_note(g)}; "
                  f"accuracy: {acc_reason}", _setup(g, vary), {**runs, **acc_runs},
-                 others + acc_others, match.host_words(g), speed)
+                 others + acc_others, match.host_words(g), speed, decision)
 
 
 # -- C5-C7: sweeps of one setting ---------------------------------------------------------
@@ -549,11 +644,17 @@ def _batch(r: dict) -> float:
     return num(r.get("batch_size"))
 
 
+def _c5_sides(g: list[dict]) -> tuple[list[float], list[float]]:
+    """Throughput at the largest batch and at the smallest, each side's runs in run order."""
+    bs = sorted({_batch(r) for r in g})
+    return tuple([stat(r, "throughput") for r in _in_run_order(_at(g, _batch, b))]
+                 for b in (bs[-1], bs[0]))
+
+
 def _c5_ratio(g: list[dict]) -> tuple[float, float, stats.Spread, dict[str, list[str]]]:
     bs = sorted({_batch(r) for r in g})
     lo, hi = _at(g, _batch, bs[0]), _at(g, _batch, bs[-1])
-    ratio = stats.ratio_spread([stat(r, "throughput") for r in hi],
-                               [stat(r, "throughput") for r in lo])
+    ratio = stats.ratio_spread(*_c5_sides(g))
     return bs[0], bs[-1], ratio, {f"batch {bs[0]:g}": match.run_ids(lo),
                                   f"batch {bs[-1]:g}": match.run_ids(hi)}
 
@@ -587,12 +688,12 @@ def c5(records, model) -> Claim:
     g, measured, runs, others = _choose(groups, _c5_figure, vary, link_bound=False)
     ratio = _c5_ratio(g)[2]
     acc = any(r.get("final_accuracy") is not None for r in g)
-    verdict, note = _decide(ratio, 1.1, False, "throughput ratio")
+    verdict, note, decision = _decide_runs(*_c5_sides(g), 1.1, False, "throughput ratio")
     return Claim("C5", text, measured, "batch_size", pred, verdict,
                  f"{note} (reproduced when throughput rose more than 10%)"
                  + ("" if acc else "; accuracy not measured (needs --dataset digits)")
                  + _host_note(g, links=False), _setup(g, vary), runs, others,
-                 match.host_words(g), ratio)
+                 match.host_words(g), ratio, decision)
 
 
 def _memory_field(g: list[dict]) -> str:
@@ -656,11 +757,16 @@ def _c7_shares(g: list[dict]) -> tuple[float, float, stats.Spread, stats.Spread,
                                    f"k={ks[-1]:g}": match.run_ids(many)}
 
 
+def _c7_sides(g: list[dict]) -> tuple[list[float], list[float]]:
+    """Sync share at the largest k and at the smallest, each side's runs in run order."""
+    ks = sorted({_k(r) for r in g})
+    return tuple([stat(r, "sync_share") for r in _in_run_order(_at(g, _k, k))]
+                 for k in (ks[-1], ks[0]))
+
+
 def _c7_ratio(g: list[dict]) -> stats.Spread:
     """Sync share at the largest k / at the smallest, with its spread over repeats."""
-    ks = sorted({_k(r) for r in g})
-    return stats.ratio_spread(*([stat(r, "sync_share") for r in _at(g, _k, k)]
-                                for k in (ks[-1], ks[0])))
+    return stats.ratio_spread(*_c7_sides(g))
 
 
 def _c7_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
@@ -686,12 +792,13 @@ def c7(records, model) -> Claim:
                                                    if _k(a) < _k(b))))
     g, measured, runs, others = _choose(groups, _c7_figure, vary)
     ratio = _c7_ratio(g)
-    verdict, note = _decide(ratio, 1.0, True, "sync share at the largest k / at k=1:")
-    if verdict == REPRODUCED and ratio.value == 1.0:
-        verdict = REFUTED  # equal shares: it did not fall
+    verdict, note, decision = _decide_runs(*_c7_sides(g), 1.0, True,
+                                           "sync share at the largest k / at k=1:")
+    if verdict == REPRODUCED and decision.lo == decision.hi == 1.0:
+        verdict = REFUTED  # equal shares, run after run: it did not fall
     return Claim("C7", text, measured, "accumulation", pred, verdict,
                  f"{note} (reproduced when it fell: the ratio below 1)" + _host_note(g),
-                 _setup(g, vary), runs, others, match.host_words(g), ratio)
+                 _setup(g, vary), runs, others, match.host_words(g), ratio, decision)
 
 
 def c8(records, model) -> Claim:

@@ -27,8 +27,15 @@ masses when reporting performance results", SC 2015, this module
     ratio of medians);
 
 - compares against a claim's threshold with the whole interval, not with a
-  point estimate (``judge``): reproduced when the interval lies on the claim's
-  side, refuted when it lies on the other side, undecided when it straddles;
+  point estimate, and only with an interval of stated coverage (``verdict``):
+  reproduced when a confidence interval lies on the claim's side, refuted when
+  it lies on the other side, undecided when it straddles, and undecided when
+  there is no interval yet (a range over fewer than 6 runs, one run). A ratio
+  claim is decided on its runs by ``decide`` (``analysis.sequential``: the
+  paired runs' log-ratios, a 95 % confidence sequence over looks at 3 to 12
+  runs a side, best of k at alpha / k), which also says how many runs a side it
+  wants next. ``judge`` is the older check that takes a range or one run as it
+  stands (``benchmarks.peer_fairness``'s goals still use it);
 - says how many repeats would decide an undecided verdict
   (``repeats_to_decide``) or reach a wanted precision (``repeats_for_precision``,
   ``within``), assuming the interval's half-width shrinks as ``1/sqrt(n)``.
@@ -48,6 +55,15 @@ from fractions import Fraction
 
 import numpy as np
 
+from analysis.sequential import (  # noqa: F401 (the verdicts and the ratio rule, re-exported)
+    REFUTED,
+    REPRODUCED,
+    UNDECIDED,
+    Decision,
+    decide,
+    decide_log_ratios,
+)
+
 #: fewest samples for a 95 % confidence interval of a median from order statistics
 MIN_CI_SAMPLES = 6
 
@@ -59,9 +75,6 @@ RANGE = "range"
 SINGLE = "single"
 #: Spread.kind when there are no samples: value, lo and hi are NaN
 NONE = "none"
-
-REPRODUCED, REFUTED, UNDECIDED = "reproduced", "refuted", "undecided"
-
 
 def _ci_kind(confidence: float) -> str:
     return f"{confidence * 100:g}% CI"
@@ -273,13 +286,14 @@ def _two_sample(a_samples: Iterable[float], b_samples: Iterable[float], op,
 
 
 def judge(spread: Spread, threshold: float, holds_below: bool) -> str:
-    """The verdict on a claim "value <= threshold" (``holds_below``) or "value >= threshold".
+    """The spread as it stands against "value <= threshold" (``holds_below``) or ">=".
 
-    REPRODUCED when the whole interval [lo, hi] is on the holding side (the threshold
-    itself holds), REFUTED when it is wholly on the other side, UNDECIDED when it
-    straddles the threshold or there are no samples. A "single" spread (one run) is
-    judged on its value alone, as one-run studies always were; ``spread.kind`` tells
-    the caller it is one run."""
+    REPRODUCED when the whole of [lo, hi] is on the holding side (the threshold itself
+    holds), REFUTED when it is wholly on the other side, UNDECIDED when it straddles the
+    threshold or there are no samples. Any spread counts, a "range" over a few repeats
+    and a "single" run (judged on its value) included: no coverage is stated, so this is
+    a goal's reading, not a verdict; claims use ``verdict`` (a confidence interval
+    needed) and ``decide`` (a ratio's runs)."""
     if spread.kind == NONE or math.isnan(spread.value):
         return UNDECIDED
     if spread.kind == SINGLE:
@@ -297,6 +311,17 @@ def judge(spread: Spread, threshold: float, holds_below: bool) -> str:
         if hi < threshold:
             return REFUTED
     return UNDECIDED
+
+
+def verdict(spread: Spread, threshold: float, holds_below: bool) -> str:
+    """The verdict on a claim "value <= threshold" (``holds_below``) or ">= threshold" from
+    a spread with stated coverage: ``judge``'s rule on a confidence interval (kind "95% CI"
+    or another level), UNDECIDED on anything else. A "range" over fewer than
+    MIN_CI_SAMPLES repeats covers the median with no stated probability (two runs: 50 %),
+    and one run not at all, so neither decides a claim; more runs do."""
+    if not _is_ci(spread.kind):
+        return UNDECIDED
+    return judge(spread, threshold, holds_below)
 
 
 def _ceil(x: float) -> int:

@@ -504,7 +504,10 @@ def host_fields(per_rank: list, timed_s: float) -> dict:
     return {"host": host, "link_efficiency": eff, "bound": hostload.verdict(host)}
 
 
-def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path: Any) -> list:
+def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path: Any,
+                 alpha: dict | None = None) -> list:
+    """The table's footer, ending with nccl-tests' "Avg bus bandwidth" lines; ``alpha``: the
+    job's measured latency between nodes (``commbench.latency.measure``'s fields)."""
     n_wrong = sum(r["wrong"] for r in records)
     lines = [f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
              f"time: per all-reduce, each rank's own loop of {cfg.iters} after a barrier"
@@ -515,8 +518,12 @@ def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path
     for algo, dtype, wire in widened:
         lines.append(f"note: {comm.name} {algo} has no {dtype} all-reduce here: it runs as "
                      f"{wire} on the wire (twice the bytes) and its time includes two casts")
-    lines += hostload.footer_lines(records, lambda r: f"{r['size']} B {r['dtype']} {r['algo']}",
-                                   dilation.factor())
+    def label(r: dict) -> str:
+        return f"{r['size']} B {r['dtype']} {r['algo']}"
+
+    lines += hostload.footer_lines(records, label, dilation.factor())
+    lines += latency.footer_lines(alpha or {}, dilation.factor(),
+                                  [(label(r), r) for r in records])
     lines += [f"#wrong total : {n_wrong} {'OK' if n_wrong == 0 else 'FAILED'}",
               f"results: {path}"]
     combos = list(dict.fromkeys((r["dtype"], r["algo"]) for r in records))
@@ -593,11 +600,7 @@ def bench(comm: Communicator, cfg: MicroConfig) -> int:
     wrong = comm.bcast_object(sum(r["wrong"] for r in records) if comm.rank == 0 else None)
     out.close()
     if comm.rank == 0:
-        out.print(format_footer([*footer_lines(comm, cfg, records, out.path),
-                                 *latency.footer_lines(
-                                     out.alpha, dilation.factor(),
-                                     [(f"{r['size']} B {r['dtype']} {r['algo']}", r)
-                                      for r in records])]))
+        out.print(format_footer(footer_lines(comm, cfg, records, out.path, out.alpha)))
     return wrong
 
 

@@ -81,6 +81,13 @@ def run(strategy: str = "flat", algo: str | None = "native", *, nodes: int = 2, 
     return rec
 
 
+def repeats(*args, n: int = 3, **kw) -> list[dict]:
+    """``n`` repeats of one run (``launch.sweep --repeats``), each with its ``repeat``: a
+    verdict needs at least 3 runs a side (``analysis.sequential``); repeats that agree
+    exactly decide at the first look."""
+    return [run(*args, repeat=r, **kw) for r in range(n)]
+
+
 def claim(cid: str, records: list[dict]) -> claims.Claim:
     check = {c.__name__: c for c in claims.CHECKS}[cid.lower()]
     return check(records, None)
@@ -359,10 +366,11 @@ def _pooled_c4(records: list[dict]) -> float:
     return best / statistics.median(flat)
 
 
-def _cluster_job(throughputs: dict[str, float], **kw) -> list[dict]:
-    """``--strategy flat,async --staleness 1`` on 2 emulated nodes x 4, 1 Gbit/s."""
-    return [run(s, "native", config={"staleness": 1}, throughput=t, **kw)
-            for s, t in throughputs.items()]
+def _cluster_job(throughputs: dict[str, float], n: int = 3, **kw) -> list[dict]:
+    """``--strategy flat,async --staleness 1`` on 2 emulated nodes x 4, 1 Gbit/s, ``n``
+    repeats (each repeat a round of every strategy)."""
+    return [run(s, "native", config={"staleness": 1}, throughput=t, repeat=r, **kw)
+            for r in range(n) for s, t in throughputs.items()]
 
 
 def _one_host_flats(*throughputs: float) -> list[dict]:
@@ -374,7 +382,7 @@ def _one_host_flats(*throughputs: float) -> list[dict]:
 
 def test_c4_takes_the_matched_pair_not_the_pooled_runs():
     cluster = _cluster_job({"flat": 40.0, "async": 20.0})
-    host = _one_host_flats(5.0, 6.0, 7.0)
+    host = _one_host_flats(5.0, 6.0, 7.0, 5.0, 6.0, 7.0, 6.0)
     records = [*cluster, *host]
     assert _pooled_c4(records) >= 2.5  # pooled, the claim would be "reproduced"
     c = claim("C4", records)
@@ -405,9 +413,9 @@ def test_c4_without_a_matched_set_is_not_reproducible_here():
 
 
 def test_c4_compares_the_parameter_server_by_its_measured_staleness():
-    ps = run("ps", None, throughput=70.0, staleness_mean=1.6)
-    flat = run("flat", "native", throughput=35.0)
-    c = claim("C4", [flat, ps])
+    ps = repeats("ps", None, throughput=70.0, staleness_mean=1.6)
+    flat = repeats("flat", "native", throughput=35.0)
+    c = claim("C4", [*flat, *ps])
     assert c.verdict == claims.REFUTED and "2.00x" in c.measured
     assert "measured staleness 1.6" in c.measured
 
@@ -460,16 +468,20 @@ def test_c4_gives_time_to_accuracy_per_staleness_over_seeds_with_its_runs():
 
 
 @pytest.mark.parametrize("lr_times, verdict", [
-    ([16.0, 15.0, 18.0], claims.REPRODUCED),  # mitigated, still slower to the target
-    ([8.0, 9.0, 10.0], claims.REFUTED),  # mitigated, faster: staleness won the race
-    ([8.0, 15.0, 10.0], claims.UNDECIDED),  # seeds disagree: the range straddles 1
+    ([16.0, 15.0, 18.0] * 2, claims.REPRODUCED),  # mitigated, still slower to the target
+    ([7.0, 9.0, 8.0] * 2, claims.REFUTED),  # mitigated, faster: staleness won the race
+    ([8.0, 15.0, 10.0] * 2, claims.UNDECIDED),  # seeds disagree: the interval straddles 1
+    ([16.0, 15.0, 18.0], claims.UNDECIDED),  # 3 seeds: 1.48, its interval 0.10-22.68
 ])
 def test_c4_is_reproduced_only_when_both_halves_are(lr_times, verdict):
+    """Each half on its runs: the accuracy half on the paired per-seed ratios, the better of
+    two mitigations (alpha / 2); 6 seeds decide these, 3 seeds of the same do not."""
     speed = _cluster_job({"flat": 10.0, "async": 30.0})  # 3x
-    times = {(0, "none"): [10.0, 12.0, 11.0], (4, "none"): [30.0, 30.0, 30.0],
-             (4, "lr"): lr_times}
+    ref = [10.0, 12.0, 11.0] * (len(lr_times) // 3)
+    times = {(0, "none"): ref, (4, "none"): [30.0] * len(ref), (4, "lr"): lr_times}
     c = claim("C4", [*speed, *_study(times)])
     assert c.verdict == verdict, c.reason
+    assert "best of 2" in c.reason
     assert claim("C4", speed).verdict == claims.NOT_HERE  # the accuracy half unmeasured
 
 
@@ -481,10 +493,10 @@ def test_c4_accuracy_compares_convergence_runs_of_one_set_up_and_target_only():
     c = claim("C4", [*speed, *two, *four, *other_target])
     assert c.verdict == claims.NOT_HERE and "convergence" not in " ".join(c.runs)
     assert "no convergence runs at s = 0 and s > 0" in c.reason
-    both = _study({(0, "none"): [10.0], (4, "none"): [30.0]}, ranks=2)
+    both = _study({(0, "none"): [10.0] * 3, (4, "none"): [30.0] * 3}, ranks=2)
     c = claim("C4", [*speed, *both, *four, *other_target])
     assert c.verdict == claims.REPRODUCED and "ranks 2" in c.measured
-    assert c.runs["convergence s=4"] == [both[1]["run_id"]]
+    assert c.runs["convergence s=4"] == [r["run_id"] for r in both[3:]]
     # synchronous training never reached the target: nothing to compare with
     never = _study({(0, "none"): [None, None], (4, "none"): [None, 30.0]}, ranks=8)
     c = claim("C4", [*speed, *never])
@@ -495,37 +507,55 @@ def test_c4_accuracy_compares_convergence_runs_of_one_set_up_and_target_only():
 
 def test_c2_recognises_flat_algo_hier_on_three_nodes():
     three = dict(nodes=3, local=2)
-    ring = run("flat", "ring", exposed_s=1.0, **three)
-    hier = run("flat", "hier", exposed_s=0.5, **three)
-    leader = run("flat", "hier-leader", exposed_s=0.8, **three)
-    c = claim("C2", [ring, hier, leader])
-    assert c.verdict == claims.REPRODUCED
+    ring = repeats("flat", "ring", exposed_s=1.0, **three)
+    hier = repeats("flat", "hier", exposed_s=0.5, **three)
+    leader = repeats("flat", "hier-leader", exposed_s=0.8, **three)
+    c = claim("C2", [*ring, *hier, *leader])
+    assert c.verdict == claims.REPRODUCED and "best of 2" in c.reason
     assert "hier 0.50" in c.measured and "hier-leader 0.80" in c.measured
-    assert c.runs == {"flat (ring)": [ring["run_id"]], "hierarchical (hier)": [hier["run_id"]],
-                      "hierarchical (hier-leader)": [leader["run_id"]]}
+    assert c.runs == {"flat (ring)": match.run_ids(ring), "hierarchical (hier)":
+                      match.run_ids(hier), "hierarchical (hier-leader)": match.run_ids(leader)}
 
 
-def test_c2_over_repeats_is_undecided_when_the_range_straddles_and_says_how_many_decide():
-    """Repeats of one set-up are one sample: two runs a side give the range of the pairwise
-    ratios; straddling 0.70 it is undecided with an estimate of the runs that would decide;
-    six a side give a 95 % interval that decides it."""
-    rings = [run("flat", "ring", exposed_s=x) for x in (1.0, 1.1)]
-    hiers = [run("flat", "hier", exposed_s=x) for x in (0.6, 0.8)]
+def test_c2_over_repeats_is_undecided_below_three_runs_a_side_and_stops_when_decided():
+    """Repeats of one set-up are one sample: two runs a side are no verdict (the range of
+    the paired ratios, 0.60 and 0.73, is shown; at this spread no number of runs up to 12
+    would decide 0.66 against 0.70); six a side well below 0.70 decide at the first look,
+    3 runs a side, with a 95 % interval; one run a side is no verdict either."""
+    rings = [run("flat", "ring", exposed_s=x, repeat=r) for r, x in enumerate((1.0, 1.1))]
+    hiers = [run("flat", "hier", exposed_s=x, repeat=r) for r, x in enumerate((0.6, 0.8))]
     c = claim("C2", [*rings, *hiers])
     assert c.verdict == claims.UNDECIDED
     assert c.spread.kind == "range" and c.spread.lo < 0.70 < c.spread.hi
-    assert "straddles 0.70" in c.reason and "runs a side would decide it" in c.reason
+    assert "ratio undecided (2 runs: range 0.60-0.73)" in c.reason
+    assert "a verdict needs a 95% interval, from 3 runs a side" in c.reason
+    assert "no number of runs up to 12 a side would decide it at this spread" in c.reason
+    assert c.decision.wants == 1 and c.decision.coverage is None
     assert "range 0.55-0.80 over 2 repeats" in c.measured
     assert set(c.runs["flat (ring)"]) == {r["run_id"] for r in rings}
-    # six repeats a side, all well below 0.70: an interval, reproduced
-    rings = [run("flat", "ring", exposed_s=1.0 + 0.01 * i) for i in range(6)]
-    hiers = [run("flat", "hier", exposed_s=0.55 + 0.01 * i) for i in range(6)]
+    # six repeats a side, all well below 0.70: an interval, reproduced at the first look
+    rings = [run("flat", "ring", exposed_s=1.0 + 0.01 * i, repeat=i) for i in range(6)]
+    hiers = [run("flat", "hier", exposed_s=0.55 + 0.01 * i, repeat=i) for i in range(6)]
     c = claim("C2", [*rings, *hiers])
     assert c.verdict == claims.REPRODUCED and c.spread.kind == "95% CI"
-    assert c.spread.hi < 0.70 and "95% CI" in c.reason
-    # one run a side: judged on its value, and the reason says there is no spread
+    assert c.spread.hi < 0.70 and "95% CI" in c.reason and "n=3 a side" in c.reason
+    assert (c.decision.n, c.decision.runs, c.decision.wants) == (3, 6, 0)
+    assert c.decision.hi <= 0.70
+    # one run a side: no longer judged on its value (it was reproduced): undecided
     c = claim("C2", [run("flat", "ring", exposed_s=1.0), run("flat", "hier", exposed_s=0.6)])
-    assert c.verdict == claims.REPRODUCED and "no spread" in c.reason
+    assert c.verdict == claims.UNDECIDED and "undecided (1 run: 0.60)" in c.reason
+    assert c.decision.wants == 2 and "no spread seen yet" in c.reason
+
+
+def test_c2_pairs_each_sides_runs_by_their_repeat():
+    """Paired by repeat, not by the order read: the ring's repeats, read backwards, still
+    pair with the hierarchy's of the same round, so the drift of the rounds cancels."""
+    drift = (1.0, 1.3, 0.8, 1.1)
+    rings = [run("flat", "ring", exposed_s=x, repeat=r) for r, x in enumerate(drift)]
+    hiers = [run("flat", "hier", exposed_s=0.5 * x, repeat=r) for r, x in enumerate(drift)]
+    c = claim("C2", [*rings[::-1], *hiers])
+    assert c.verdict == claims.REPRODUCED and c.decision.n == 3
+    assert c.decision.value == pytest.approx(0.5) and c.decision.hi == pytest.approx(0.5)
 
 
 def test_c7_and_c4_speed_judge_the_ratio_of_medians_over_repeats():
@@ -533,35 +563,42 @@ def test_c7_and_c4_speed_judge_the_ratio_of_medians_over_repeats():
     fours = [run(sync_share=x, config={"accum_steps": 4}) for x in (0.29, 0.33)]
     c = claim("C7", [*ones, *fours])
     assert c.verdict == claims.UNDECIDED and c.spread.lo < 1 < c.spread.hi
+    # two runs a side, wholly below 1: the range once decided it; now no verdict yet
     fours = [run(sync_share=x, config={"accum_steps": 4}) for x in (0.10, 0.12)]
-    assert claim("C7", [*ones, *fours]).verdict == claims.REPRODUCED
+    c = claim("C7", [*ones, *fours])
+    assert c.verdict == claims.UNDECIDED and "(2 runs: range 0.33-0.38)" in c.reason
+    # three a side: the 95 % interval at the first look (0.57-0.76) is below 1
+    ones.append(run(sync_share=0.31, config={"accum_steps": 1}))
+    fours.append(run(sync_share=0.11, config={"accum_steps": 4}))
+    c = claim("C7", [*ones, *fours])
+    assert c.verdict == claims.REPRODUCED and "n=3 a side" in c.reason
 
 
 def test_c2_does_not_pair_a_ring_with_a_hierarchy_of_another_set_up():
-    ring_1g = run("flat", "ring", exposed_s=1.0)
-    hier_200m = run("hierarchical", "hier", exposed_s=0.4, link="200mbit", gbps=0.19)
-    c = claim("C2", [ring_1g, hier_200m])
+    ring_1g = repeats("flat", "ring", exposed_s=1.0)
+    hier_200m = repeats("hierarchical", "hier", exposed_s=0.4, link="200mbit", gbps=0.19)
+    c = claim("C2", [*ring_1g, *hier_200m])
     assert c.verdict == claims.NOT_HERE and "one set-up" in c.measured
     # the same hierarchy beside a ring of its own set-up is compared, and says so
-    ring_200m = run("flat", "ring", exposed_s=0.5, link="200mbit", gbps=0.19)
-    c = claim("C2", [ring_1g, hier_200m, ring_200m])
+    ring_200m = repeats("flat", "ring", exposed_s=0.5, link="200mbit", gbps=0.19)
+    c = claim("C2", [*ring_1g, *hier_200m, *ring_200m])
     assert c.verdict == claims.REFUTED and "hier 0.80" in c.measured
-    assert ids_of(c) == {hier_200m["run_id"], ring_200m["run_id"]}
+    assert ids_of(c) == {r["run_id"] for r in [*hier_200m, *ring_200m]}
     assert "link 200mbit" in c.setup
 
 
 # -- C5: batch size --------------------------------------------------------------------
 
 def test_c5_does_not_pool_a_straggler_run_into_the_batch_sweep():
-    slow = run(throughput=50.0, config={"slow_rank": [3, 2.0]})
-    b32 = run(throughput=100.0)
-    b64 = run(throughput=102.0, batch_size=64, config={"batch_size": 64})
-    records = [slow, b32, b64]
-    pooled = b64["throughput"] / ((slow["throughput"] + b32["throughput"]) / 2)
+    slow = repeats(throughput=50.0, config={"slow_rank": [3, 2.0]})
+    b32 = repeats(throughput=100.0)
+    b64 = repeats(throughput=102.0, batch_size=64, config={"batch_size": 64})
+    records = [*slow, *b32, *b64]
+    pooled = b64[0]["throughput"] / ((slow[0]["throughput"] + b32[0]["throughput"]) / 2)
     assert pooled > 1.1  # pooled by batch size alone, the claim would be "reproduced"
     c = claim("C5", records)
     assert c.verdict == claims.REFUTED and "x1.02" in c.measured
-    assert c.runs == {"batch 32": [b32["run_id"]], "batch 64": [b64["run_id"]]}
+    assert c.runs == {"batch 32": match.run_ids(b32), "batch 64": match.run_ids(b64)}
 
 
 def _profiled(batch: int, profile: str | None = None, **kw) -> dict:
@@ -572,14 +609,15 @@ def _profiled(batch: int, profile: str | None = None, **kw) -> dict:
 
 
 def test_c5_pairs_runs_whose_profile_follows_their_batch():
-    b256, b1024 = _profiled(256, throughput=100.0), _profiled(1024, throughput=150.0)
+    b256 = [_profiled(256, throughput=100.0, repeat=r) for r in range(3)]
+    b1024 = [_profiled(1024, throughput=150.0, repeat=r) for r in range(3)]
     # the profile is part of the batch: any other difference still separates the runs
-    assert match.differences(b256, b1024) == ["compute", "batch"]
-    assert match.same_setup(b256, b1024, vary=("batch",))
-    assert not match.same_setup(b256, b1024, vary=("sync",))
-    c = claim("C5", [b256, b1024])
+    assert match.differences(b256[0], b1024[0]) == ["compute", "batch"]
+    assert match.same_setup(b256[0], b1024[0], vary=("batch",))
+    assert not match.same_setup(b256[0], b1024[0], vary=("sync",))
+    c = claim("C5", [*b256, *b1024])
     assert c.verdict == claims.REPRODUCED and "x1.50" in c.measured
-    assert c.runs == {"batch 256": [b256["run_id"]], "batch 1024": [b1024["run_id"]]}
+    assert c.runs == {"batch 256": match.run_ids(b256), "batch 1024": match.run_ids(b1024)}
     assert "profiles of each batch, resnet50 on NVIDIA H200" in c.setup
 
 

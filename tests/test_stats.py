@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis import stats
+from analysis import sequential, stats
 from analysis.stats import (
     MIN_CI_SAMPLES,
     REFUTED,
@@ -24,6 +24,7 @@ from analysis.stats import (
     repeats_for_precision,
     repeats_to_decide,
     spread_of,
+    verdict,
     within,
 )
 
@@ -159,6 +160,8 @@ def test_judge_holds_above():
 
 
 def test_judge_single_on_value():
+    """``judge`` reads a spread as it stands (benchmarks.peer_fairness's goals); a claim's
+    verdict no longer does (``verdict``, below)."""
     s = spread_of([0.5])
     assert judge(s, 0.6, holds_below=True) == REPRODUCED
     assert judge(s, 0.4, holds_below=True) == REFUTED
@@ -171,6 +174,42 @@ def test_judge_range_and_none():
     assert judge(s, 0.7, holds_below=True) == REPRODUCED
     assert judge(s, 0.6, holds_below=True) == UNDECIDED
     assert judge(spread_of([]), 0.6, holds_below=True) == UNDECIDED
+
+
+# --- verdict: a claim needs an interval of stated coverage ---------------------------------
+
+
+def test_verdict_decides_on_a_confidence_interval():
+    s = spread_of(ONE_TO_TEN)  # 5.5, 95% CI 2-9
+    assert verdict(s, 10.0, holds_below=True) == REPRODUCED
+    assert verdict(s, 9.0, holds_below=True) == REPRODUCED  # inclusive at the threshold
+    assert verdict(s, 1.0, holds_below=True) == REFUTED
+    assert verdict(s, 5.0, holds_below=True) == UNDECIDED
+    assert verdict(s, 2.0, holds_below=False) == REPRODUCED
+    assert verdict(Spread(0.5, 0.4, 0.6, "90% CI", 8), 0.7, holds_below=True) == REPRODUCED
+
+
+def test_verdict_is_undecided_without_an_interval():
+    # a range over 3 runs (75 % coverage of the median at best) and one run (none): what
+    # judge takes as it stands is no verdict
+    few = spread_of([0.55, 0.58, 0.61])
+    assert judge(few, 0.7, holds_below=True) == REPRODUCED
+    assert verdict(few, 0.7, holds_below=True) == UNDECIDED
+    one = spread_of([0.5])
+    assert judge(one, 0.6, holds_below=True) == REPRODUCED
+    assert verdict(one, 0.6, holds_below=True) == UNDECIDED
+    assert verdict(one, 0.4, holds_below=True) == UNDECIDED
+    assert verdict(spread_of([]), 0.6, holds_below=True) == UNDECIDED
+
+
+def test_the_ratio_rule_is_the_sequential_one():
+    assert stats.decide is sequential.decide
+    assert stats.decide_log_ratios is sequential.decide_log_ratios
+    assert (stats.REPRODUCED, stats.UNDECIDED) == (sequential.REPRODUCED, sequential.UNDECIDED)
+    d = stats.decide([0.5, 0.51, 0.49], [1.0, 1.0, 1.0], 0.7, holds_below=True)
+    assert isinstance(d, stats.Decision) and d.verdict == REPRODUCED and d.n == 3
+    # one run a side is no verdict, whatever its value
+    assert stats.decide([0.5], [1.0], 0.7, holds_below=True).verdict == UNDECIDED
 
 
 # --- repeats -----------------------------------------------------------------------------
