@@ -507,13 +507,13 @@ def _c4_figure(g: list[dict]) -> tuple[str, dict[str, list[str]]]:
             {_scheme(best[0]): match.run_ids(best), _scheme(ref[0]): match.run_ids(ref)})
 
 
-def _c4_ratios(pts: Sequence[convergence.ConvergencePoint], ref: convergence.ConvergencePoint
-               ) -> dict[str, stats.Spread]:
+def _c4_ratios(pts: Sequence[convergence.ConvergencePoint], ref: convergence.ConvergencePoint,
+               by_seed: bool = False) -> dict[str, stats.Spread]:
     """Each stale configuration's time to accuracy / synchronous training's, seed by seed
-    (``convergence.time_ratio_or_never``: inf where it never reached the target), with
-    the spread over seeds."""
-    return {p.label: stats.spread_of(convergence.time_ratio_or_never(p, ref)) for p in pts
-            if not p.is_reference and p.strategy == "async"}
+    (``convergence.time_ratio_or_never``: inf where it never reached the target; ``by_seed``
+    across the settings of a grid), with the spread over seeds."""
+    return {p.label: stats.spread_of(convergence.time_ratio_or_never(p, ref, by_seed))
+            for p in pts if not p.is_reference and p.strategy == "async"}
 
 
 def _tta_words(sp: stats.Spread) -> str:
@@ -524,15 +524,35 @@ def _tta_words(sp: stats.Spread) -> str:
     return sp.words().replace("inf", "never")
 
 
-def _c4_accuracy_words(pts: Sequence[convergence.ConvergencePoint],
-                       ref: convergence.ConvergencePoint) -> str:
-    ratios = _c4_ratios(pts, ref)
+def _setting_words(p: convergence.ConvergencePoint) -> str:
+    lr, momentum = convergence.setting(p)
+    return f"lr {lr:g}, momentum {momentum:g}"
+
+
+def _at_best(group: Sequence[convergence.ConvergencePoint]
+             ) -> tuple[convergence.ConvergencePoint, list[convergence.ConvergencePoint], int]:
+    """A grid's synchronous reference and each other configuration at its best training
+    setting (``convergence.best_setting``), and the settings in the grid (1: no grid)."""
+    grid = len({convergence.setting(p) for p in group})
+    labels: dict[str, list[convergence.ConvergencePoint]] = {}
+    for p in group:
+        labels.setdefault(p.label, []).append(p)
+    best = [convergence.best_setting(ps) for ps in labels.values()]
+    ref = next(p for p in best if p.is_reference)
+    return ref, best, grid
+
+
+def _c4_accuracy_words(group: Sequence[convergence.ConvergencePoint]) -> str:
+    ref, pts, grid = _at_best(group)
+    ratios = _c4_ratios(pts, ref, by_seed=grid > 1)
     steps = dict(ref.setup).get("steps")
     reached = ", ".join(f"{p.label} {p.reached}/{p.n}" for p in pts)
+    at = ("" if grid == 1 else f"; each at its best of {grid} settings: " + ", ".join(
+        f"{p.label} {_setting_words(p)}" for p in pts))
     return (f"time to {ref.target_accuracy:g} held-out accuracy / s=0's, per seed over "
             f"{ref.n} seeds ({steps} steps): " + ", ".join(f"{k} {_tta_words(v)}"
                                                          for k, v in ratios.items())
-            + f"; seeds that reached it: {reached}")
+            + f"; seeds that reached it: {reached}{at}")
 
 
 def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, list[str]]:
@@ -543,48 +563,58 @@ def _c4_accuracy_half(records: Sequence[dict]) -> tuple[str, str, str, dict, lis
     refuted; straddling: undecided). (verdict, measured, reason, runs, other set-ups)."""
     pts = convergence.points(records)
     sets: dict[tuple, list[convergence.ConvergencePoint]] = {}
-    for p in pts:
-        sets.setdefault((p.target_accuracy, p.setup), []).append(p)
+    for p in pts:  # a grid of training settings is one set-up: each compared at its best
+        sets.setdefault((p.target_accuracy, convergence.base_setup(p)), []).append(p)
     usable = []
     for group in sets.values():
-        ref = next((p for p in group if p.is_reference), None)
+        refs = [p for p in group if p.is_reference]
         stale = [p for p in group if p.strategy == "async" and (p.staleness or 0) > 0]
-        if ref is not None and stale:
-            usable.append((ref, group, stale))
+        if refs and stale:
+            usable.append((max(p.n for p in refs), group, stale))
     if not usable:
         why = ("no convergence runs (python -m commbench.staleness; experiments.study plans them "
                "as convergence-digits)" if not pts else
                "no convergence runs at s = 0 and s > 0 of one set-up and target")
         return NOT_HERE, "", why, {}, []
     # the set-up with the most seeds, then the most ranks
-    usable.sort(key=lambda u: (u[0].n, dict(u[0].setup).get("ranks") or 0), reverse=True)
-    ref, group, stale = usable[0]
-    runs = {f"convergence {p.label}": [str(i) for i in p.run_ids] for p in group}
+    usable.sort(key=lambda u: (u[0], dict(u[1][0].setup).get("ranks") or 0), reverse=True)
+    _, group, stale = usable[0]
+    ref, best_pts, grid = _at_best(group)
+    runs = {f"convergence {p.label}" + (f" ({_setting_words(p)})" if grid > 1 else ""):
+            [str(i) for i in p.run_ids] for p in group}
     where = ", ".join(f"{k} {v}" for k, v in ref.setup if k in ("model", "ranks", "nodes"))
-    measured = f"convergence ({where}): {_c4_accuracy_words(group, ref)}"
-    others = [f"convergence ({', '.join(f'{k} {v}' for k, v in r.setup)}, target "
-              f"{r.target_accuracy:g}): {_c4_accuracy_words(g, r)}" for r, g, _ in usable[1:]]
+    measured = f"convergence ({where}): {_c4_accuracy_words(group)}"
+    others = [f"convergence ({', '.join(f'{k} {v}' for k, v in g[0].setup)}, target "
+              f"{g[0].target_accuracy:g}): {_c4_accuracy_words(g)}" for _, g, _ in usable[1:]]
     if ref.reached == 0:
         return (NOT_HERE, measured, f"synchronous training reached {ref.target_accuracy:g} in "
-                f"none of {ref.n} seeds: no time to compare with (more --steps, or a lower "
-                "--target-accuracy)", runs, others)
+                f"none of {ref.n} seeds" + (f" at any of {grid} settings" if grid > 1 else "")
+                + ": no time to compare with (more --steps, or a lower --target-accuracy)",
+                runs, others)
     top = max(p.staleness or 0 for p in stale)
-    at_top = [p for p in stale if p.staleness == top]
-    ratios = _c4_ratios(at_top, ref)
+    at_top = [p for p in best_pts if p.strategy == "async" and p.staleness == top]
+    ratios = _c4_ratios(at_top, ref, by_seed=grid > 1)
     best = min(ratios, key=lambda k: ratios[k].value)
     what = f"{best}, the better mitigated at s={top}: time to accuracy / s=0's"
-    seeds = convergence.time_ratio_or_never(next(p for p in at_top if p.label == best), ref)
+    if grid > 1:
+        what += f", each at its best of {grid} settings"
+    seeds = convergence.time_ratio_or_never(next(p for p in at_top if p.label == best), ref,
+                                            by_seed=grid > 1)
+    # the picks the figure is the best of: the mitigations, and on a grid the setting of
+    # each side (the stale configuration's and the reference's): alpha / k for them all
+    k = len(ratios) * grid * grid
     if any(math.isinf(x) for x in seeds):
         # a seed that never got there has no log-ratio: the interval of the mean needs them all
         verdict, note = UNDECIDED, (f"{what} {_tta_words(ratios[best])}: a seed never reached "
                                     "the target, so no interval of the paired ratio (more "
                                     "--steps)")
     else:
-        # per seed, paired by seed; the better of the mitigations read (alpha / k)
-        d = stats.decide_log_ratios(np.log(seeds), 1.0, False, k=len(ratios))
+        # per seed, paired by seed; the better of the mitigations (and settings) read
+        d = stats.decide_log_ratios(np.log(seeds), 1.0, False, k=k)
         verdict, note = d.verdict, _decision_words(d, 1.0, what, ".2f")
     return (verdict, measured, f"{note} (staleness hurts when even that is above 1; "
-            f"{len(ratios)} mitigation(s) read)", runs, others)
+            f"{len(ratios)} mitigation(s)" + (f" x {grid} settings a side" if grid > 1 else "")
+            + " read)", runs, others)
 
 
 def _both(speed: str, accuracy: str) -> str:

@@ -56,6 +56,7 @@ SETUP_FIELDS: dict[str, Callable[[dict], Any]] = {
     "image_size": lambda r: get(r, "image_size"),
     "steps": lambda r: get(r, "steps"),
     "lr": lambda r: get(r, "lr"),
+    "momentum": lambda r: get(r, "momentum", 0.9),  # runs before the flag: 0.9
     "eval_every": lambda r: get(r, "eval_every"),
     "staleness_warmup": lambda r: (r.get("config") or {}).get("staleness_warmup"),
     # wall time / emulated time: the times of runs at two dilations are not comparable
@@ -160,45 +161,91 @@ def reference(pts: Sequence[ConvergencePoint],
     return None
 
 
-def _reached_by_run(p: ConvergencePoint) -> dict[tuple, float]:
-    """(job, seed) -> time to accuracy of ``p``'s runs that reached the target."""
+def _key(job, seed, by_seed: bool) -> tuple:
+    return (None, seed) if by_seed else (job, seed)
+
+
+def _reached_by_run(p: ConvergencePoint, by_seed: bool = False) -> dict[tuple, float]:
+    """(job, seed) -> time to accuracy of ``p``'s runs that reached the target; with
+    ``by_seed``, (None, seed)."""
     out: dict[tuple, float] = {}
     seen: set[tuple] = set()
     for job, seed, t in zip(p.job_ids or [None] * p.n, p.seeds, p.time_to_accuracy_s):
-        if (job, seed) in seen:
+        key = _key(job, seed, by_seed)
+        if key in seen:
             raise ValueError(f"{p.label}: two runs of seed {seed} in job {job} (a results "
-                             "file read twice?)")
-        seen.add((job, seed))
+                             "file read twice?)" if not by_seed else
+                             f"{p.label}: two runs of seed {seed} at one setting")
+        seen.add(key)
         if t is not None:
-            out[(job, seed)] = t
+            out[key] = t
     return out
 
 
-def time_ratio(point: ConvergencePoint, reference: ConvergencePoint) -> list[float]:
+#: the training settings a study may vary (``experiments.claims``' C4 grid): a
+#: configuration is compared at its best one (``best_setting``)
+SETTING_FIELDS = ("lr", "momentum")
+
+
+def setting(p: ConvergencePoint) -> tuple:
+    """``p``'s (lr, momentum)."""
+    d = dict(p.setup)
+    return tuple(d.get(f) for f in SETTING_FIELDS)
+
+
+def base_setup(p: ConvergencePoint) -> tuple:
+    """``p``'s set-up without its training settings: what points of one grid share."""
+    return tuple(kv for kv in p.setup if kv[0] not in SETTING_FIELDS)
+
+
+def median_time(p: ConvergencePoint) -> float:
+    """The median time to accuracy over ``p``'s runs, a run that never reached the target
+    counted as infinitely slow (inf where half never did)."""
+    times = sorted(math.inf if t is None else t for t in p.time_to_accuracy_s)
+    if not times:
+        return math.inf
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+
+def best_setting(pts: Sequence[ConvergencePoint]) -> ConvergencePoint:
+    """The point of the lowest median time to accuracy (``median_time``), then the most
+    runs that reached it, then the first."""
+    return min(pts, key=lambda p: (median_time(p), -p.reached))
+
+
+def time_ratio(point: ConvergencePoint, reference: ConvergencePoint,
+               by_seed: bool = False) -> list[float]:
     """Paired ratios time_to_accuracy(``point``) / time_to_accuracy(``reference``), one per
     seed where both runs reached the target, in ``point``'s run order.
 
     ``reference`` is synchronous training (``reference(points, point)``). A run is
     paired with the reference's run of the same seed in the same job (the study runs
     every seed's synchronous run first, in the job that runs the others; records
-    without a job id pair by seed). Above 1: slower to the target than synchronous.
-    Raises ValueError where the two differ in target accuracy or set-up (never pooled).
+    without a job id pair by seed); ``by_seed``: with the reference's run of the same seed
+    in any job, and ``point`` may then be at another training setting (``SETTING_FIELDS``:
+    a grid's job each). Above 1: slower to the target than synchronous. Raises ValueError
+    where the two differ in target accuracy or set-up (never pooled).
     """
-    if (point.target_accuracy, point.setup) != (reference.target_accuracy, reference.setup):
+    mine_setup, ref_setup = ((base_setup(point), base_setup(reference)) if by_seed
+                             else (point.setup, reference.setup))
+    if (point.target_accuracy, mine_setup) != (reference.target_accuracy, ref_setup):
         what = ("target accuracy" if point.target_accuracy != reference.target_accuracy
                 else "set-up")
         raise ValueError(f"{point.label} and {reference.label}: not the same {what}")
-    ref = _reached_by_run(reference)
-    return [t / ref[key] for key, t in _reached_by_run(point).items()
+    ref = _reached_by_run(reference, by_seed)
+    return [t / ref[key] for key, t in _reached_by_run(point, by_seed).items()
             if key in ref and ref[key] > 0]
 
 
-def time_ratio_or_never(point: ConvergencePoint, reference: ConvergencePoint) -> list[float]:
+def time_ratio_or_never(point: ConvergencePoint, reference: ConvergencePoint,
+                        by_seed: bool = False) -> list[float]:
     """``time_ratio`` over every seed whose synchronous run reached the target, with
     ``inf`` where ``point``'s run of that seed never did: a run that never gets there is
     slower than any that does, and leaving it out would favour the lucky seeds."""
-    ratios = time_ratio(point, reference)  # checks target and set-up
-    ref = _reached_by_run(reference)
-    mine = _reached_by_run(point)
-    seen = {(job, seed) for job, seed in zip(point.job_ids or [None] * point.n, point.seeds)}
+    ratios = time_ratio(point, reference, by_seed)  # checks target and set-up
+    ref = _reached_by_run(reference, by_seed)
+    mine = _reached_by_run(point, by_seed)
+    seen = {_key(job, seed, by_seed)
+            for job, seed in zip(point.job_ids or [None] * point.n, point.seeds)}
     return ratios + [math.inf for key in ref if key in seen and key not in mine]

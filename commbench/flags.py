@@ -99,6 +99,7 @@ nonneg_float = _checked(float, "a number", lambda v: 0 <= v < math.inf,
 positive_float = _checked(float, "a number", lambda v: 0 < v < math.inf,
                           "a finite number > 0")
 fraction = _checked(float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
+momentum_value = _checked(float, "a number", lambda v: 0 <= v < 1, "in [0, 1)")
 
 
 # nccl-tests' size suffixes: binary multiples (1K = 1024 bytes)

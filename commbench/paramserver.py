@@ -1,7 +1,8 @@
 """Parameter-server loops: workers push gradients and pull parameters on their own.
 
-Rank 0 is the server: it holds the parameters and an SGD optimizer (momentum
-0.9, ``--lr``, as the real workload's). Every other rank is a worker:
+Rank 0 is the server: it holds the parameters and an SGD optimizer (the real
+workload's own, ``--lr`` and ``--momentum``; momentum 0.9 on the synthetic one).
+Every other rank is a worker:
 
 1. Compute forward and backward on its own batch with the parameters it
    pulled last.

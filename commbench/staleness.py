@@ -55,6 +55,7 @@ from commbench.flags import (
     csv_list,
     flag,
     fraction,
+    momentum_value,
     nonneg_int,
     positive_float,
     positive_int,
@@ -129,7 +130,9 @@ class StudyConfig(ToolConfig):
     model: str = flag("--model", default="smallcnn", choices=tuple(MODELS),
                       help="model trained (smallcnn: 25.6k parameters, fast on CPU)")
     lr: float = flag("--lr", default=0.02, type=positive_float,
-                     help="SGD rate (momentum 0.9); 0.05 diverges even synchronously on 4 ranks")
+                     help="SGD rate; 0.05 diverges even synchronously on 4 ranks (momentum 0.9)")
+    momentum: float = flag("--momentum", default=0.9, type=momentum_value,
+                           help="SGD momentum, in [0, 1)")
     batch_size: int = flag("--batch-size", default=32, type=positive_int,
                            help="images per rank per step")
     image_size: int = flag("--image-size", default=32, type=positive_int,
@@ -157,7 +160,7 @@ class StudyConfig(ToolConfig):
         model on digits, on the CPU."""
         return WorkloadSpec(workload="real", model=self.model, batch_size=self.batch_size,
                             num_classes=10, image_size=self.image_size, device="cpu",
-                            dataset="digits", lr=self.lr,
+                            dataset="digits", lr=self.lr, momentum=self.momentum,
                             seed=self.seeds[0] if seed is None else seed)
 
     def emulated_s(self, where: Where) -> Seconds:
@@ -187,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                ["staleness", "mitigations", "ps", "staleness_warmup", "steps", "eval_every",
                 "target_accuracy"])
     g = p.add_argument_group("training")
-    flags.add_fields(g, StudyConfig, ["model", "lr", "batch_size", "image_size", "seeds",
-                                      "seed"])
+    flags.add_fields(g, StudyConfig, ["model", "lr", "momentum", "batch_size", "image_size",
+                                      "seeds", "seed"])
     flags.add_backend_flag(g, BACKENDS)
     flags.add_output_group(p, "staleness")
     return p

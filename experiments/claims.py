@@ -60,6 +60,10 @@ class Scale:
     micro_max: int  # the microbenchmarks' largest message (bytes)
     #: jobs per point: every compared figure then has a spread over repeats
     repeats: int
+    #: the convergence study's grid of training settings, one job each: each staleness is
+    #: compared at its best (commbench.staleness's lr and momentum by default)
+    conv_lrs: tuple[float, ...] = (0.02,)
+    conv_momenta: tuple[float, ...] = (0.9,)
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,8 @@ def plan_c3(scale: Scale, cluster: StudyCluster, ranks: Sequence[int]) -> list[J
 
 def plan_c4(scale: Scale, cluster: StudyCluster, ranks: Sequence[int]) -> list[Job]:
     """Async at each staleness beside flat, without and with a straggler (the last rank,
-    on the last node); and the convergence study on digits (time to accuracy)."""
+    on the last node); and the convergence study on digits (time to accuracy), one job per
+    training setting of its grid (lr x momentum: each staleness is compared at its best)."""
     n, rate = cluster.ranks, _rate(scale, cluster)
     jobs = [reference(scale, cluster)]
     for straggler in (None, (n - 1, scale.straggler_factor)):
@@ -187,12 +192,16 @@ def plan_c4(scale: Scale, cluster: StudyCluster, ranks: Sequence[int]) -> list[J
         jobs += [_job(cluster, f"async-s{s}{suffix}", synthetic(
             scale, "async", sync=AsyncSettings(staleness=s), slow_rank=straggler), rate)
             for s in scale.staleness]
-    study = StudyConfig(staleness=list(scale.conv_staleness),
-                        mitigations=scale.conv_mitigations.split(","), steps=scale.conv_steps,
-                        seeds=list(scale.conv_seeds), eval_every=10, quiet=True,
-                        ps=scale.conv_ps)
-    # it repeats itself over seeds, in one job
-    return jobs + [_job(cluster, "convergence-digits", study, rate, repeats=1, host=True)]
+    grid = [(lr, m) for lr in scale.conv_lrs for m in scale.conv_momenta]
+    for lr, m in grid:
+        study = StudyConfig(staleness=list(scale.conv_staleness),
+                            mitigations=scale.conv_mitigations.split(","),
+                            steps=scale.conv_steps, seeds=list(scale.conv_seeds), eval_every=10,
+                            quiet=True, ps=scale.conv_ps, lr=lr, momentum=m)
+        name = "convergence-digits" + (f"-lr{lr:g}-m{m:g}" if len(grid) > 1 else "")
+        # it repeats itself over seeds, in one job
+        jobs.append(_job(cluster, name, study, rate, repeats=1, host=True))
+    return jobs
 
 
 def _real(scale: Scale, cluster: StudyCluster) -> list[Job]:

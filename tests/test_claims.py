@@ -503,6 +503,41 @@ def test_c4_accuracy_compares_convergence_runs_of_one_set_up_and_target_only():
     assert c.verdict == claims.NOT_HERE and "reached 0.9 in none of 2 seeds" in c.reason
 
 
+def _grid(times: dict[tuple[float, float, int, str], list[float | None]]) -> list[dict]:
+    """Convergence runs of a grid: (lr, momentum, s, mitigation) -> times of seeds 0, 1, ...,
+    one job per setting (as experiments.claims plans them)."""
+    out = []
+    for (lr, m, s, mit), ts in times.items():
+        for i, t in enumerate(ts):
+            r = conv(s, t, mit, seed=i)
+            r["config"] = {**r["config"], "lr": lr, "momentum": m}
+            r["job_id"] = f"conv-lr{lr:g}-m{m:g}"
+            out.append(r)
+    return out
+
+
+def test_c4_accuracy_compares_each_staleness_at_its_best_setting_of_the_grid():
+    """Over lr x momentum, synchronous training is read at its fastest setting and s = 4 at
+    its own, paired by seed across the two jobs; the interval pays for both picks (alpha /
+    mitigations x settings^2), and the words name each side's setting."""
+    speed = _cluster_job({"flat": 10.0, "async": 30.0})
+    grid = _grid({(0.02, 0.9, 0, "none"): [10.0, 11.0, 10.5] * 2,
+                  (0.02, 0.9, 4, "none"): [None] * 6,  # stale at the high rate: collapses
+                  (0.01, 0.0, 0, "none"): [20.0, 21.0, 22.0] * 2,
+                  (0.01, 0.0, 4, "none"): [15.0, 16.5, 15.5] * 2})
+    c = claim("C4", [*speed, *grid])
+    assert "each at its best of 2 settings: s=0 lr 0.02, momentum 0.9, s=4 lr 0.01, " \
+        "momentum 0" in c.measured, c.measured
+    assert "x 2 settings a side" in c.reason and "best of 4" in c.reason, c.reason
+    # s = 4 at its best (15-16.5 s) against s = 0 at its best (10-11 s): slower on every seed
+    assert c.verdict == claims.REPRODUCED, c.reason
+    assert "convergence s=4 (lr 0.01, momentum 0)" in c.runs
+    # one setting only: the reference's job pairs with its own stale runs, as before
+    one = [r for r in grid if r["job_id"] == "conv-lr0.02-m0.9"]
+    c = claim("C4", [*speed, *one])
+    assert "settings" not in c.measured and "never" in c.reason
+
+
 # -- C2: hierarchical vs flat ring -----------------------------------------------------
 
 def test_c2_recognises_flat_algo_hier_on_three_nodes():

@@ -34,7 +34,8 @@ QUICK_BEFORE = replace(st.QUICK, model="resnet18", profile="h200-resnet18-b64.js
                        slow_algos=("ring", "hier"), bucket_mb=(0, 25), staleness=(0, 1, 4),
                        accum=(1, 4), real_batches=(16, 64, 128), real_steps=40,
                        conv_steps=100, conv_staleness=(0, 1, 2, 4), conv_mitigations="none,lr",
-                       conv_seeds=(0, 1, 2), conv_ps=False, profile_batches=(),
+                       conv_seeds=(0, 1, 2), conv_lrs=(0.02,), conv_momenta=(0.9,),
+                       conv_ps=False, profile_batches=(),
                        micro_iters=5, micro_max=64 << 20, repeats=2)
 BENCHMARKS = ("async_speedup", "dilation", "hier_bound", "horovod_presence", "peer_fairness",
               "replay_fidelity")
@@ -52,7 +53,11 @@ def planned(jobs: list[Job]) -> list[dict]:
     return sorted((one(j) for j in jobs), key=json.dumps)
 
 
-@pytest.mark.parametrize("label,scale", [("quick", QUICK_BEFORE), ("full", st.FULL)])
+#: the full study as it was then: one training setting for the convergence study
+FULL_BEFORE = replace(st.FULL, conv_lrs=(0.02,), conv_momenta=(0.9,))
+
+
+@pytest.mark.parametrize("label,scale", [("quick", QUICK_BEFORE), ("full", FULL_BEFORE)])
 def test_the_study_plans_the_same_jobs_as_before(label, scale):
     cluster = cl.StudyCluster(Placement(2, 4, launcher="mpirun", dilation=4.0))
     assert planned(cl.plan(scale, cluster)) == BEFORE[f"study-{label}"]
@@ -82,7 +87,7 @@ def test_a_shared_job_joins_its_claims_sets():
     assert {"C1", "C2", "C3", "C4", "C7"} <= ref.sets
     groups = compared_sets(jobs)
     names = [{j.name for j in g} for g in groups]
-    assert any({"flat-np8", "async-s1", "bucketed-25mb", "convergence-digits"} <= n
+    assert any({"flat-np8", "async-s1", "bucketed-25mb", "convergence-digits-lr0.02-m0.9"} <= n
                for n in names)
     assert any({"real-digits-b16", "real-digits-b64"} <= n for n in names)
     assert sum(len(g) for g in groups) == len(jobs)

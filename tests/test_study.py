@@ -130,8 +130,12 @@ def test_each_claim_gets_a_matched_set_on_its_own_variable(scale):
         assert sorted(knob(r, "staleness") for r in g if r["strategy"] == "async") == sorted(
             scale.staleness)
         assert ("flat", "native") in schemes(g)
+    # C4's convergence study: one job per training setting of its grid (lr x momentum)
     conv = [j for j in plan(scale, EMULATED, ["C4"]) if j.program == "commbench.staleness"]
-    assert len(conv) == 1 and "--staleness" in conv[0].args
+    assert len(conv) == len(scale.conv_lrs) * len(scale.conv_momenta) >= 4
+    assert all("--staleness" in j.args for j in conv)
+    assert {(j.config.lr, j.config.momentum) for j in conv} == {
+        (lr, m) for lr in scale.conv_lrs for m in scale.conv_momenta}
 
     # C5, C6: the real workload on digits at three batch sizes, one set on the batch
     g = the_set(runs_of(scale, "C6"), ("batch",), lambda g: g[0]["workload"] == "real")
@@ -259,10 +263,12 @@ def test_repeats_reach_the_sweep_and_the_convergence_study_runs_once(tmp_path):
     res = study_cli("--quick", "--dry-run", "--repeats", "3", "-o", str(tmp_path / "s"))
     assert res.returncode == 0, res.stderr
     jobs = plan(QUICK, EMULATED)
-    assert f"{len(jobs)} points" in res.stdout and f"{3 * (len(jobs) - 1) + 1} jobs" in res.stdout
+    conv = [j for j in jobs if j.name.startswith("convergence-digits")]
+    assert len(conv) == 4  # the quick grid: 2 rates x 2 momenta, each job once
+    assert f"{len(jobs)} points" in res.stdout
+    assert f"{3 * (len(jobs) - len(conv)) + len(conv)} jobs" in res.stdout
     assert plan(QUICK, EMULATED)[0].point().get("repeats") is None
-    conv = next(j for j in jobs if j.name == "convergence-digits")
-    assert conv.point()["repeats"] == 1
+    assert all(j.point()["repeats"] == 1 for j in conv)
     for bad in ("0", "-1"):
         res = study_cli("--quick", "--dry-run", "--repeats", bad, "-o", str(tmp_path / "s"))
         assert res.returncode == 2 and f"--repeats {bad}: must be at least 1" in res.stderr

@@ -31,7 +31,7 @@ def make_workload(cfg: WorkloadSpec, rank: int, world_size: int = 1,
         wl: Workload = RealWorkload(
             cfg.model, rank, seed=cfg.seed, batch_size=cfg.batch_size,
             num_classes=cfg.num_classes, image_size=cfg.image_size, lr=cfg.lr,
-            device=cfg.device, dataset=cfg.dataset, world_size=world_size,
+            momentum=cfg.momentum, device=cfg.device, dataset=cfg.dataset, world_size=world_size,
             model_kwargs=cfg.model_kwargs, input_shape=cfg.input_shape, vocab=cfg.vocab)
     else:
         profile = None

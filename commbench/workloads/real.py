@@ -47,7 +47,8 @@ class RealWorkload(Workload):
 
     def __init__(self, model: str, rank: int, seed: int = 0, batch_size: int = 32,
                  num_classes: int = 1000, image_size: int = 64, lr: float = 0.01,
-                 device: str = "cpu", dataset: str = "synthetic", world_size: int = 1,
+                 momentum: float = 0.9, device: str = "cpu", dataset: str = "synthetic",
+                 world_size: int = 1,
                  model_kwargs: dict | None = None, input_shape: Sequence[int] | None = None,
                  vocab: int | None = None) -> None:
         self.device = torch.device(device)
@@ -85,7 +86,7 @@ class RealWorkload(Workload):
             self._next_batch()
         self._module = net  # whose own loss() applies, also once a peer has wrapped ``net``
         probe = self._learn_backward_order(net, gen)
-        super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
+        super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum),
                          batch_size, unused=probe.unused)
         index = {n: i for i, n in enumerate(self.param_names)}
         self._seen_order = [index[n] for n in probe.order]

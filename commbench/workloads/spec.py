@@ -23,6 +23,7 @@ from commbench.flags import (
     add_fields,
     flag,
     float_text,
+    momentum_value,
     nonneg_float,
     nonneg_int,
     positive_int,
@@ -143,6 +144,8 @@ class WorkloadSpec:
     lr: float = flag("--lr", default=0.01, type=nonneg_float,
                      help="SGD rate of --workload real (and of the parameter server's updates "
                           "on any workload)")
+    momentum: float = flag("--momentum", default=0.9, type=momentum_value,
+                           help="SGD momentum of --workload real, in [0, 1)")
     compute_ms: float = flag(
         "--compute-ms", default=100.0, type=nonneg_float,
         help="forward+backward time per step replayed by the synthetic workload (1/3 "
@@ -210,7 +213,8 @@ class WorkloadSpec:
 
 #: every workload flag, in ``--help`` order; ``seed`` goes with the run's flags
 WORKLOAD_FLAGS = ("workload", "model", "model_kwargs", "input_shape", "vocab", "batch_size",
-                  "image_size", "lr", "dataset", "num_classes", "compute_ms", "compute_profile",
+                  "image_size", "lr", "momentum", "dataset", "num_classes", "compute_ms",
+                  "compute_profile",
                   "compute_scale", "slow_rank", "compute_jitter", "device")
 
 
