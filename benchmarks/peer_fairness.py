@@ -45,11 +45,14 @@ above 1.5).
 repeat a job of its own, shuffled within its cluster, so the machine's drift
 spreads over every cell). Each ratio is then of the medians over the repeats,
 with its spread (``analysis.stats.ratio_spread``: the range of every pairwise
-ratio below 6 repeats, a bootstrap 95 % interval from 6), and each goal is
-judged on the whole spread (``analysis.stats.judge``): met, NOT met, or
-undecided where the spread straddles the goal. Horovod's step moved up to 15 %
-between single runs of one cell, more than most gaps the goals judge: one run
-a cell can flip a verdict that repeats show undecided.
+ratio below 6 repeats, a bootstrap 95 % interval from 6), printed as measured.
+Each goal is decided on the paired repeats (``analysis.stats.decide``: each
+side in repeat order, a 95 % confidence sequence from 3 runs a side, at alpha
+/ k for the picks: bucketed is the best of its launchers, the best peer the
+best of the peers): met, NOT met, or undecided where the interval straddles
+the goal, and undecided below 3 repeats (``undecided (2 runs: range ...)``),
+never a verdict on one run. Horovod's step moved up to 15 % between single
+runs of one cell, more than most gaps the goals judge.
 
 Run it from the repository root, as root, with nothing else measuring::
 
@@ -69,7 +72,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis import stats
+from analysis import sequential, stats
 from analysis.costmodel import link_bytes
 from analysis.overlap import Profile, load_profile
 from commbench.allreduce import Config
@@ -231,7 +234,7 @@ def fmt(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.3f}"
 
 
-#: a goal's verdict from ``stats.judge``'s, in this benchmark's words
+#: a goal's verdict from ``stats.decide``'s, in this benchmark's words
 MET, NOT_MET, UNDECIDED = "met", "NOT met", "undecided"
 _WORDS = {stats.REPRODUCED: MET, stats.REFUTED: NOT_MET, stats.UNDECIDED: UNDECIDED}
 
@@ -288,12 +291,15 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
     line each against their launcher's peer.
 
     Bucketed is its better launcher's, the best peer the peer with the lower median step
-    over the repeats. Each goal is judged on the whole spread of its ratio
-    (``stats.judge``): met when it lies on the goal's side, NOT met when it lies on the
-    other, undecided when it straddles the goal. The step goal (bucketed <= the best peer)
-    is bucketed <= every peer, so it is met only when met against each peer and NOT met as
-    soon as it is NOT met against one: which peer is best may itself be undecided. With
-    one repeat every spread is one value, judged as it stands."""
+    over the repeats. Each goal is decided on the paired repeats (``decided``): met when
+    the 95 % interval lies on the goal's side, NOT met when it lies on the other,
+    undecided when it straddles the goal or there are fewer than 3 repeats a side. The
+    step goal (bucketed <= the best peer) is bucketed <= every peer, so it is met only
+    when met against each peer and NOT met as soon as it is NOT met against one: which
+    peer is best may itself be undecided; there bucketed is the best of its launchers
+    (alpha / launchers). The other goals are against the best peer, also a pick (alpha /
+    launchers x peers). The spreads (``Verdict.step`` ...) stay the ratios of medians
+    as measured."""
     runs_of, pooled = by_strategy(runs)
     peers = {name: ss for (name, strategy), ss in runs_of.items() if strategy in PEERS}
     eff = lambda s: link_efficiency(cell, s)  # noqa: E731
@@ -319,20 +325,63 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
     step = steps[pl]
     exposed = spread(b, p, lambda s: s["exposed_sync_s"])
     link = spread(b, p, eff)
-    each_peer = [stats.judge(sp, STEP_GOAL, True) for sp in steps.values()]
-    step_verdict = (stats.REFUTED if stats.REFUTED in each_peer else stats.REPRODUCED
-                    if all(v == stats.REPRODUCED for v in each_peer) else stats.UNDECIDED)
-    met = {"step": _WORDS[step_verdict],
-           "exposed": _WORDS[stats.judge(exposed, EXPOSED_GOAL, True)],
-           "link": _WORDS[stats.judge(link, LINK_GOAL, False)]}
+    # bucketed is the best of its launchers' runs; against the best peer, also the best
+    # of the peers: each decided at alpha / k for the picks (analysis.sequential)
+    picks = len(bucketed)
+    each_peer = {name: decided(b, ps, lambda s: s["step_s"], STEP_GOAL, True, picks)
+                 for name, ps in peers.items()}
+    verdicts = [v for v, _ in each_peer.values()]
+    step_verdict = (NOT_MET if NOT_MET in verdicts else MET
+                    if all(v == MET for v in verdicts) else UNDECIDED)
+    ex_verdict, ex_d = decided(b, p, lambda s: s["exposed_sync_s"], EXPOSED_GOAL, True,
+                               picks * len(peers))
+    link_verdict, link_d = decided(b, p, eff, LINK_GOAL, False, picks * len(peers))
+    met = {"step": step_verdict, "exposed": ex_verdict, "link": link_verdict}
     if math.isnan(link.value):
         met["link"] = None
     reps = f", {min(len(b), len(p))} repeats" if max(len(b), len(p)) > 1 else ""
     head = (f"{cell.name} (compute x {cell.scale:g}, {cell.steps} steps{reps}): bucketed ({bl}) "
-            f"/ best peer ({p[0]['strategy']}, {pl}): step {step.words('.3f')} "
-            f"[{met['step']}], exposed sync {exposed.words('.3f')} [{met['exposed']}], link "
-            f"efficiency {link.words('.3f')} [{met['link'] or 'n/a'}]")
-    return Verdict(cell.name, step, exposed, link, met, [head, *lines])
+            f"/ best peer ({p[0]['strategy']}, {pl}): step "
+            f"{_words(each_peer[pl][1], step)} [{met['step']}], exposed sync "
+            f"{_words(ex_d, exposed)} [{met['exposed']}], link efficiency "
+            f"{_words(link_d, link)} [{met['link'] or 'n/a'}]")
+    return Verdict(cell.name, step, exposed, link, met, [head + latency_note(b + p), *lines])
+
+
+def latency_note(summaries: list[dict]) -> str:
+    """Where any of a cell's compared runs is latency-bound (``commbench.latency``: its
+    calls x the emulated alpha are at least half its comm time), that, with the alpha:
+    such a figure holds this host's per-message latency divided by K, and is not called
+    converged by dilation alone."""
+    lat = [s for s in summaries if s.get("latency_bound")]
+    if not lat:
+        return ""
+    alphas = sorted(s["alpha_us"] for s in lat if isinstance(s.get("alpha_us"), (int, float)))
+    alpha = f", emulated alpha {alphas[len(alphas) // 2]:.1f} us" if alphas else ""
+    k = max(float(s.get("dilation") or 1.0) for s in lat)
+    return (f"; latency-bound ({len(lat)} of {len(summaries)} runs{alpha} at K = {k:g}: the "
+            "host's per-message latency / K, not converged by dilation alone)")
+
+
+def decided(num: list[dict], den: list[dict], figure, goal: float, holds_below: bool,
+            k: int) -> tuple[str, sequential.Decision | None]:
+    """A goal on ``figure``'s ratio, decided on the paired runs (``stats.decide``: each
+    side in repeat order, a 95 % confidence sequence from 3 runs a side, the figure the
+    best of ``k``): met, NOT met, or undecided (below 3 runs a side, or straddling)."""
+    def values(ss: list[dict]) -> list[float]:
+        ordered = sorted(ss, key=lambda s: s.get("repeat") or 0)
+        return [math.nan if v is None else v for v in map(figure, ordered)]
+    try:
+        d = stats.decide(values(num), values(den), goal, holds_below, k)
+    except ValueError:  # a figure of 0 has no log-ratio
+        return UNDECIDED, None
+    return _WORDS[d.verdict], d
+
+
+def _words(d: sequential.Decision | None, sp: stats.Spread) -> str:
+    """The decision's figure as judged (its interval, or ``undecided (n runs: range ...)``),
+    else the spread's words."""
+    return d.words(".3f") if d is not None else sp.words(".3f")
 
 
 GOALS = ("step", "exposed", "link")
