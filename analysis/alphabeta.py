@@ -67,6 +67,34 @@ H200_NODE = {"local_size": 8, "alpha_intra": 2e-6, "beta_intra": 1 / 450e9,
 #: InfiniBand: a few microseconds per message); stated, not fitted, because the emulated
 #: cluster's links are TCP through network namespaces, whose per-message cost is far larger
 DEFAULT_ALPHA_INTER = 10e-6
+#: the one name of the user's inter-node per-message latency, a model input, in every
+#: command that takes it (experiments.study, analysis.report, analysis.costmodel)
+LATENCY_FLAG = "--latency-us"
+
+
+def latency_us(text: str | float) -> float:
+    """The ``--latency-us`` value in microseconds: a finite number above 0; anything else
+    is a ValueError whose message names the flag."""
+    try:
+        us = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{LATENCY_FLAG} {text!r}: expected a number of microseconds "
+                         "per inter-node message, e.g. 10") from None
+    if not math.isfinite(us) or us <= 0:
+        raise ValueError(f"{LATENCY_FLAG} {text!r}: must be a number above 0 (microseconds "
+                         "per inter-node message)")
+    return us
+
+
+def emulated_alpha_us(records) -> tuple[float, float] | None:
+    """The emulated cluster's measured per-message latency among the records (median of
+    their ``alpha_us``, commbench.latency) and the largest dilation K it was measured at;
+    None where no record carries one (one node, or records before schema 5)."""
+    got = [(float(r["alpha_us"]), float(r.get("dilation") or 1.0)) for r in records
+           if isinstance(r.get("alpha_us"), (int, float)) and r.get("link_shaping")]
+    if not got:
+        return None
+    return float(np.median([a for a, _ in got])), max(k for _, k in got)
 
 
 class ModelError(ValueError):

@@ -26,7 +26,9 @@ scenario of ``analysis.report`` and the overlap model (``--device h200``: the
 committed H200 ResNet-50 profile at batch 256, 8 GPUs per node;
 ``analysis/overlap.py``), or on ``--device a100`` (NVIDIA's published A100
 throughput); ``--compute-ms``, ``--grad-bytes``, ``--local-size`` and
-``--alpha-inter-us`` replace the device's own values.
+``--latency-us`` (the user's network's per-message latency, a model input with one
+name here, in ``analysis.report`` and ``experiments.study``; ``--alpha-inter-us`` is
+its old spelling) replace the device's own values.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -47,6 +49,7 @@ from analysis.alphabeta import (
     BI,
     DEFAULT_ALPHA_INTER,
     FLAT_ALGOS,
+    LATENCY_FLAG,
     G,
     ModelError,
     Params,
@@ -54,6 +57,7 @@ from analysis.alphabeta import (
     a100_scenario,
     flat_coef,
     hier_coef,
+    latency_us,
     predict,
     sync_share,
 )
@@ -91,6 +95,10 @@ class Point:
     seconds: float
     source: str = ""
     link_gbps: float = math.nan  # the inter-node link's measured rate, where the job had one
+    #: the time dilation K it ran at: an emulated network's per-message latency is the
+    #: host's / K, so points at two K are two networks (never fitted or checked together)
+    dilation: float = 1.0
+    alpha_us: float = math.nan  # the job's measured emulated alpha (commbench.latency)
 
 
 def native_label(r: dict) -> str | None:
@@ -128,19 +136,21 @@ def points(records: Sequence[dict], native_is: dict[str, str] | None = None) -> 
         nodes, local = num(r.get("nodes")), num(r.get("local_size"))
         out.append(Point(label, algo, size, int(ranks), int(nodes) if nodes >= 1 else 1,
                          int(local) if local >= 1 else int(ranks), t,
-                         f"{r['_file']}:{r['_line']}", num(r.get("link_gbps"))))
+                         f"{r['_file']}:{r['_line']}", num(r.get("link_gbps")),
+                         float(r.get("dilation") or 1.0), num(r.get("alpha_us"))))
     return out
 
 
 def fastest(pts: Sequence[Point]) -> list[Point]:
-    """One point per (label, size, ranks, nodes): the fastest of repeated measurements.
+    """One point per (label, size, ranks, nodes, K): the fastest of repeated measurements.
 
     Contention on a shared machine only ever adds time, so the minimum over
-    repeats is the best estimate of the uncontended cost.
+    repeats is the best estimate of the uncontended cost. Runs at two dilations K are
+    two networks (the host's latency / K), never one point.
     """
     best: dict[tuple, Point] = {}
     for pt in pts:
-        key = (pt.label, pt.size, pt.ranks, pt.nodes, pt.local)
+        key = (pt.label, pt.size, pt.ranks, pt.nodes, pt.local, pt.dilation)
         if key not in best or pt.seconds < best[key].seconds:
             best[key] = pt
     return list(best.values())
@@ -414,6 +424,13 @@ class ModelResult:
     points: list[Point]
     errors: list[ErrorRow]
     scenario: Scenario
+    #: why points were left out of the check (another K than the fit's), in words
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def dilation(self) -> float:
+        """The K the fit's points ran at (one K: ``analyse`` refuses a mix)."""
+        return self.fit_points[0].dilation if self.fit_points else 1.0
 
 
 def analyse(records: Sequence[dict], native_is: dict[str, str] | None = None,
@@ -437,10 +454,24 @@ def analyse(records: Sequence[dict], native_is: dict[str, str] | None = None,
             f, h = split_fit(level, ["mpi-ring"] if "mpi-ring" in labels else ["ring"])
             fit_pts += f
             held += h
+    ks = sorted({pt.dilation for pt in fit_pts})
+    if len(ks) > 1:
+        raise ModelError(f"the points to fit ran at K = {', '.join(f'{k:g}' for k in ks)}: an "
+                         "emulated network's per-message latency is the host's / K, so each K "
+                         "is another network and one alpha cannot describe them; fit the "
+                         "records of one K (--dilation K, or one study's folder)")
+    refused = []
+    other = [pt for pt in held if ks and pt.dilation != ks[0]]
+    if other:
+        held = [pt for pt in held if pt.dilation == ks[0]]
+        refused.append(f"{len(other)} points at K = "
+                       f"{', '.join(f'{k:g}' for k in sorted({pt.dilation for pt in other}))} "
+                       f"not predicted: the fit is at K = {ks[0]:g}, and a fit made at one K "
+                       "predicts no other (its alpha is that network's)")
     params = fit(fit_pts)
     if scenario is None:  # the one device scenario of predictions at scale
         scenario = default_scenario()
-    return ModelResult(params, fit_pts, held, pts, errors(held, params), scenario)
+    return ModelResult(params, fit_pts, held, pts, errors(held, params), scenario, refused)
 
 
 def report_lines(res: ModelResult, rates: Sequence[float] = EXTRAP_RATES,
@@ -456,6 +487,14 @@ def report_lines(res: ModelResult, rates: Sequence[float] = EXTRAP_RATES,
         else:
             out.append(f"{level:6s} alpha {a * 1e6:9.2f} us   beta {b * 1e9:8.4f} ns/B "
                        f"({1 / b / 1e9 if b > 0 else math.inf:7.2f} GB/s)")
+    measured = [pt.alpha_us for pt in res.fit_points if pt.nodes > 1
+                and not math.isnan(pt.alpha_us)]
+    if not math.isnan(p.alpha_inter) and res.fit_points:
+        out.append(f"# inter alpha fitted at K = {res.dilation:g}"
+                   + (f" (measured emulated alpha {float(np.median(measured)):.1f} us, "
+                      "commbench.latency)" if measured else "")
+                   + ": the emulated network's, never used as a real cluster's (the "
+                     "extrapolation below takes the scenario's, or --latency-us)")
     out.append(f"gamma  {p.gamma * 1e9:.4f} ns/B" if not p.gamma_folded else
                "gamma  folded into beta (the fit algorithms weigh beta and gamma alike)")
     out.append("")
@@ -466,6 +505,7 @@ def report_lines(res: ModelResult, rates: Sequence[float] = EXTRAP_RATES,
         out.append(f"{e.algo:16s} {e.level:6s} {e.ranks:5d} {e.count:6d} "
                    f"{e.median_abs_err:8.1%} {e.p90_abs_err:8.1%} {int(e.worst_size):14d} "
                    f"{e.worst_err:+8.1%}")
+    out += [f"# {why}" for why in res.refused]
     bound = bound_by_algorithm(res.held_points)
     if bound:
         out += ["", "# measured / link bound (inter-node points >= 1 MiB not fitted on: the "
@@ -539,7 +579,7 @@ def cli_scenario(device: str = "h200", compute_ms: float | None = None,
     else:
         sc = a100_scenario()
     given = {"--compute-ms": compute_ms, "--grad-bytes": grad_bytes,
-             "--local-size": local_size, "--alpha-inter-us": alpha_inter_us}
+             "--local-size": local_size, LATENCY_FLAG: alpha_inter_us}
     bad = [k for k, v in given.items() if v is not None and not v > 0]
     if bad:
         raise UsageError(f"{', '.join(bad)} must be > 0")
@@ -580,13 +620,18 @@ def body(argv: list[str]) -> int:
     p.add_argument("--rates", default="25,100,400", help="inter-node link speeds, Gbit/s")
     p.add_argument("--local-size", type=int, default=None,
                    help="ranks (GPUs) per node in the extrapolation (default: the device's)")
-    p.add_argument("--alpha-inter-us", type=float, default=None,
-                   help="inter-node latency per message in the extrapolation (default: the "
+    p.add_argument(LATENCY_FLAG, "--alpha-inter-us", dest="latency_us", default=None,
+                   help="your network's inter-node latency per message, a model input, in "
+                        "the extrapolation (default: the "
                         f"device's, {DEFAULT_ALPHA_INTER * 1e6:g} us: an RDMA-class fabric; the "
                         "emulated cluster's fitted TCP latency is far larger)")
     args = p.parse_args(argv)
+    try:
+        user_us = None if args.latency_us is None else latency_us(args.latency_us)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     sc = cli_scenario(args.device, args.compute_ms, args.grad_bytes, args.local_size,
-                      args.alpha_inter_us)
+                      user_us)
     rates = _floats(args.rates)
     fit_algos = [a.strip() for a in (args.fit or "").split(",") if a.strip()]
     fittable = (*FLAT_ALGOS, "hier", *(f"mpi-{a}" for a in FLAT_ALGOS))

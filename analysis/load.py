@@ -140,7 +140,51 @@ def load(paths: Iterable[str | Path]) -> Loaded:
         raise LoadError(f"no complete records in {names}")
     check_schemas(out.records)
     mark_machine_load(out.records)
+    mark_setup_verdicts(out.records)
     return out
+
+
+#: the experiment runner's dilation choices, one file per results folder
+CHOICE_FILE = "dilations.json"
+
+
+def _cluster_of(r: dict) -> str | None:
+    """A record's cluster as the runner names it, ``mpirun:2x4@1gbit`` (``3+1``)."""
+    sizes, rate = r.get("local_sizes"), r.get("link_shaping")
+    if not sizes or not rate or not r.get("launcher"):
+        return None
+    layout = (f"{len(sizes)}x{sizes[0]}" if len(set(sizes)) == 1
+              else "+".join(map(str, sizes)))
+    return f"{r['launcher']}:{layout}@{rate}"
+
+
+def mark_setup_verdicts(records: Sequence[dict]) -> None:
+    """On every record of a job the experiment runner placed at ``auto``: ``setup_bound``,
+    its compared set's verdict (``CHOICE_FILE`` in the record's folder or the one above:
+    the outcome rule, figures at K against 2K), where the record ran on one of the set's
+    clusters at the set's K. Other records keep their own counter reading alone."""
+    choices: dict[Path, list[dict]] = {}
+    for r in records:
+        f = r.get("_file")
+        key = _cluster_of(r)
+        if not f or key is None:
+            continue
+        folder = Path(f).parent
+        for where in (folder, folder.parent):
+            if where not in choices:
+                try:
+                    got = json.loads((where / CHOICE_FILE).read_text())
+                    choices[where] = [c for c in got.values() if isinstance(c, dict)]
+                except (OSError, ValueError, AttributeError):
+                    choices[where] = []
+            hit = next((c for c in choices[where] if c.get("verdict")
+                        and key in {k.replace("horovodrun-gloo:", "horovodrun:")
+                                    for k in c.get("clusters", ())}
+                        and float(c.get("dilation") or 0) == float(r.get("dilation") or 1.0)),
+                       None)
+            if hit is not None:
+                r["setup_bound"], r["setup_rule"] = hit["verdict"], hit.get("rule", "counter")
+                break
 
 
 # -- the machine's load --------------------------------------------------------------

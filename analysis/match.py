@@ -395,7 +395,7 @@ def run_label(r: dict) -> str:
 
 def host_why(rec: dict) -> str:
     """Why a host-bound run was judged so: its verdict's reason, without the word."""
-    why = str(rec.get("bound") or "").removeprefix(HOST_BOUND).strip()
+    why = str(rec.get("setup_bound") or rec.get("bound") or "").removeprefix(HOST_BOUND).strip()
     return why[1:-1] if why.startswith("(") and why.endswith(")") else why
 
 
@@ -425,7 +425,13 @@ def host_words(group: Sequence[dict]) -> str:
     """A matched set's time dilation and host verdict, shown beside it wherever it is
     printed: ``dilation 4, link-bound``."""
     ks = ", ".join(f"{k:g}" for k in sorted({dilation(r) for r in group}))
-    return f"dilation {ks}, {host_verdict(group)}"
+    words = f"dilation {ks}, {host_verdict(group)}"
+    setup = [r for r in group if r.get("setup_bound")]
+    if setup:  # the set-up's verdict (K against 2K); the counters' readings beside it
+        read = [r.get("bound") for r in setup if r.get("bound")]
+        words += (" (set-up verdict, figures at K against 2K; the runs' counters read "
+                  f"{sum(b == LINK_BOUND for b in read)} of {len(read)} link-bound)")
+    return words
 
 
 def run_ids(runs: Iterable[dict]) -> list[str]:

@@ -19,13 +19,20 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from analysis import costmodel as cost
 from analysis import match, overlap, straggler
-from analysis.alphabeta import ModelError, a100_scenario
+from analysis.alphabeta import (
+    LATENCY_FLAG,
+    ModelError,
+    a100_scenario,
+    emulated_alpha_us,
+    latency_us,
+)
 from analysis.claims import check_all
-from analysis.cli import entry, output_dir, parser, warn
+from analysis.cli import UsageError, entry, output_dir, parser, warn
 from analysis.costmodel import add_native_is, parse_native_is
 from analysis.figures import FIGURES, save
 from analysis.load import busy_runs, load, mark_machine_load
@@ -205,8 +212,38 @@ def overlap_lines(records: list[dict], res) -> list[str]:
     return [*lines, "```", *overlap.check_lines(checks, skipped), "```", ""]
 
 
+def user_latency(records: Sequence[dict], latency_us: float | None
+                 ) -> tuple[float | None, str]:
+    """The per-message latency the report's model prices (µs) and the words that say so.
+
+    ``latency_us`` is the user's network's (``--latency-us``), a model input. The report
+    sets the model beside figures measured here, and a figure measured on the emulated
+    cluster carries that cluster's own alpha (``alpha_us``, commbench.latency); where the
+    user's value is below it, the model is priced at the measured alpha instead (clamped,
+    with a note), since no figure measured here had less latency per message. Without
+    ``latency_us``: (None, "")."""
+    if latency_us is None:
+        return None, ""
+    emulated = emulated_alpha_us(records)
+    head = (f"Your network's per-message latency, `{LATENCY_FLAG} {latency_us:g}`, is a model "
+            "input: every prediction below (cost model, overlap model, the claims' model "
+            "column) prices it, labelled as a model; measured figures are the cluster's own.")
+    if emulated is None:
+        return latency_us, head + " No record here carries a measured alpha to set it beside."
+    alpha, k = emulated
+    if latency_us < alpha:
+        return alpha, (f"{head} It is below the alpha measured on the emulated cluster "
+                       f"({alpha:.1f} µs per 8-byte all-reduce, median, up to K = {k:g}): no "
+                       f"figure measured here had less, so the model beside them is priced at "
+                       f"{alpha:.1f} µs (clamped); `python -m analysis.costmodel "
+                       f"{LATENCY_FLAG} {latency_us:g}` extrapolates at your value.")
+    return latency_us, (f"{head} The emulated cluster measured {alpha:.1f} µs (median, up to "
+                        f"K = {k:g}): its small-message figures have less latency than your "
+                        "network, and the model's row is the one to read for them.")
+
+
 def build(records: list[dict], out: Path, native_is: dict[str, str] | None = None,
-          sources: list[str] | None = None) -> Path:
+          sources: list[str] | None = None, latency_us: float | None = None) -> Path:
     figdir = out / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
     cost.mark_native(records, native_is)
@@ -231,6 +268,10 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
     except overlap.ModelError:
         dev = None
     sc = overlap.model_scenario(dev) if dev is not None else a100_scenario()
+    priced, latency_note = user_latency(records, latency_us)
+    if priced is not None:
+        sc = replace(sc, alpha_inter=priced * 1e-6)
+        lines += [latency_note, ""]
     res = None
     try:
         res = cost.analyse(records, native_is, scenario=sc)
@@ -265,14 +306,16 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
               "comm times (C1-C4, C7) prefer sets whose runs were all link-bound, and say so "
               "where the set they judge on was host-bound; the host column gives the "
               "verdict's runs' time dilation and host verdict.", "",
-              "Repeats of one set-up (`experiments.study --repeats`) are one sample: the figure a "
-              "verdict compares with its threshold is the median (or the ratio of medians), "
-              "with a 95 % interval from 6 runs a side (order statistics of the median, a "
-              "seeded bootstrap of a ratio; `analysis/stats.py`), else the range over the "
-              "repeats, labelled so. The verdict is reproduced or refuted when the whole "
-              "interval or range lies on one side of the threshold, undecided when it "
-              "straddles it, with about how many runs a side would decide it; a single run "
-              "a side is judged on its value and says it has no spread.", "",
+              "Repeats of one set-up (`experiments.study --repeats`) are one sample. A ratio "
+              "claim (C2, C4, C5, C7) is decided on its paired runs (`analysis/sequential.py`): "
+              "the geometric mean of the paired ratios with a 95 % confidence sequence, looked "
+              "at from 3 to 12 runs a side, a best-of-k figure at alpha / k; a claim on a "
+              "median (C1's share, C3's overlap) needs its order-statistic interval, from 6 "
+              "runs. The verdict is reproduced or refuted only when that interval lies on one "
+              "side of the threshold; with fewer runs it is `undecided (n runs: range ...)`, "
+              "never a verdict on a range or on one run, and the reason says about how many "
+              "runs a side would decide it (`experiments.study --decide --budget` adds them).",
+              "",
               "| # | claim | measured here | model at the claim's scale | host | spread | "
               "verdict | reason |", "|---|---|---|---|---|---|---|---|"]
     for c in claims:
@@ -282,7 +325,8 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
                      f"{_cell(c.model)} | {_cell(c.host or '—')} | {_cell(spread)} | "
                      f"**{c.verdict}** | {_cell(c.reason)} |")
     lines += ["", *claim_runs_lines(claims), *straggler.report_lines(records),
-              *repeat_until_lines(sources or [])]
+              *setup_verdict_lines(sources or []), *repeat_until_lines(sources or []),
+              *decide_lines(sources or [])]
     page = out / "README.md"
     page.write_text("\n".join(lines), encoding="utf-8")
     return page
@@ -318,17 +362,95 @@ def repeat_until_lines(paths: Sequence[str]) -> list[str]:
     return lines
 
 
+#: the runner's dilation choices, per compared set, in its results folder
+CHOICE_FILE = "dilations.json"
+
+
+def setup_verdict_lines(paths: Sequence[str]) -> list[str]:
+    """Each compared set's K and its set-up verdict (``CHOICE_FILE`` in a results folder
+    given): the outcome rule's (its probes' figures at K against 2K), beside the counter
+    verdicts the probes at K recorded, which each run's own ``bound`` field repeats for
+    that run alone."""
+    found = [Path(p) / CHOICE_FILE for p in paths if (Path(p) / CHOICE_FILE).is_file()]
+    if not found:
+        return []
+    try:
+        chosen = json.loads(found[0].read_text())
+    except (OSError, ValueError) as e:
+        return ["## Set-up verdicts", "", f"{found[0]} unreadable: {e}", ""]
+    lines = ["## Set-up verdicts", "",
+             "A set-up's host verdict is a property of runs at two K (docs/fidelity.md): "
+             "link-bound at K where every probe's figures at K agree with those at 2K within "
+             "5 % (the outcome rule). The host column above is the counter reading of each "
+             "run (`commbench.hostload`), provisional beside it.", "",
+             "| compared set | K | set-up verdict | rule | why | counter verdicts at K |",
+             "|---|---|---|---|---|---|"]
+    for key, c in chosen.items():
+        at = next((t for t in c.get("tried", []) if float(t["dilation"]) == c["dilation"]),
+                  None)
+        counter = "—"
+        if at is not None:
+            vs = [v for vv in at.get("verdicts", {}).values() for v in vv]
+            counter = (f"{sum(v == 'link-bound' for v in vs)} of {len(vs)} link-bound"
+                       if vs else "none")
+        lines.append(f"| {_cell(key)} | {c['dilation']:g} | {c.get('verdict') or '—'} | "
+                     f"{c.get('rule', 'counter')} | {_cell(c.get('why', ''))} | {counter} |")
+    return lines + [""]
+
+
+#: what ``experiments.study --decide`` did, in its results folder
+DECIDE_FILE = "decide.json"
+
+
+def decide_lines(paths: Sequence[str]) -> list[str]:
+    """What ``experiments.study --decide --budget D`` did (``DECIDE_FILE`` in a results folder
+    given): per claim its verdict, the figure it was decided on, the runs a side it used
+    and the time to its verdict; the rounds, and why it stopped."""
+    found = [Path(p) / DECIDE_FILE for p in paths if (Path(p) / DECIDE_FILE).is_file()]
+    if not found:
+        return []
+    try:
+        d = json.loads(found[0].read_text())
+    except (OSError, ValueError) as e:
+        return ["## Decide, then stop", "", f"{found[0]} unreadable: {e}", ""]
+    lines = ["## Decide, then stop", "",
+             f"`experiments.study --decide` with a budget of {d['budget_s'] / 3600:.1f} h: "
+             f"the study took {d['spent_s'] / 3600:.1f} h and stopped because "
+             f"{d['stopped']}.", ""]
+    for i, r in enumerate(d.get("rounds", []), 1):
+        lines.append(f"- round {i}: " + ", ".join(f"{k} +{n}" for k, n in r["added"].items())
+                     + f" (~{r['expected_s'] / 60:.0f} min)")
+    if d.get("claims"):
+        lines += ["", "| claim | verdict | decided on | runs a side | time to its verdict |",
+                  "|---|---|---|---|---|"]
+        for c in d["claims"]:
+            at = c.get("decided_after_s")
+            lines.append(f"| {c['claim']} | {c['verdict']} | {_cell(c.get('figure') or '—')} | "
+                         f"{c.get('runs') if c.get('runs') is not None else '—'} | "
+                         + (f"{at / 60:.0f} min" if at is not None else "not decided") + " |")
+    return lines + [""]
+
+
 def body(argv: list[str]) -> int:
     p = parser(PROG, "Write a Markdown report: figures, cost model and the seed claims C1-C8.")
     p.add_argument("paths", nargs="+", help="result files or directories")
     p.add_argument("-o", "--output", default="report", help="directory for README.md + figures")
     add_native_is(p)
+    p.add_argument(LATENCY_FLAG, dest="latency_us", default=None, metavar="US",
+                   help="your network's inter-node latency per message (microseconds), a "
+                        "model input the predictions price; clamped to the emulated alpha "
+                        "the records measured where it is below it")
     args = p.parse_args(argv)
+    try:
+        user_us = None if args.latency_us is None else latency_us(args.latency_us)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     out = output_dir(args.output, create=False)
     native_is = parse_native_is(args.native_is)
     loaded = load(args.paths)
     warn(PROG, loaded.warnings)
-    page = build(loaded.records, output_dir(out), native_is, [str(x) for x in args.paths])
+    page = build(loaded.records, output_dir(out), native_is, [str(x) for x in args.paths],
+                 user_us)
     print(f"wrote {page}")
     return 0
 

@@ -313,8 +313,11 @@ def _remedy(host: dict, cluster: bool | None) -> str:
 
 
 def is_link_bound(rec: dict) -> bool | None:
-    """A record's verdict: True link-bound, False host-bound, None not judged."""
-    b = rec.get("bound")
+    """A record's verdict: True link-bound, False host-bound (or not converged), None not
+    judged. Its set-up's verdict where the analysis found one (``setup_bound``: the
+    experiment runner's outcome rule, K against 2K, ``analysis.load.mark_setup_verdicts``),
+    else the run's own counter reading (``bound``), provisional."""
+    b = rec.get("setup_bound") or rec.get("bound")
     return None if not b else b == LINK_BOUND
 
 

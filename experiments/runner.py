@@ -15,9 +15,14 @@ Every experiment (the study's claims, each benchmark) hands its ``Job`` list to
   it. The choice is a ladder of short probes (each configuration's ``probe()``)
   of each cluster's largest job: it starts at the K the last choice for that
   probe left (``~/.cache/commbench/dilation-hints.json``), or else at the
-  smallest K of ``AUTO_FACTORS`` with no more ranks than cores x K, and steps
-  down while every probe is link-bound, up while one is host-bound. The choice
-  is kept in ``<outdir>/dilations.json`` (a resumed run reuses it).
+  smallest K of ``AUTO_FACTORS`` with no more ranks than cores x K. It judges
+  by the outcome rule: K is link-bound when every probe's figures at K agree
+  with those at 2K within 5 % (``outcome_agrees``); it steps down while they
+  agree, up while they move, and chooses the smallest K that agrees, or 32,
+  "did not converge by K = 32". The choice, its verdict and each probe's figures
+  and counter verdicts are kept in ``<outdir>/dilations.json`` (a resumed run
+  reuses it); a run's own ``bound`` field stays the counter reading of that one
+  run (``commbench.hostload``), provisional beside its set's verdict.
 - **Repeat and judge.** ``repeat_until(judge, budget_s)`` runs, asks ``judge``
   which jobs want more repeats, adds them while the measured (or estimated)
   job seconds fit the budget, runs again, and stops when nothing is wanted or
@@ -135,6 +140,34 @@ def _auto_sets(jobs: Sequence[Job]) -> list[list[Job]]:
     return compared_sets([j for j in jobs if j.placement.dilation == "auto"])
 
 
+#: the outcome rule's tolerance: a figure within this of its value at 2K has not moved
+OUTCOME_TOLERANCE = 0.05
+
+
+def probe_figures(records: Sequence[dict]) -> dict[str, float]:
+    """The figures the outcome rule compares, by row: each summary's median step time
+    (``step_s``, emulated) by strategy and algorithm, each microbenchmark row's mean call
+    time by algorithm and size; records of other kinds give none."""
+    out: dict[str, float] = {}
+    for r in records:
+        if r.get("kind") == "summary" and isinstance(r.get("step_s"), (int, float)):
+            out[f"step:{r.get('strategy', '')}:{r.get('algo', '')}"] = float(r["step_s"])
+        elif r.get("kind") == "microbench" and isinstance(r.get("time_us"), dict):
+            out[f"call:{r.get('algo', '')}:{r.get('size', '')}"] = float(r["time_us"]["avg"])
+    return out
+
+
+def outcome_agrees(at_k: Sequence[dict], at_2k: Sequence[dict],
+                   tolerance: float = OUTCOME_TOLERANCE) -> bool | None:
+    """Whether every figure of a probe at K lies within ``tolerance`` of the same figure at
+    2K (``probe_figures``); None when they share no figure."""
+    a, b = probe_figures(at_k), probe_figures(at_2k)
+    common = [f for f in a if f in b and b[f] > 0]
+    if not common:
+        return None
+    return all(abs(a[f] / b[f] - 1) <= tolerance for f in common)
+
+
 def _start_k(job: Job, hints: dict) -> int:
     """Where the ladder starts for ``job``'s probe: the last choice (the nearest rung of the
     ladder at or above it), else the smallest K with no more ranks than cores x K."""
@@ -215,8 +248,8 @@ class Runner:
             write_atomic(self.outdir / CHOICE_FILE, json.dumps(self.chosen, indent=1))
             self._remember(list(largest.values()), pick["dilation"])
 
-    def _probe(self, job: Job, k: int) -> list[str]:
-        """The verdicts of ``job``'s probe at ``k`` (a one-point sweep of its own)."""
+    def _probe(self, job: Job, k: int) -> list[dict]:
+        """The records of ``job``'s probe at ``k`` (a one-point sweep of its own)."""
         probe = job.probe().at(float(k))
         where = self.outdir / PROBE_DIR / f"{_cluster_key(job).replace(':', '-')}-k{k}"
         for stale in where.glob("*.done.json"):
@@ -227,50 +260,88 @@ class Runner:
             raise RunnerError(f"dilation auto: the probe of {job.name} at K = {k} failed: see "
                               f"{where}/*.failed.json")
         try:
-            return [r["bound"] for r in read_records(out) if r.get("bound")]
+            return list(read_records(out))
         except (OSError, ValueError) as e:
             raise RunnerError(f"dilation auto: the probe of {job.name} at K = {k} left no "
                               f"readable records: {e}") from None
 
     def _ladder(self, key: str, probes: list[Job]) -> dict:
+        """The outcome rule (docs/fidelity.md, calibrated by benchmarks.hostload_calibration):
+        a set is link-bound at K when every figure of every probe at K agrees with its
+        figure at 2K within ``OUTCOME_TOLERANCE``. From the start K: where K and 2K agree,
+        step down while they still do; where they do not, step up; the smallest K that
+        agrees with 2K is chosen, else the ladder's top, said as "did not converge by K =
+        ..." . Each K is probed once; the counter verdicts each probe recorded are kept
+        beside (``tried``), and where no probe gives a figure, they decide instead."""
+        seen: dict[int, dict[str, list[dict]]] = {}
+
+        def at(k: int) -> dict[str, list[dict]]:
+            if k not in seen:
+                seen[k] = {j.name: self._probe(j, k) for j in probes}
+            return seen[k]
+
+        def agree(k: int) -> bool | None:
+            lo, hi = at(k), at(2 * k)
+            got = [outcome_agrees(lo[n], hi[n]) for n in lo]
+            if any(g is None for g in got) or not got:
+                return None
+            return all(got)
+
         k = max(_start_k(j, _hints()) for j in probes)
-        tried: list[dict] = []
-        best = None  # the smallest K seen at which every probe was link-bound
-        while True:
-            verdicts = {j.name: self._probe(j, k) for j in probes}
-            host = [v for vs in verdicts.values() for v in vs if v != LINK_BOUND]
-            judged = any(verdicts.values())
-            tried.append({"dilation": k, "verdicts": verdicts})
-            print(f"[runner] dilation auto, {key}: K = {k}: "
-                  + ("no verdict" if not judged else
-                     f"{len(host)} runs host-bound" if host else "link-bound"),
-                  file=self.log, flush=True)
-            if not judged:
-                if len(tried) > 1:
-                    raise RunnerError(f"dilation auto, {key}: the probes at K = {k} judged no "
-                                      "host load, those at another K did")
-                pick = {"dilation": 1.0, "why": "the probes' programs judge no host load"}
-                break
+        k = min(k, AUTO_FACTORS[-2])  # K is judged against 2K: the top rung is only a 2K
+        judged: dict[int, bool | None] = {}
+        pick = None
+        while pick is None:
+            judged[k] = a = agree(k)
+            print(f"[runner] dilation auto, {key}: K = {k} against {2 * k}: "
+                  + {None: "no figure to compare", True: "agree (link-bound)",
+                     False: "moved (host-bound)"}[a], file=self.log, flush=True)
             i = AUTO_FACTORS.index(k)
-            if not host:
-                best = k
-                if i == 0 or any(t["dilation"] == AUTO_FACTORS[i - 1] for t in tried):
-                    pick = {"dilation": float(k), "why": "smallest K whose probes are "
-                                                         "link-bound"}
-                    break
-                k = AUTO_FACTORS[i - 1]
-            elif best is not None:
-                pick = {"dilation": float(best), "why": "smallest K whose probes are link-bound"}
-                break
-            elif i == len(AUTO_FACTORS) - 1:
-                pick = {"dilation": float(k), "why": f"host-bound at every K tried: {host[0]}"}
-                break
+            if a is None:
+                pick = self._by_counters(key, probes, at)
+            elif a:
+                if i == 0 or judged.get(AUTO_FACTORS[i - 1]) is False:
+                    pick = {"dilation": float(k), "verdict": LINK_BOUND,
+                            "why": f"smallest K whose figures agree with 2K's within "
+                                   f"{OUTCOME_TOLERANCE:.0%}"}
+                else:
+                    k = AUTO_FACTORS[i - 1]
+            elif any(judged.get(f) for f in AUTO_FACTORS[i + 1:]):
+                up = next(f for f in AUTO_FACTORS[i + 1:] if judged.get(f))
+                pick = {"dilation": float(up), "verdict": LINK_BOUND,
+                        "why": f"smallest K whose figures agree with 2K's within "
+                               f"{OUTCOME_TOLERANCE:.0%}"}
+            elif i == len(AUTO_FACTORS) - 2:
+                top = AUTO_FACTORS[-1]
+                pick = {"dilation": float(top), "verdict": f"did not converge by K = {top}",
+                        "why": f"the figures still moved between K = {k} and {top}"}
             else:
                 k = AUTO_FACTORS[i + 1]
-        pick["tried"] = tried
+        pick.setdefault("rule", "outcome")
+        pick["tried"] = [{"dilation": f, "agrees_with_2k": judged.get(f),
+                          "verdicts": {n: [r["bound"] for r in rs if r.get("bound")]
+                                       for n, rs in seen[f].items()},
+                          "figures": {n: probe_figures(rs) for n, rs in seen[f].items()}}
+                         for f in sorted(seen)]
         print(f"[runner] dilation auto, {key}: K = {dil.text(pick['dilation'])} "
               f"({pick['why']})", file=self.log, flush=True)
         return pick
+
+    def _by_counters(self, key: str, probes: list[Job], at: Callable) -> dict:
+        """The probes give no figure to compare (a program that writes none): the counter
+        verdicts they recorded decide, the smallest K at which every one is link-bound, as
+        before the outcome rule; none at all: K = 1."""
+        for k in AUTO_FACTORS:
+            verdicts = [r["bound"] for rs in at(k).values() for r in rs if r.get("bound")]
+            if not verdicts:
+                return {"dilation": 1.0, "verdict": None,
+                        "why": "the probes' programs judge no host load"}
+            if all(v == LINK_BOUND for v in verdicts):
+                return {"dilation": float(k), "verdict": LINK_BOUND, "rule": "counter",
+                        "why": "smallest K whose probes recorded link-bound (no figure to "
+                               "compare)"}
+        return {"dilation": float(AUTO_FACTORS[-1]), "verdict": "host-bound",
+                "why": "host-bound at every K tried (no figure to compare)"}
 
     def _remember(self, probes: list[Job], k: float) -> None:
         """Keep ``k`` as the next ladder's start for these probes (``HINTS``), merged into

@@ -6,6 +6,7 @@
     python -m experiments.study --hosts a:8,b:8 --launcher horovodrun   # a real cluster
     python -m experiments.study --quick --launcher torchrun # torch.distributed (Gloo)
     python -m experiments.study --quick --dilation 4        # every emulated job at K = 4
+    python -m experiments.study --decide --budget 3h        # runs until each claim decides
 
 Each claim (``experiments.claims``: C1-C8, docs/claims.md) plans its runs as one
 matched set-up (``analysis.match``): the same cluster, ranks, model, replayed
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -30,7 +32,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from analysis import stats
+from analysis import sequential, stats
+from analysis.alphabeta import LATENCY_FLAG, latency_us
 from analysis.load import LoadError, load
 from commbench import dilation as dil
 from experiments import claims as cl
@@ -43,6 +46,7 @@ from launch.execute import interruptible
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = tuple(c.id for c in cl.SEED_CLAIMS)
 UNTIL_FILE = "repeat-until.json"  # analysis.report reads it
+DECIDE_FILE = "decide.json"  # what --decide did, per claim (analysis.report reads it)
 #: what the previous layout (launch.study) left in a results folder: its ``auto`` choice
 OLD_LAYOUT_FILE = "dilation.json"
 
@@ -53,6 +57,7 @@ FULL = cl.Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256,
                 bucket_mb=(0, 1, 5, 25, 64, 128), staleness=(0, 1, 2, 4), straggler_factor=2.0,
                 accum=(1, 2, 4), real_batches=(16, 64, 128), real_steps=100, conv_steps=200,
                 conv_staleness=(0, 1, 2, 4), conv_mitigations="none,lr", conv_seeds=(0, 1, 2),
+                conv_lrs=(0.005, 0.01, 0.02, 0.05), conv_momenta=(0.0, 0.9),
                 conv_ps=True, profile_batches=(256, 1024), micro_iters=10,
                 micro_max=64 << 20, repeats=3)
 #: The quick study: every claim's ratio at a quarter of the bytes' time. What makes it quick
@@ -61,14 +66,16 @@ FULL = cl.Scale(model="resnet50", profile="h200-resnet50-b256.json", batch=256,
 #: so each claim's ratio is the one at 1 Gbit/s, and every emulated second is a quarter);
 #: one link rate for C2; native, ring and hier (no leader variant); async at s = 1 only
 #: (with a straggler and without); the microbenchmarks to 16 MiB; the real-workload and
-#: convergence jobs at K = 1 (their compute is the host's: dilation cannot stretch it).
+#: convergence jobs at K = 1 (their compute is the host's: dilation cannot stretch it);
+#: the convergence grid 2 x 2 (lr 0.01, 0.02 x momentum 0, 0.9) at s = 0 and 4 only.
 #: Measured time, runs per claim and the K chosen: docs/claims.md.
 QUICK = cl.Scale(model="resnet18", profile="h200-resnet18-b64.json", batch=64,
                  compute_scale=12.5, steps=6, warmup=1, every_rank=False, rates=("4gbit",),
                  fast_algos=("native", "ring", "hier"), slow_algos=(), bucket_mb=(0, 25),
                  staleness=(1,), straggler_factor=2.0, accum=(1, 4), real_batches=(16, 64, 128),
-                 real_steps=40, conv_steps=100, conv_staleness=(0, 1, 2, 4),
-                 conv_mitigations="none,lr", conv_seeds=(0, 1, 2), conv_ps=False,
+                 real_steps=40, conv_steps=100, conv_staleness=(0, 4),
+                 conv_mitigations="none,lr", conv_seeds=(0, 1, 2), conv_lrs=(0.01, 0.02),
+                 conv_momenta=(0.0, 0.9), conv_ps=False,
                  profile_batches=(), micro_iters=5, micro_max=16 << 20, repeats=2)
 
 
@@ -191,6 +198,26 @@ def parse_duration(text: str, flag: str = "--budget") -> float:
     return seconds
 
 
+def user_latency(a: argparse.Namespace) -> float | None:
+    """``--latency-us``: a number above 0, on an emulated cluster only (a real cluster's
+    latency is its own: measured into every record, not a model's input); None if not
+    given."""
+    if a.latency_us is None:
+        return None
+    try:
+        us = latency_us(a.latency_us)
+    except ValueError as e:
+        raise StudyError(str(e)) from None
+    real = ("--hostfile" if a.hostfile else "--hosts" if a.hosts else
+            "Slurm (SLURM_JOB_ID is set)" if os.environ.get("SLURM_JOB_ID") else None)
+    if real:
+        raise StudyError(f"{LATENCY_FLAG} {a.latency_us}: {real} names a real cluster, whose "
+                         "per-message latency is measured into every record (alpha_us); "
+                         f"the flag prices an emulated cluster's figures at your network's; "
+                         "leave it out")
+    return us
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m experiments.study",
@@ -227,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto, the default there, gives the study's compared jobs one K, the "
                         "smallest at which short probes of each cluster's largest job are "
                         "link-bound; 1: none. Emulated clusters only")
+    g.add_argument(LATENCY_FLAG, dest="latency_us", default=None, metavar="US",
+                   help="your network's inter-node latency per message (microseconds): a "
+                        "model input the report prices beside the measured figures "
+                        "(analysis.report); emulated clusters only, whose own alpha every "
+                        "record carries")
     g = p.add_argument_group("scale (smaller for a smoke test; verdicts then rest on less)")
     g.add_argument("--repeats", type=int, default=None, metavar="N",
                    help="jobs per point, each its own job, shuffled within each cluster: the "
@@ -235,9 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then add repeats to the jobs of each claim whose figure's interval "
                         "is wider than +-PCT %% of it, until every one is within or --budget "
                         "is spent (needs --budget)")
+    g.add_argument("--decide", action="store_true",
+                   help="then add runs only to the jobs of each claim still undecided (its "
+                        "decision's next look: analysis.sequential, 3 to 12 runs a side), "
+                        "until every claim is decided, at its cap, or --budget is spent "
+                        "(needs --budget)")
     g.add_argument("--budget", default=None, metavar="DURATION",
-                   help="wall time the whole study may take with --repeat-until: 8h, 90m, "
-                        "1h30m, 3600s")
+                   help="wall time the whole study may take with --repeat-until or --decide: "
+                        "8h, 90m, 1h30m, 3600s")
     g.add_argument("--steps", type=int, default=None, metavar="N",
                    help="measured steps of each replayed-compute job (default 20; --quick 6)")
     g.add_argument("--compute-scale", type=float, default=None, metavar="F",
@@ -260,16 +297,22 @@ def scaled(scale: cl.Scale, a: argparse.Namespace) -> cl.Scale:
                              if v is not None})
 
 
-def _until(a: argparse.Namespace) -> tuple[float, float] | None:
-    if a.repeat_until is None:
+def _until(a: argparse.Namespace) -> tuple[float | None, float] | None:
+    """(PCT or None for --decide, the budget in seconds), or None for one round."""
+    if a.decide and a.repeat_until is not None:
+        raise StudyError("--decide and --repeat-until: give one (--decide adds runs until each "
+                         "claim is decided; --repeat-until until each figure is that precise)")
+    if a.repeat_until is None and not a.decide:
         if a.budget is not None:
-            raise StudyError("--budget: it bounds --repeat-until, which was not given")
+            raise StudyError("--budget: it bounds --repeat-until or --decide, neither of "
+                             "which was given")
         return None
-    if not 0 < a.repeat_until < 100:
+    flag = "--decide" if a.decide else "--repeat-until"
+    if a.repeat_until is not None and not 0 < a.repeat_until < 100:
         raise StudyError(f"--repeat-until {a.repeat_until:g}: a percentage between 0 and 100 "
                          "(the interval's half-width wanted, relative to its figure)")
     if a.budget is None:
-        raise StudyError("--repeat-until needs --budget DURATION (how long the study may take "
+        raise StudyError(f"{flag} needs --budget DURATION (how long the study may take "
                          "in all, e.g. 8h): repeats could otherwise run without end")
     return a.repeat_until, parse_duration(a.budget)
 
@@ -312,6 +355,45 @@ def judge_claims(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path, pct:
     return want
 
 
+def judge_decisions(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path, judged: list,
+                    fixed: set[str], started: float, decided_at: dict[str, float]
+                    ) -> dict[str, int]:
+    """Repeats wanted per job for ``--decide``: for each claim still undecided, its
+    decision's next look (``Decision.runs + Decision.wants`` runs a side: one more a side
+    from 3, at most ``sequential.MAX_RUNS``) on the jobs behind its figure; a claim on a
+    median (C1's share, C3's overlap: an order-statistic interval, no sequence) goes at
+    once to the runs ``stats.repeats_to_decide`` names, at most the same cap, so it is
+    looked at as few times as can be. Jobs whose repeats the plan fixed (``fixed``) get
+    none. ``judged`` is rebuilt: each claim's verdict, figure and runs a side;
+    ``decided_at`` keeps the seconds from ``started`` at which each claim was first seen
+    decided."""
+    want: dict[str, int] = {}
+    judged.clear()
+    records = _records(out)
+    for claim in claims:
+        c = claim.check(records, None)
+        d = c.decision
+        if c.verdict != stats.UNDECIDED and claim.id not in decided_at:
+            decided_at[claim.id] = round(time.time() - started)
+        n, figure, runs = None, None, None
+        if d is not None:
+            figure, runs = d.words(), d.runs
+            if c.verdict == stats.UNDECIDED and d.wants:
+                n = d.runs + d.wants
+        elif c.spread is not None and c.spread.kind != stats.NONE:
+            figure, runs = c.spread.words(), c.spread.n
+            if c.verdict == stats.UNDECIDED:
+                need = _runs_named(c)
+                n = min(need, sequential.MAX_RUNS) if need else None
+        judged.append({"claim": c.id, "verdict": c.verdict, "figure": figure, "runs": runs,
+                       "decided_after_s": decided_at.get(c.id)})
+        if n is None:
+            continue
+        for name in claim_jobs(runner, c, records) - fixed:
+            want[name] = max(want.get(name, 0), n)
+    return want
+
+
 def claim_jobs(runner: Runner, claim, records: Sequence[dict]) -> set[str]:
     """The names of the jobs behind ``claim``'s figures: the runs it names (``Claim.runs``),
     through the results files they were written to."""
@@ -322,9 +404,20 @@ def claim_jobs(runner: Runner, claim, records: Sequence[dict]) -> set[str]:
             if files & {f.resolve() for f in runner.outputs(j)}}
 
 
+def _runs_named(c) -> int | None:
+    """The runs a side a claim's reason says would decide it ("about N runs a side",
+    ``analysis.claims``' words), else ``stats.repeats_to_decide`` on a median's spread."""
+    m = re.search(r"about (\d+) runs a side", c.reason)
+    if m:
+        return int(m.group(1))
+    if c.decision is None and c.spread is not None:
+        return stats.repeats_to_decide(c.spread, c.spread.value)
+    return None
+
+
 def verdict_lines(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path) -> list[str]:
-    """Each claim's verdict with its runs; where undecided, the runs a side and the minutes
-    that would decide it (``stats.repeats_to_decide``, at the measured job seconds)."""
+    """Each claim's verdict with its runs; where undecided, what it was judged on, and the
+    runs a side and the minutes that would decide it (at the measured job seconds)."""
     records = _records(out)
     lines = []
     for claim in claims:
@@ -332,14 +425,15 @@ def verdict_lines(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path) -> 
         jobs = [j for j in runner.jobs if claim.id in j.sets]
         runs = sum(j.repeats or runner.repeats for j in jobs)
         line = f"# {c.id}: {c.verdict} ({runs} runs of {len(jobs)} jobs)"
-        if c.verdict == stats.UNDECIDED and c.spread is not None:
-            need = stats.repeats_to_decide(c.spread, c.spread.value)
-            m = re.search(r"about (\d+) runs a side", c.reason)
-            need = int(m.group(1)) if m else need
+        if c.verdict == stats.UNDECIDED:
+            if c.decision is not None:
+                line += f": {c.decision.words()}"
+            need = _runs_named(c)
             if need:
                 more = sum(max(0, need - (j.repeats or runner.repeats)) * runner.job_seconds(j)
                            for j in jobs)
-                line += f": about {need} runs a side would decide it, ~{fmt_s(more)} more"
+                line += (";" if c.decision is not None else ":") + (
+                    f" about {need} runs a side would decide it, ~{fmt_s(more)} more")
         lines.append(line)
     return lines
 
@@ -367,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         claims = parse_claims(a.claims)
         ranks = _ranks(a.ranks)
         cluster = make_cluster(a)
+        user_us = user_latency(a)
         check(cluster, claims, ranks, scale)
         out = Path(a.output or f"results/study{'-quick' if a.quick else ''}")
         if out.exists() and not out.is_dir():
@@ -404,6 +499,14 @@ def main(argv: list[str] | None = None) -> int:
         judged: list = []
         if until is None:
             counts = runner.run()
+        elif until[0] is None:  # --decide
+            fixed = {j.name for j in runner.jobs if j.repeats is not None}
+            decided_at: dict[str, float] = {}
+            d = runner.repeat_until(
+                lambda: judge_decisions(runner, claims, out, judged, fixed, started,
+                                        decided_at), until[1], started)
+            (out / DECIDE_FILE).write_text(json.dumps({**d, "claims": judged}, indent=1))
+            counts = {"failed": runner.failed}
         else:
             fixed = {j.name for j in runner.jobs if j.repeats is not None}
             d = runner.repeat_until(
@@ -413,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      indent=1))
             counts = {"failed": runner.failed}
         res = subprocess.run([sys.executable, "-m", "analysis.report", str(out), "-o",
-                              str(out / "report")], cwd=ROOT)
+                              str(out / "report"),
+                              *([LATENCY_FLAG, f"{user_us:g}"] if user_us else [])], cwd=ROOT)
         for line in verdict_lines(runner, claims, out):
             print(line, flush=True)
         print(f"# the study took {fmt_s(time.time() - started)}; results in {out}", flush=True)

@@ -1,6 +1,8 @@
 """A stand-in program for ``--dilation auto``'s probe in tests: rank 0 writes one summary
 whose verdict is host-bound below the dilation ``--needs`` (read from COMMBENCH_DILATION,
-as every commbench rank reads it), and link-bound from there on.
+as every commbench rank reads it), and link-bound from there on; its step time moves with
+K below ``--needs`` (``needs / K`` seconds) and is 1 s from there on, so the outcome rule
+(K against 2K) agrees from ``--needs`` on too.
 
     python -m tests.dilation_probe --needs 4 --output FILE
 
@@ -49,7 +51,8 @@ def main() -> None:
     k = dilation.from_env()
     bound = LINK_BOUND if k >= cfg.needs else f"{HOST_BOUND} (needs {cfg.needs:g})"
     with open(cfg.output, "a") as f:
-        f.write(json.dumps({"kind": "summary", "dilation": k, "bound": bound}) + "\n")
+        f.write(json.dumps({"kind": "summary", "dilation": k, "bound": bound,
+                            "step_s": max(1.0, cfg.needs / k)}) + "\n")
 
 
 if __name__ == "__main__":

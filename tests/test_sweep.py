@@ -247,9 +247,10 @@ sys.exit(interruptible(body, "dilation-auto-test"))
 @pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root")
 def test_runner_dilation_auto_probes_the_largest_job_once_and_runs_every_job_at_its_k(tmp_path):
     """The experiment runner's ``auto`` on a real emulated cluster: the compared set's probe
-    (its largest job, a stand-in program that is link-bound from K = 4 on) climbs from the
-    start K (ranks / cores) to 4 and stops; every job then runs at 4; a resumed run reuses
-    the choice without probing again. (``launch.sweep`` itself refuses ``auto``.)"""
+    (its largest job, a stand-in program whose step time stops moving at K = 4) climbs from
+    the start K (ranks / cores), judging each K against 2K (the outcome rule), and stops at
+    4, the first K that agrees with 8; every job then runs at 4; a resumed run reuses the
+    choice without probing again. (``launch.sweep`` itself refuses ``auto``.)"""
     from commbench.dilation import PROBE_DIR
     from experiments.runner import AUTO_FACTORS, CHOICE_FILE
     from launch.execute import run
@@ -268,15 +269,21 @@ def test_runner_dilation_auto_probes_the_largest_job_once_and_runs_every_job_at_
     chosen = json.loads((out / CHOICE_FILE).read_text())
     [(key, pick)] = chosen.items()
     assert key == "probe-set" and pick["dilation"] == 4.0, chosen
-    # the ladder starts at the smallest K with no more ranks than cores x K, and climbs
+    assert pick["rule"] == "outcome" and pick["verdict"] == "link-bound", pick
+    # the ladder starts at the smallest K with no more ranks than cores x K, and climbs;
+    # each K judged is probed with its 2K
     start = next(k for k in AUTO_FACTORS if 2 <= (os.cpu_count() or 1) * k)
     tried = [t["dilation"] for t in pick["tried"]]
-    assert tried == [k for k in AUTO_FACTORS if start <= k <= 4], pick
+    assert tried == [k for k in AUTO_FACTORS if start <= k <= 8], pick
     for t in pick["tried"]:  # only the largest job (2 ranks) is probed; rank 0's verdict
         assert list(t["verdicts"]) == ["np2"] and len(t["verdicts"]["np2"]) == 1, t
-        assert t["verdicts"]["np2"][0].startswith("link" if t["dilation"] == 4 else "host")
-    assert "[runner] dilation auto, probe-set: K = 4: link-bound" in res.stderr, res.stderr
-    assert "K = 4 (smallest K whose probes are link-bound)" in res.stderr
+        assert t["verdicts"]["np2"][0].startswith("link" if t["dilation"] >= 4 else "host")
+        assert t["agrees_with_2k"] is (None if t["dilation"] == 8 else t["dilation"] >= 4), t
+        assert t["figures"]["np2"] == {"step::": pytest.approx(max(1.0, 4.0 / t["dilation"]))}
+    assert "[runner] dilation auto, probe-set: K = 4 against 8: agree (link-bound)" \
+        in res.stderr, res.stderr
+    assert "K = 2 against 4: moved (host-bound)" in res.stderr, res.stderr
+    assert "K = 4 (smallest K whose figures agree with 2K's within 5%)" in res.stderr
     probes = sorted((out / PROBE_DIR).iterdir())  # one probe sweep per K tried
     assert sorted(int(d.name.rsplit("-k", 1)[1]) for d in probes) == tried
     # every job ran at the chosen K: its records, and its sweep's done markers
@@ -302,9 +309,9 @@ def test_runner_dilation_auto_probes_the_largest_job_once_and_runs_every_job_at_
     assert len(runs) == 2 and {r["dilation"] for r in runs} == {4.0}, runs
     for f in out.glob("*.done.json"):
         assert json.loads(f.read_text())["dilation"] == 4.0
-    # a new folder starts from the hint: link-bound at 4, host-bound one step down; 4 again
+    # a new folder starts from the hint: 4 agrees with 8, 2 moved against 4; 4 again
     out = tmp_path / "t"
     res = drive()
     assert res.returncode == 0, res.stderr[-3000:]
     pick = json.loads((out / CHOICE_FILE).read_text())["probe-set"]
-    assert pick["dilation"] == 4.0 and [t["dilation"] for t in pick["tried"]] == [4, 2], pick
+    assert pick["dilation"] == 4.0 and [t["dilation"] for t in pick["tried"]] == [2, 4, 8], pick
