@@ -454,7 +454,8 @@ def project_flags() -> frozenset[str]:
 
     A string starting with ``--`` passed to ``add_argument`` or to any call whose name
     says ``flag`` (``add_flag(group, defaults, "--x")``, ``flag("--x")``), given as
-    ``flag="--x"``, or the value of a ``"flag"`` key (dataclass field metadata); and the
+    ``flag="--x"``, the value of a ``"flag"`` key (dataclass field metadata) or of a name
+    that says ``flag`` (``LATENCY_FLAG = "--x"``, shared by several parsers); and the
     ``case`` patterns of the project's shell scripts.
     """
     def dashed(node: ast.AST | None) -> list[str]:
@@ -474,6 +475,9 @@ def project_flags() -> frozenset[str]:
                 for kw in node.keywords:
                     if kw.arg == "flag":
                         flags.update(dashed(kw.value))
+            elif isinstance(node, ast.Assign):
+                if any("flag" in getattr(t, "id", "").lower() for t in node.targets):
+                    flags.update(dashed(node.value))
             elif isinstance(node, ast.Dict):
                 for key, value in zip(node.keys, node.values):
                     if isinstance(key, ast.Constant) and key.value == "flag":
