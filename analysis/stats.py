@@ -375,3 +375,26 @@ def within(spread: Spread, pct: float) -> bool:
     """Whether the spread is a confidence interval whose larger half is within ±pct % of
     the value (a range over a few repeats or one run never is)."""
     return _is_ci(spread.kind) and spread.half_width_share() <= pct / 100
+
+
+#: ``agreement``'s readings of two sides' figures against a tolerance
+CONVERGED, MOVED, UNRESOLVED = "converged", "moved", "unresolved"
+
+
+def agreement(a_samples: Iterable[float], b_samples: Iterable[float],
+              tolerance: float) -> tuple[str, Spread]:
+    """Whether two sides' figures (the same set-up at two dilations, say) agree: the interval
+    of their ratio of medians (``ratio_spread``: the range of every pairwise ratio below
+    MIN_CI_SAMPLES a side, a bootstrap interval from there) inside ``1 +- tolerance``
+    (CONVERGED), wholly outside (MOVED), or neither (UNRESOLVED), with the spread. One
+    sample a side has no interval: UNRESOLVED, whatever its value."""
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must lie between 0 and 1, not {tolerance!r}")
+    sp = ratio_spread(a_samples, b_samples)
+    if sp.kind in (NONE, SINGLE) or math.isnan(sp.value):
+        return UNRESOLVED, sp
+    if 1 - tolerance <= sp.lo and sp.hi <= 1 + tolerance:
+        return CONVERGED, sp
+    if sp.lo > 1 + tolerance or sp.hi < 1 - tolerance:
+        return MOVED, sp
+    return UNRESOLVED, sp

@@ -31,7 +31,6 @@ Run it from the repository root, as root, with nothing else running::
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 
@@ -53,7 +52,7 @@ ALGOS = {"mpirun": ("native", "ring", "hier"), "torchrun": ("native", "ring"),
          "horovodrun": ("native",)}
 LIBRARY = {"mpirun": "Open MPI", "torchrun": "Gloo", "horovodrun": "Horovod"}
 JOB_TIMEOUT_S = 300.0  # emulated; the sweep multiplies it by K
-CONVERGED, MOVED, UNRESOLVED = "converged", "moved", "unresolved"
+CONVERGED, MOVED, UNRESOLVED = stats.CONVERGED, stats.MOVED, stats.UNRESOLVED
 HOST, LINK, NONE = "host", "link", "-"
 
 
@@ -102,15 +101,9 @@ def plan(args: argparse.Namespace) -> list[Job]:
 
 def moved(a: Sequence[float], b: Sequence[float]) -> tuple[str, stats.Spread]:
     """Whether ``a`` (runs at one K) and ``b`` (at another) agree: the interval of their
-    ratio of medians inside +-TOLERANCE (converged), wholly outside (moved), or neither."""
-    sp = stats.ratio_spread(a, b)
-    if sp.kind == stats.NONE or math.isnan(sp.value):
-        return UNRESOLVED, sp
-    if sp.kind != stats.SINGLE and 1 - TOLERANCE <= sp.lo and sp.hi <= 1 + TOLERANCE:
-        return CONVERGED, sp
-    if sp.kind != stats.SINGLE and (sp.lo > 1 + TOLERANCE or sp.hi < 1 - TOLERANCE):
-        return MOVED, sp
-    return UNRESOLVED, sp
+    ratio of medians inside +-TOLERANCE (converged), wholly outside (moved), or neither
+    (``analysis.stats.agreement``, the runner's ladder's rule too)."""
+    return stats.agreement(a, b, TOLERANCE)
 
 
 def counter_rule(rows: Sequence[dict]) -> str:

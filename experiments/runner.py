@@ -17,8 +17,10 @@ Every experiment (the study's claims, each benchmark) hands its ``Job`` list to
   probe left (``~/.cache/commbench/dilation-hints.json``), or else at the
   smallest K of ``AUTO_FACTORS`` with no more ranks than cores x K. It judges
   by the outcome rule: K is link-bound when every probe's figures at K agree
-  with those at 2K within 5 % (``outcome_agrees``); it steps down while they
-  agree, up while they move, and chooses the smallest K that agrees, or 32,
+  with those at 2K within 5 % (``outcome``: the interval of each figure's ratio,
+  from its measured steps, inside +-5 %; a pair neither inside nor wholly outside
+  gets one more probe run a side, up to 3, then is read on its medians); it steps
+  down while they agree, up while they move, and chooses the smallest K that agrees, or 32,
   "did not converge by K = 32". The choice, its verdict and each probe's figures
   and counter verdicts are kept in ``<outdir>/dilations.json`` (a resumed run
   reuses it); a run's own ``bound`` field stays the counter reading of that one
@@ -37,12 +39,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from analysis import stats
 from commbench import dilation as dil
 from commbench.cores import BUSY_LOAD_FRACTION, load_average
 from commbench.hostload import LINK_BOUND
@@ -142,30 +146,73 @@ def _auto_sets(jobs: Sequence[Job]) -> list[list[Job]]:
 
 #: the outcome rule's tolerance: a figure within this of its value at 2K has not moved
 OUTCOME_TOLERANCE = 0.05
+#: probe runs the ladder pools at each K of a pair the interval leaves unresolved, the
+#: calibration's count (benchmarks.hostload_calibration: 3 runs at each K); a pair still
+#: unresolved at this many is read on the ratio of its pooled medians
+PROBE_RUNS = 3
 
 
-def probe_figures(records: Sequence[dict]) -> dict[str, float]:
-    """The figures the outcome rule compares, by row: each summary's median step time
-    (``step_s``, emulated) by strategy and algorithm, each microbenchmark row's mean call
-    time by algorithm and size; records of other kinds give none."""
-    out: dict[str, float] = {}
+def probe_samples(records: Sequence[dict]) -> dict[str, list[float]]:
+    """The samples of each figure the outcome rule compares, by row: per strategy and
+    algorithm the step time (``step_s``, emulated) of each measured step (the step records,
+    warm-up left out), or the summary's median where a row wrote no steps; per
+    microbenchmark row (algorithm, size) its mean call time; other kinds give none."""
+    steps: dict[str, list[float]] = {}
+    out: dict[str, list[float]] = {}
     for r in records:
-        if r.get("kind") == "summary" and isinstance(r.get("step_s"), (int, float)):
-            out[f"step:{r.get('strategy', '')}:{r.get('algo', '')}"] = float(r["step_s"])
-        elif r.get("kind") == "microbench" and isinstance(r.get("time_us"), dict):
-            out[f"call:{r.get('algo', '')}:{r.get('size', '')}"] = float(r["time_us"]["avg"])
+        kind, key = r.get("kind"), f"step:{r.get('strategy', '')}:{r.get('algo', '')}"
+        if kind == "step" and not r.get("warmup") and isinstance(r.get("step_s"), (int, float)):
+            steps.setdefault(key, []).append(float(r["step_s"]))
+        elif kind == "summary" and isinstance(r.get("step_s"), (int, float)):
+            out.setdefault(key, []).append(float(r["step_s"]))
+        elif kind == "microbench" and isinstance(r.get("time_us"), dict):
+            out.setdefault(f"call:{r.get('algo', '')}:{r.get('size', '')}", []).append(
+                float(r["time_us"]["avg"]))
+    return {**out, **steps}
+
+
+def _pooled(runs: Sequence[Sequence[dict]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for records in runs:
+        for f, xs in probe_samples(records).items():
+            out.setdefault(f, []).extend(xs)
     return out
 
 
-def outcome_agrees(at_k: Sequence[dict], at_2k: Sequence[dict],
-                   tolerance: float = OUTCOME_TOLERANCE) -> bool | None:
-    """Whether every figure of a probe at K lies within ``tolerance`` of the same figure at
-    2K (``probe_figures``); None when they share no figure."""
-    a, b = probe_figures(at_k), probe_figures(at_2k)
-    common = [f for f in a if f in b and b[f] > 0]
-    if not common:
-        return None
-    return all(abs(a[f] / b[f] - 1) <= tolerance for f in common)
+def probe_figures(records: Sequence[dict]) -> dict[str, float]:
+    """Each figure of ``probe_samples`` as its median."""
+    return {f: float(statistics.median(xs)) for f, xs in probe_samples(records).items()}
+
+
+def outcome(at_k: Sequence[Sequence[dict]], at_2k: Sequence[Sequence[dict]],
+            final: bool = False, tolerance: float = OUTCOME_TOLERANCE
+            ) -> tuple[str | None, dict[str, dict]]:
+    """The outcome rule on one probe's runs at K and at 2K (each a list of one run's
+    records): each figure's samples pooled over the runs, the interval of its ratio K / 2K
+    (``analysis.stats.agreement``) inside +-``tolerance`` (converged), wholly outside
+    (moved), or neither (unresolved); the probe moved where any figure moved, converged
+    where every one did, else unresolved. ``final`` (no more runs to come): a figure still
+    unresolved is read on its ratio of medians instead, inside the tolerance or not (its
+    reading says ``by: medians``). None where the sides share no figure. The second value:
+    per figure, the reading, the ratio, its interval and the samples a side."""
+    a, b = _pooled(at_k), _pooled(at_2k)
+    readings: dict[str, dict] = {}
+    for f in a:
+        if f not in b or not all(x > 0 for x in b[f]):
+            continue
+        state, sp = stats.agreement(a[f], b[f], tolerance)
+        by = "interval"
+        if state == stats.UNRESOLVED and final:
+            by = "medians"
+            state = stats.CONVERGED if abs(sp.value - 1) <= tolerance else stats.MOVED
+        readings[f] = {"reading": state, "by": by, "ratio": sp.value, "lo": sp.lo,
+                       "hi": sp.hi, "samples": [len(a[f]), len(b[f])]}
+    if not readings:
+        return None, readings
+    states = {r["reading"] for r in readings.values()}
+    if stats.MOVED in states:
+        return stats.MOVED, readings
+    return (stats.CONVERGED if states == {stats.CONVERGED} else stats.UNRESOLVED), readings
 
 
 def _start_k(job: Job, hints: dict) -> int:
@@ -248,10 +295,12 @@ class Runner:
             write_atomic(self.outdir / CHOICE_FILE, json.dumps(self.chosen, indent=1))
             self._remember(list(largest.values()), pick["dilation"])
 
-    def _probe(self, job: Job, k: int) -> list[dict]:
-        """The records of ``job``'s probe at ``k`` (a one-point sweep of its own)."""
+    def _probe(self, job: Job, k: int, run: int = 1) -> list[dict]:
+        """The records of ``job``'s probe at ``k``, its ``run``-th there (a one-point sweep
+        of its own, in a folder of its own)."""
         probe = job.probe().at(float(k))
-        where = self.outdir / PROBE_DIR / f"{_cluster_key(job).replace(':', '-')}-k{k}"
+        where = self.outdir / PROBE_DIR / (f"{_cluster_key(job).replace(':', '-')}-k{k}"
+                                           + (f"-r{run}" if run > 1 else ""))
         for stale in where.glob("*.done.json"):
             stale.unlink()  # a probe always runs anew
         sweep, out = one_sweep(probe, where)
@@ -268,24 +317,41 @@ class Runner:
     def _ladder(self, key: str, probes: list[Job]) -> dict:
         """The outcome rule (docs/fidelity.md, calibrated by benchmarks.hostload_calibration):
         a set is link-bound at K when every figure of every probe at K agrees with its
-        figure at 2K within ``OUTCOME_TOLERANCE``. From the start K: where K and 2K agree,
-        step down while they still do; where they do not, step up; the smallest K that
-        agrees with 2K is chosen, else the ladder's top, said as "did not converge by K =
-        ..." . Each K is probed once; the counter verdicts each probe recorded are kept
-        beside (``tried``), and where no probe gives a figure, they decide instead."""
-        seen: dict[int, dict[str, list[dict]]] = {}
+        figure at 2K (``outcome``: the interval of the ratio inside +-``OUTCOME_TOLERANCE``).
+        Each K is probed once; a pair the interval leaves unresolved gets one more probe run
+        at both K until ``PROBE_RUNS``, then is read on its pooled medians. From the start
+        K: where K and 2K agree, step down while they still do; where they do not, step up;
+        the smallest K that agrees with 2K is chosen, else the ladder's top, said as "did
+        not converge by K = ...". The counter verdicts each probe recorded are kept beside
+        (``tried``), and where no probe gives a figure, they decide instead."""
+        seen: dict[int, dict[str, list[list[dict]]]] = {}
 
-        def at(k: int) -> dict[str, list[dict]]:
-            if k not in seen:
-                seen[k] = {j.name: self._probe(j, k) for j in probes}
-            return seen[k]
+        def at(k: int, runs: int = 1) -> dict[str, list[list[dict]]]:
+            got = seen.setdefault(k, {j.name: [] for j in probes})
+            for j in probes:
+                while len(got[j.name]) < runs:
+                    got[j.name].append(self._probe(j, k, len(got[j.name]) + 1))
+            return got
+
+        readings: dict[int, dict] = {}
 
         def agree(k: int) -> bool | None:
-            lo, hi = at(k), at(2 * k)
-            got = [outcome_agrees(lo[n], hi[n]) for n in lo]
-            if any(g is None for g in got) or not got:
-                return None
-            return all(got)
+            for runs in range(1, PROBE_RUNS + 1):
+                lo, hi = at(k, runs), at(2 * k, runs)
+                final = runs == PROBE_RUNS
+                got = {j.name: outcome(lo[j.name], hi[j.name], final) for j in probes}
+                states = {s for s, _ in got.values()}
+                readings[k] = {n: r for n, (_, r) in got.items()}
+                if None in states:
+                    return None
+                if stats.MOVED in states:
+                    return False
+                if states == {stats.CONVERGED}:
+                    return True
+                print(f"[runner] dilation auto, {key}: K = {k} against {2 * k}: unresolved "
+                      f"on {runs} probe run{'s' if runs > 1 else ''} a side; one more each",
+                      file=self.log, flush=True)
+            raise AssertionError("unreachable: the final reading decides")
 
         k = max(_start_k(j, _hints()) for j in probes)
         k = min(k, AUTO_FACTORS[-2])  # K is judged against 2K: the top rung is only a 2K
@@ -319,9 +385,13 @@ class Runner:
                 k = AUTO_FACTORS[i + 1]
         pick.setdefault("rule", "outcome")
         pick["tried"] = [{"dilation": f, "agrees_with_2k": judged.get(f),
-                          "verdicts": {n: [r["bound"] for r in rs if r.get("bound")]
-                                       for n, rs in seen[f].items()},
-                          "figures": {n: probe_figures(rs) for n, rs in seen[f].items()}}
+                          "runs": min(len(rs) for rs in seen[f].values()),
+                          "verdicts": {n: [r["bound"] for run in rs for r in run
+                                           if r.get("bound")] for n, rs in seen[f].items()},
+                          "figures": {n: {g: float(statistics.median(xs))
+                                          for g, xs in _pooled(rs).items()}
+                                      for n, rs in seen[f].items()},
+                          **({"readings": readings[f]} if f in readings else {})}
                          for f in sorted(seen)]
         print(f"[runner] dilation auto, {key}: K = {dil.text(pick['dilation'])} "
               f"({pick['why']})", file=self.log, flush=True)
@@ -332,7 +402,8 @@ class Runner:
         verdicts they recorded decide, the smallest K at which every one is link-bound, as
         before the outcome rule; none at all: K = 1."""
         for k in AUTO_FACTORS:
-            verdicts = [r["bound"] for rs in at(k).values() for r in rs if r.get("bound")]
+            verdicts = [r["bound"] for runs in at(k).values() for run in runs for r in run
+                        if r.get("bound")]
             if not verdicts:
                 return {"dilation": 1.0, "verdict": None,
                         "why": "the probes' programs judge no host load"}

@@ -1,6 +1,6 @@
-"""A stand-in program for ``--dilation auto``'s probe in tests: rank 0 writes one summary
-whose verdict is host-bound below the dilation ``--needs`` (read from COMMBENCH_DILATION,
-as every commbench rank reads it), and link-bound from there on; its step time moves with
+"""A stand-in program for ``--dilation auto``'s probe in tests: rank 0 writes two measured
+steps and a summary whose verdict is host-bound below the dilation ``--needs`` (read from
+COMMBENCH_DILATION, as every commbench rank reads it), and link-bound from there on; its step time moves with
 K below ``--needs`` (``needs / K`` seconds) and is 1 s from there on, so the outcome rule
 (K against 2K) agrees from ``--needs`` on too.
 
@@ -50,9 +50,13 @@ def main() -> None:
         return
     k = dilation.from_env()
     bound = LINK_BOUND if k >= cfg.needs else f"{HOST_BOUND} (needs {cfg.needs:g})"
-    with open(cfg.output, "a") as f:
+    step_s = max(1.0, cfg.needs / k)
+    with open(cfg.output, "a") as f:  # two measured steps (the outcome rule's samples)
+        for step in range(2):
+            f.write(json.dumps({"kind": "step", "step": step, "warmup": False,
+                                "dilation": k, "step_s": step_s}) + "\n")
         f.write(json.dumps({"kind": "summary", "dilation": k, "bound": bound,
-                            "step_s": max(1.0, cfg.needs / k)}) + "\n")
+                            "step_s": step_s}) + "\n")
 
 
 if __name__ == "__main__":

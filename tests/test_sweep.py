@@ -287,7 +287,8 @@ def test_runner_dilation_auto_probes_the_largest_job_once_and_runs_every_job_at_
     probes = sorted((out / PROBE_DIR).iterdir())  # one probe sweep per K tried
     assert sorted(int(d.name.rsplit("-k", 1)[1]) for d in probes) == tried
     # every job ran at the chosen K: its records, and its sweep's done markers
-    runs = [r for f in sorted(out.glob("*.jsonl")) for r in read_jsonl(f)]
+    runs = [r for f in sorted(out.glob("*.jsonl")) for r in read_jsonl(f)
+            if r["kind"] == "summary"]
     assert len(runs) == 2 and {r["dilation"] for r in runs} == {4.0}, runs
     done = sorted(out.glob("*.done.json"))
     assert [json.loads(f.read_text())["point"]["name"] for f in done] == ["np1", "np2"]
@@ -305,7 +306,8 @@ def test_runner_dilation_auto_probes_the_largest_job_once_and_runs_every_job_at_
     assert "dilation auto" not in again.stderr, again.stderr[-2000:]
     assert {p: p.stat().st_mtime for p in kept} == kept
     assert sorted((out / PROBE_DIR).iterdir()) == probes
-    runs = [r for f in sorted(out.glob("*.jsonl")) for r in read_jsonl(f)]
+    runs = [r for f in sorted(out.glob("*.jsonl")) for r in read_jsonl(f)
+            if r["kind"] == "summary"]
     assert len(runs) == 2 and {r["dilation"] for r in runs} == {4.0}, runs
     for f in out.glob("*.done.json"):
         assert json.loads(f.read_text())["dilation"] == 4.0
