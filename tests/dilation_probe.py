@@ -1,8 +1,8 @@
 """A stand-in program for ``--dilation auto``'s probe in tests: rank 0 writes two measured
 steps and a summary whose verdict is host-bound below the dilation ``--needs`` (read from
-COMMBENCH_DILATION, as every commbench rank reads it), and link-bound from there on; its step time moves with
-K below ``--needs`` (``needs / K`` seconds) and is 1 s from there on, so the outcome rule
-(K against 2K) agrees from ``--needs`` on too.
+COMMBENCH_DILATION, as every commbench rank reads it), and link-bound from there on; its
+step time moves with K below ``--needs`` (``needs / K`` seconds) and is 1 s from there on,
+so the outcome rule (K against 2K) agrees from ``--needs`` on too.
 
     python -m tests.dilation_probe --needs 4 --output FILE
 
