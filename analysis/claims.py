@@ -37,6 +37,7 @@ and how many runs a side it wants next.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import product
@@ -47,6 +48,7 @@ from analysis import convergence, match, overlap, sequential, stats
 from analysis.alphabeta import Scenario, predict, sync_share
 from analysis.costmodel import ModelResult, error_by_algorithm
 from analysis.load import get, knob, num, stat
+from commbench import dilation as dil
 from commbench import metrics
 from commbench.hostload import is_link_bound
 
@@ -211,8 +213,12 @@ def _host_note(g: Sequence[dict], links: bool = True) -> str:
                                            f" for {unjudged} of {len(g)} runs")
     note = f"; its runs were {match.host_verdict(g)}"
     if links and max(num(r.get("nodes")) for r in g) > 1:
-        note += (": the figure holds this machine's scheduling as well as the links, rerun "
-                 "with --dilation K, higher (python -m experiments.study)")
+        k = max(num(r.get("dilation") or 1) for r in g)
+        note += ": the figure holds this machine's scheduling as well as the links, " + (
+            f"rerun at --dilation {dil.text(2 * k)} (python -m experiments.study)"
+            if 2 * k <= dil.MAX_FACTOR else
+            f"and K = {dil.text(k)} is the highest the emulation runs: fewer ranks on "
+            "this machine's cores, or a real cluster")
     return note
 
 
@@ -390,8 +396,13 @@ def c2(records, model) -> Claim:
                      f"(>= 1 MiB, not fitted on): {', '.join(errs)}")
     ratios, _ = _c2_ratios(g)
     best = min(ratios, key=lambda k: ratios[k].value)
-    link = "; ".join(f"{_scheme(r)}: {num(r.get('link_efficiency')):.2f}" for r in g
-                     if r.get("link_efficiency") is not None)
+    effs: dict[str, list[float]] = {}  # per scheme, each repeat's link efficiency
+    for r in g:
+        if r.get("link_efficiency") is not None:
+            effs.setdefault(_scheme(r), []).append(num(r["link_efficiency"]))
+    link = "; ".join(f"{scheme}: {statistics.median(xs):.2f}"
+                     + (f" ({min(xs):.2f}-{max(xs):.2f} over {len(xs)})" if len(xs) > 1 else "")
+                     for scheme, xs in effs.items())
     measured = (f"{measured} on {nodes} nodes x {local} ({f.get('link_shaping') or 'unshaped'} "
                 f"links)" + (f"; link efficiency {link}" if link else ""))
     # a cut of at least 30 %: the ratio at most 0.70, judged on the paired runs of the best

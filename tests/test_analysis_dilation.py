@@ -120,7 +120,7 @@ def test_comm_claims_judge_a_host_bound_set_and_say_so(cid):
     assert ids_of(c) == {r["run_id"] for r in big}
     assert "its runs were host-bound (" in c.reason
     assert "rank 0 spent 95% of the window" in c.reason
-    assert "rerun with --dilation" in c.reason
+    assert "rerun at --dilation 2 (python -m experiments.study)" in c.reason
     assert c.host.startswith("dilation 1, host-bound (")
 
 
@@ -149,7 +149,10 @@ def test_c1_takes_a_link_bound_run_before_a_larger_host_bound_one():
     assert c.measured.startswith("largest global batch among link-bound runs here 256 ")
     # a host-bound run alone is still reported, with why; on one node without the advice
     c = claim("C1", host)
-    assert "its runs were host-bound (" in c.reason and "rerun with --dilation" in c.reason
+    assert "its runs were host-bound (" in c.reason and "rerun at --dilation 2" in c.reason
+    # at the emulation's highest K there is no higher one to name
+    c = claim("C1", v4([summary()], HOST, k=64.0))
+    assert "K = 64 is the highest the emulation runs" in c.reason and "rerun" not in c.reason
     one = v4([summary(nodes=1, local=4, link=None, gbps=None)], HOST)
     c = claim("C1", one)
     assert "its runs were host-bound (" in c.reason and "--dilation" not in c.reason

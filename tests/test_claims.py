@@ -588,8 +588,13 @@ def test_c2_pairs_each_sides_runs_by_their_repeat():
     drift = (1.0, 1.3, 0.8, 1.1)
     rings = [run("flat", "ring", exposed_s=x, repeat=r) for r, x in enumerate(drift)]
     hiers = [run("flat", "hier", exposed_s=0.5 * x, repeat=r) for r, x in enumerate(drift)]
+    for r, x in zip(rings + hiers, (0.97, 0.99, 0.98, 0.96, 0.9, 0.95, 0.92, 0.93)):
+        r["link_efficiency"] = x
     c = claim("C2", [*rings[::-1], *hiers])
     assert c.verdict == claims.REPRODUCED and c.decision.n == 3
+    # each scheme's link efficiency once: the median over its repeats, with their range
+    assert ("link efficiency flat (ring): 0.97 (0.96-0.99 over 4); hierarchical (hier): "
+            "0.93 (0.90-0.95 over 4)") in c.measured, c.measured
     assert c.decision.value == pytest.approx(0.5) and c.decision.hi == pytest.approx(0.5)
 
 
