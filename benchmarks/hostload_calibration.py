@@ -19,12 +19,19 @@ A rule agrees with the reference where it says link-bound on a converged cell an
 on a moved one. The cells: each library's microbenchmark on a 2 x 2 emulated cluster at one
 link rate, at two sizes, for each algorithm it runs (Open MPI ``native``, the project's
 ``ring`` and ``hier`` under ``mpirun``; Gloo's ``native`` and the ring under ``torchrun``;
-Horovod's own all-reduce, ``native``, under ``horovodrun``), judged at K = 1 (against 2 and
-4) and K = 4 (against 8 and 16). Every job runs ``--repeats`` times, shuffled within its K.
+Horovod's own all-reduce, ``native``, under ``horovodrun``), and the training cells
+(``--cells training``): ``commbench.allreduce`` steps of a small model's replayed compute
+(``--model``, default smallcnn, 7.8 MiB of gradient in 6 tensors, ``--compute-ms`` 40)
+under DDP on Gloo and bucketed on its transfer paths (``torchrun``: thread and ring on
+Gloo; ``mpirun``: thread, ring and hier on Open MPI) and Horovod's
+``DistributedOptimizer`` (``horovodrun``), the figure each run's median step. Every cell
+is judged at K = 1 (against 2 and 4) and K = 4 (against 8 and 16). Every job runs
+``--repeats`` times, shuffled within its K.
 
 Run it from the repository root, as root, with nothing else running::
 
-    python -m benchmarks.hostload_calibration                   # 45 jobs, ~25 min on 2 cores
+    python -m benchmarks.hostload_calibration --cells micro    # 45 jobs, ~11 min on 2 cores
+    python -m benchmarks.hostload_calibration --cells training # 90 jobs, ~40 min
     python -m benchmarks.hostload_calibration --bases 1 --repeats 3 --dry-run
 """
 
@@ -36,10 +43,13 @@ from collections.abc import Sequence
 
 from analysis import stats
 from commbench import dilation as dil
-from commbench.flags import csv_list, parse_size, positive_int
+from commbench.allreduce import Config
+from commbench.flags import csv_list, nonneg_float, parse_size, positive_int
 from commbench.hostload import LINK_BOUND
 from commbench.microbench import MicroConfig
+from commbench.strategies import BucketedSettings
 from commbench.tables import Column, format_table
+from commbench.workloads.spec import model_name
 from experiments.bench import Benchmark, add_output_flags, parser, records
 from experiments.job import Job
 from experiments.runner import Runner
@@ -51,6 +61,12 @@ TOLERANCE = 0.05
 ALGOS = {"mpirun": ("native", "ring", "hier"), "torchrun": ("native", "ring"),
          "horovodrun": ("native",)}
 LIBRARY = {"mpirun": "Open MPI", "torchrun": "Gloo", "horovodrun": "Horovod"}
+#: the training cells' jobs: (launcher, strategies, bucketed's transfer path); DDP runs on
+#: Gloo, bucketed on the launcher's backend (Gloo under torchrun, Open MPI under mpirun)
+TRAINING = (("torchrun", ("ddp", "bucketed"), "thread"), ("torchrun", ("bucketed",), "ring"),
+            ("mpirun", ("bucketed",), "thread"), ("mpirun", ("bucketed",), "ring"),
+            ("mpirun", ("bucketed",), "hier"), ("horovodrun", ("horovod",), None))
+CELL_KINDS = ("micro", "training")
 JOB_TIMEOUT_S = 300.0  # emulated; the sweep multiplies it by K
 CONVERGED, MOVED, UNRESOLVED = stats.CONVERGED, stats.MOVED, stats.UNRESOLVED
 HOST, LINK, NONE = "host", "link", "-"
@@ -68,7 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", default="1gbit", help="emulated link rate")
     p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in t.split(",") if x],
                    default=[64 << 10, 1 << 20], help="all-reduce sizes in bytes (float32)")
-    p.add_argument("--iters", type=positive_int, default=20, help="timed calls per size")
+    p.add_argument("--cells", type=csv_list(CELL_KINDS, "--cells"), default=list(CELL_KINDS),
+                   help="micro: each library's all-reduce (commbench.microbench); training: "
+                        "DDP, bucketed on each transfer path and Horovod's optimizer "
+                        "(commbench.allreduce, replayed compute)")
+    p.add_argument("--iters", type=positive_int, default=20,
+                   help="timed calls per size; measured steps of a training cell")
+    p.add_argument("--model", default="smallcnn", type=model_name,
+                   help="training cells: the model whose gradients are synchronised")
+    p.add_argument("--compute-ms", type=nonneg_float, default=40.0,
+                   help="training cells: replayed forward+backward per step")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed calls first")
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="runs of every job (at least 3 for an interval)")
@@ -82,21 +107,49 @@ def factors(bases: Sequence[float]) -> list[float]:
 
 
 def plan(args: argparse.Namespace) -> list[Job]:
-    """One microbenchmark job per launcher and K, every one ``--repeats`` times; each K its
-    own set (K is what this varies)."""
+    """Per K, each launcher's microbenchmark job and its training cells' jobs, every one
+    ``--repeats`` times; each K its own set (K is what this varies)."""
     nodes, slots = (int(x) for x in args.layout.split("x"))
     lo, hi = min(args.sizes), max(args.sizes)
     step = round(hi / lo) if len(args.sizes) == 2 else 2
     jobs = []
+
+    def place(name: str, cfg, launcher: str, k: float) -> Job:
+        return Job.place(f"{launcher}-{name}k{dil.text(k)}", cfg, nodes, slots, args.rate,
+                         launcher=launcher, timeout_s=JOB_TIMEOUT_S, dilation=k,
+                         repeats=args.repeats, sets={f"k{dil.text(k)}"})
+
     for k in factors(args.bases):
         for launcher in args.launchers:
-            cfg = MicroConfig(minbytes=lo, maxbytes=hi, stepfactor=max(step, 2),
-                              algos=list(ALGOS[launcher]), iters=args.iters,
-                              warmup_iters=args.warmup, quiet=True)
-            jobs.append(Job.place(f"{launcher}-k{dil.text(k)}", cfg, nodes, slots, args.rate,
-                                  launcher=launcher, timeout_s=JOB_TIMEOUT_S, dilation=k,
-                                  repeats=args.repeats, sets={f"k{dil.text(k)}"}))
+            if "micro" in args.cells:
+                cfg = MicroConfig(minbytes=lo, maxbytes=hi, stepfactor=max(step, 2),
+                                  algos=list(ALGOS[launcher]), iters=args.iters,
+                                  warmup_iters=args.warmup, quiet=True)
+                jobs.append(place("", cfg, launcher, k))
+            if "training" not in args.cells:
+                continue
+            for how, strategies, transfer in TRAINING:
+                if how != launcher:
+                    continue
+                sync = BucketedSettings(**({"transfer": transfer} if transfer else {}))
+                cfg = Config(model=args.model, compute_ms=args.compute_ms,
+                             strategies=list(strategies), sync=sync, steps=args.iters,
+                             warmup=args.warmup, quiet=True)
+                jobs.append(place(f"{'+'.join(strategies)}-{transfer or 'own'}-", cfg,
+                                  launcher, k))
     return jobs
+
+
+def training_row(s: dict, launcher: str) -> dict:
+    """A training run's summary as a calibration row: the strategy (bucketed with its
+    transfer path) as the algorithm, the gradient's bytes as the size, the median step
+    (emulated) as the time."""
+    algo = s["strategy"]
+    if algo == "bucketed":
+        algo = f"bkt/{(s.get('knobs') or {}).get('transfer_path')}"
+    return {"_launcher": launcher, "algo": algo, "size": s["grad_bytes"],
+            "dilation": s["dilation"], "time_us": {"avg": s["stats"]["step_s"]["median"] * 1e6},
+            "bound": s.get("bound"), "latency_bound": s.get("latency_bound")}
 
 
 def moved(a: Sequence[float], b: Sequence[float]) -> tuple[str, stats.Spread]:
@@ -171,7 +224,7 @@ def score(cs: Sequence[dict]) -> list[str]:
     return lines
 
 
-TABLE = [Column("library", "", 8), Column("algo", "", 6), Column("size", "B", 8),
+TABLE = [Column("library", "", 8), Column("algo", "", 10), Column("size", "B", 8),
          Column("K", "", 4), Column("runs", "", 4), Column("t(K)", "us", 9, ".1f"),
          Column("t(2K)", "us", 9, ".1f"), Column("t(4K)", "us", 9, ".1f"),
          Column("K/4K", "", 6, ".3f"), Column("lo", "", 6, ".3f"), Column("hi", "", 6, ".3f"),
@@ -194,12 +247,14 @@ def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
         launcher = job.placement.launcher
         for path in runner.outputs(job):
             rows += [{**r, "_launcher": launcher} for r in records(path, "microbench")]
+            rows += [training_row(s, launcher) for s in records(path, "summary")]
     cs = cells(rows, args.bases)
     print(format_table(TABLE, [table_row(c) for c in cs],
                        title=f"hostload_calibration  {args.layout} at {args.rate}, "
                              f"{args.iters} calls (+{args.warmup}), {args.repeats} runs at "
                              f"each K", footer=[
-                           "t: median over runs of each run's mean time per call, emulated; "
+                           "t: median over runs of each run's mean time per call (a training "
+                           "cell's: its median step), emulated; "
                            "K/4K: ratio of medians, lo-hi its interval (range of pairwise "
                            "ratios below 6 runs a side)",
                            f"reference: converged (K/4K inside +-{TOLERANCE:.0%}), moved "

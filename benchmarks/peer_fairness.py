@@ -52,7 +52,11 @@ side in repeat order, a 95 % confidence sequence from 3 runs a side, at alpha
 best of the peers): met, NOT met, or undecided where the interval straddles
 the goal, and undecided below 3 repeats (``undecided (2 runs: range ...)``),
 never a verdict on one run. Horovod's step moved up to 15 % between single
-runs of one cell, more than most gaps the goals judge.
+runs of one cell, more than most gaps the goals judge. A run's verdict (the
+``bound`` column) is its set-up's where the job was placed at ``--dilation
+auto`` (``*``: the runner's outcome rule, the probes' figures at K against 2K,
+``dilations.json``), else the run's own counter reading; where any compared run
+is host-bound, the cell's goals are neither met nor NOT met (undecided, said so).
 
 Run it from the repository root, as root, with nothing else measuring::
 
@@ -74,10 +78,12 @@ import numpy as np
 
 from analysis import sequential, stats
 from analysis.costmodel import link_bytes
+from analysis.load import mark_setup_verdicts
 from analysis.overlap import Profile, load_profile
 from commbench.allreduce import Config
 from commbench.buckets import DEFAULT_BUCKET_MB, parse_bucket_mb
 from commbench.comm.engine import TRANSFER_CHOICES
+from commbench.hostload import is_link_bound
 from commbench.strategies import BucketedSettings
 from commbench.tables import Column, format_table
 from commbench.workloads.spec import slow_rank
@@ -216,14 +222,22 @@ def link_efficiency(cell: Cell, s: dict) -> float | None:
     return cell.bound_bytes * 8 / (gbps * 1e9) / comm
 
 
+def bound_of(s: dict) -> str:
+    """A run's verdict as the table shows it: its set-up's (the runner's outcome rule, K
+    against 2K, marked ``*``) where the run was placed at ``auto``, else its own counter
+    reading."""
+    if s.get("setup_bound"):
+        return s["setup_bound"].split(" (")[0] + "*"
+    return (s.get("bound") or "").split(" (")[0]
+
+
 def row(cell: Cell, job: Job, s: dict) -> list:
     st = s["stats"]
-    bound = s.get("bound") or ""
     name = job.name + (f" r{s.get('repeat') or 0}" if (job.repeats or 1) > 1 else "")
     return [name, s["strategy"], bucket_of(s), buckets_of(s), ms(st["step_s"]["median"]),
             ms(st["step_s"]["p5"]), ms(st["step_s"]["p95"]), ms(s["compute_s"]),
             ms(s["exposed_sync_s"]), ms(s.get("comm_s")), s.get("overlap"),
-            link_efficiency(cell, s), s.get("wrong"), bound.split(" (")[0]]
+            link_efficiency(cell, s), s.get("wrong"), bound_of(s)]
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -339,12 +353,19 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
     met = {"step": step_verdict, "exposed": ex_verdict, "link": link_verdict}
     if math.isnan(link.value):
         met["link"] = None
+    host = [s for s in b + [s for ps in peers.values() for s in ps]
+            if is_link_bound(s) is False]
+    if host:  # a side with a host-bound run holds this machine: neither met nor NOT met
+        met = {g: (UNDECIDED if v is not None else None) for g, v in met.items()}
     reps = f", {min(len(b), len(p))} repeats" if max(len(b), len(p)) > 1 else ""
     head = (f"{cell.name} (compute x {cell.scale:g}, {cell.steps} steps{reps}): bucketed ({bl}) "
             f"/ best peer ({p[0]['strategy']}, {pl}): step "
             f"{_words(each_peer[pl][1], step)} [{met['step']}], exposed sync "
             f"{_words(ex_d, exposed)} [{met['exposed']}], link efficiency "
             f"{_words(link_d, link)} [{met['link'] or 'n/a'}]")
+    if host:
+        names = ", ".join(sorted({s["strategy"] for s in host}))
+        head += f"; {len(host)} compared runs host-bound ({names}): the goals are not judged"
     return Verdict(cell.name, step, exposed, link, met, [head + latency_note(b + p), *lines])
 
 
@@ -491,8 +512,11 @@ def refuse(args: argparse.Namespace) -> str | None:
 
 def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
     all_cells = cells(args)
-    by_job = {job.name: [s for path in runner.outputs(job) for s in records(path, "summary")]
+    by_job = {job.name: [{**s, "_file": str(path)} for path in runner.outputs(job)
+                         for s in records(path, "summary")]
               for job in jobs}
+    # a run placed at auto is judged by its set-up's verdict (dilations.json), not its own
+    mark_setup_verdicts([s for ss in by_job.values() for s in ss])
     rows, footer = [], []
     verdicts = []
     for cell in all_cells:
@@ -507,14 +531,17 @@ def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
     footer += straggler_lines(by_job, {s["strategy"]: s
                                        for s in by_job.get(f"{first.name} mpirun", [])})
     footer.append(tally(verdicts))
-    k = args.dilation or 1
+    ks = sorted({float(s.get("dilation") or 1.0) for ss in by_job.values() for s in ss})
+    k = ", ".join(f"{x:g}" for x in ks) if ks else (args.dilation or 1)
     print(format_table(TABLE, rows, title=f"peer_fairness  links {args.rate}  dilation {k}  "
                        f"backward = {args.balance:g} x the gradient's link bound  "
                        f"at least {args.steps} steps (+{args.warmup} warm-up)"
                        + (f"  {args.repeats} repeats" if args.repeats > 1 else ""),
                        footer=["medians over measured steps of the critical-path rank; cap * "
                                "= chosen by --bucket-mb auto; Horovod's comm is an upper bound "
-                               "(first ready gradient to the end of synchronize)",
+                               "(first ready gradient to the end of synchronize); bound * = "
+                               "the set-up's verdict (outcome rule: K against 2K, "
+                               "dilations.json), else the run's own counter reading",
                                *([] if args.repeats == 1 else [
                                    "ratios: of the medians over the repeats; range: of every "
                                    "pairwise ratio (fewer than 6 repeats); a goal is met or "

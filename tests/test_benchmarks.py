@@ -265,6 +265,16 @@ def test_peer_fairness_decides_each_goal_on_the_paired_repeats():
     # decisively faster than both: met
     runs["horovodrun"][4:] = _repeats("horovod", [1.03, 1.05, 1.04, 1.04], [0.3] * 4, bound_s)
     assert peer_fairness.judge(cell, runs).met["step"] == "met"
+    # a side with a host-bound run holds this machine: neither met nor NOT met, said so;
+    # its set-up's verdict (the outcome rule, setup_bound) is read before its counter's
+    runs["horovodrun"][5]["bound"] = "host-bound (rank 1 spent 9% of the window)"
+    v = peer_fairness.judge(cell, runs)
+    assert v.met == {"step": "undecided", "exposed": "undecided", "link": "undecided"}
+    assert "1 compared runs host-bound (horovod): the goals are not judged" in v.lines[0]
+    assert peer_fairness.bound_of(runs["horovodrun"][5]) == "host-bound"
+    runs["horovodrun"][5]["setup_bound"] = "link-bound"
+    assert peer_fairness.judge(cell, runs).met["step"] == "met"
+    assert peer_fairness.bound_of(runs["horovodrun"][5]) == "link-bound*"
     # an exposed sync that swings across 1.10 of the best peer's: undecided
     runs["mpirun"][:4] = _repeats("bucketed", [0.93, 0.95, 0.94, 0.94],
                                   [0.15, 0.30, 0.15, 0.30], bound_s)
@@ -447,3 +457,27 @@ def test_hostload_calibration_scores_each_rule_against_k_and_4k():
         "Open MPI: 2 of 2 cells resolved; counter rule 1 agree, 1 disagree, 0 no verdict; "
         "outcome rule 2 agree, 0 disagree, 0 no verdict")
     assert hostload_calibration.factors([1.0, 4.0]) == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+def test_hostload_calibration_training_cells(tmp_path):
+    """--cells training plans DDP on Gloo and bucketed on each transfer path per launcher
+    (and Horovod's optimizer), one job each per K; a run's summary becomes a cell row named
+    by its strategy and transfer path, its figure the median step."""
+    jobs = planned(hostload_calibration, ["--cells", "training", "--bases", "1"], tmp_path)
+    got = {(j.placement.launcher, tuple(j.config.strategies),
+            getattr(j.config.sync, "transfer", None), j.placement.k) for j in jobs}
+    assert len(got) == len(jobs) == 3 * len(hostload_calibration.TRAINING)
+    assert ("torchrun", ("ddp", "bucketed"), "thread", 1.0) in got
+    assert ("mpirun", ("bucketed",), "hier", 4.0) in got
+    assert all(j.program == "commbench.allreduce" for j in jobs)
+    summary = {"strategy": "bucketed", "knobs": {"transfer_path": "ring"}, "grad_bytes": 8,
+               "dilation": 2.0, "stats": {"step_s": {"median": 0.25}}, "bound": "link-bound",
+               "latency_bound": False}
+    r = hostload_calibration.training_row(summary, "torchrun")
+    assert (r["algo"], r["size"], r["time_us"]["avg"]) == ("bkt/ring", 8, 250000.0)
+    ddp = hostload_calibration.training_row({**summary, "strategy": "ddp"}, "torchrun")
+    c = hostload_calibration.cells(
+        [{**ddp, "dilation": k, "time_us": {"avg": t}} for k in (1.0, 2.0, 4.0)
+         for t in (100, 101, 102)], [1.0])
+    assert [(x["library"], x["algo"], x["reference"]) for x in c] == [("Gloo", "ddp",
+                                                                         "converged")]
