@@ -31,7 +31,7 @@ is judged at K = 1 (against 2 and 4) and K = 4 (against 8 and 16). Every job run
 Run it from the repository root, as root, with nothing else running::
 
     python -m benchmarks.hostload_calibration --cells micro    # 45 jobs, ~11 min on 2 cores
-    python -m benchmarks.hostload_calibration --cells training # 90 jobs, ~40 min
+    python -m benchmarks.hostload_calibration --cells training --bases 1,2  # 72 runs, 35 min
     python -m benchmarks.hostload_calibration --bases 1 --repeats 3 --dry-run
 """
 
