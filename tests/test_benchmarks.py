@@ -481,3 +481,39 @@ def test_hostload_calibration_training_cells(tmp_path):
          for t in (100, 101, 102)], [1.0])
     assert [(x["library"], x["algo"], x["reference"]) for x in c] == [("Gloo", "ddp",
                                                                          "converged")]
+
+
+def _async_repeats(flat: list[float], async1: list[float], compute_s: float = 0.3,
+                   comm_s: float = 0.5) -> list:
+    """Repeats of one layout: flat's and async S=1's wall throughput (samples/s) a repeat,
+    flat's step compute + comm (bound (0.3 + 0.5) / 0.5 = 1.6x)."""
+    def summary(strategy: str, rate: float) -> dict:
+        step = compute_s + comm_s
+        return {"strategy": strategy, "wall_throughput": rate, "compute_s": compute_s,
+                "comm_s": comm_s, "stats": {"step_s": {"median": step}},
+                "bound": "link-bound", "knobs": {}}
+    return [async_speedup.Repeat(r, {"flat": summary("flat", f), "async1": summary("async", a)})
+            for r, (f, a) in enumerate(zip(flat, async1))]
+
+
+def test_async_speedup_decides_its_goals_on_the_paired_repeats():
+    assert async_speedup.speedup_bound(_async_repeats([10.0], [14.0])[0].by["flat"]) \
+        == pytest.approx(1.6)
+    # two repeats: a range, never a verdict
+    lines = async_speedup.judge(_async_repeats([10.0, 10.2], [14.0, 14.5]))
+    assert lines[0].startswith("goal async S=1 / flat >= 1.30: undecided (2 runs: range")
+    assert lines[0].endswith("[undecided]") and lines[1].endswith("[undecided]")
+    # four steady repeats at 1.40x: the speed-up goal met; 1.40 / 1.6 = 0.875 of the bound,
+    # decisively below 0.90: NOT met
+    reps = _async_repeats([10.0, 10.1, 9.9, 10.0], [14.0, 14.15, 13.85, 14.0])
+    lines = async_speedup.judge(reps)
+    assert "n=3 a side" in lines[0] and lines[0].endswith("[met]"), lines
+    assert lines[1].startswith("goal async S=1 / (flat x its bound) >= 0.90: 0.875")
+    assert lines[1].endswith("[NOT met]"), lines
+    # a host-bound run (its set-up's verdict read first): neither met nor NOT met, said so
+    reps[2].by["async1"]["bound"] = "host-bound (rank 3 spent 12% of the window)"
+    lines = async_speedup.judge(reps)
+    assert lines[0].endswith("[undecided]") and "1 compared runs host-bound (async)" in lines[2]
+    reps[2].by["async1"]["setup_bound"] = "link-bound"
+    assert async_speedup.judge(reps)[0].endswith("[met]")
+    assert async_speedup.verdict_of(list(reps[2].by.values())) == "link"
