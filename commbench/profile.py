@@ -63,9 +63,13 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
     timer = NullTimer()
     if cuda:
         torch.cuda.reset_peak_memory_stats(wl.device)
+    # One process, no collective: the device is synchronised around each phase so that
+    # the host's clock times it (the workload's own phases are events on the stream).
+    settle = (lambda: torch.cuda.synchronize(wl.device)) if cuda else (lambda: None)
     for it in range(warmup + iters):
         t = now()
         wl.forward(timer)
+        settle()
         f = now() - t
         t0 = now()
         keep = it >= warmup
@@ -81,12 +85,14 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
             elif keep:
                 ready[i].append(now() - t0)
 
-        wl.backward(timer, on_ready)  # ends with a device synchronisation
+        wl.backward(timer, on_ready)
+        settle()
         if cuda and keep:
             for i, ev in events.items():
                 ready[i].append(start.elapsed_time(ev) / 1e3)
         t = now()
         wl.optimizer_step(timer)
+        settle()
         o = now() - t
         if it >= warmup:
             forward.append(f)

@@ -9,6 +9,11 @@ at once: a job killed later keeps every finished step); no collective of the
 bookkeeping runs inside a timed step. A rank late from that bookkeeping shows
 up in the next step's ``wait_s``, never in its ``step_s``.
 
+On a GPU the workload's device clock (``workload.events``) goes to the timer:
+the step then runs from an event on the compute stream to one recorded there
+after the optimizer, and its phases and transfers are events read when it ends
+(``commbench.timing``); nothing in the loop waits for the whole device.
+
 Rank 0 makes the step's record of every rank's sample
 (``commbench.output.step_record``), which splits each collective's duration
 into transfer and wait: ``sync_transfer_s`` and ``sync_wait_s`` are not the
@@ -81,7 +86,7 @@ def run_steps(comm: Communicator, workload, strategy: Strategy,
         if iface:
             rx0, tx0 = read_iface_bytes(iface)
         with trace.step(k):
-            timer.begin_step(k, k - first_step < warmup, wait_s)
+            timer.begin_step(k, k - first_step < warmup, wait_s, events=workload.events)
             strategy.begin_step(timer)
             for hook in STEP_HOOKS:
                 hook(comm, k)

@@ -14,6 +14,16 @@ rank (the transfer engine's ``start`` stamp, not when it was queued).
 
 ``NullTimer`` has the same interface and does nothing: the instrumentation
 overhead benchmark runs the same loop with each.
+
+On a CUDA device (``DeviceEvents``) the host's clock says when work was queued,
+not when it ran, and a device-wide synchronise would wait for every stream,
+communication's included. There each phase and each transfer is a pair of CUDA
+events recorded on the stream that ran it (``device_compute``, ``device_comm``),
+and the timer reads them when the step ends: a step runs from an event recorded
+as it begins to one recorded on the compute stream after the optimizer, each
+interval on the device's clock at both ends (placed on the step's time line by
+its offset from the step's first event). Reading an event waits for that event
+only, never for the device. On the host nothing of this runs.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from commbench import dilation
 from commbench.metrics import exposed_sync, union_length
@@ -28,6 +39,63 @@ from commbench.metrics import exposed_sync, union_length
 #: this rank's clock, in emulated time (``commbench.dilation``: wall time / K)
 now = dilation.now
 PHASES = ("forward", "backward", "optimizer")
+
+
+class DeviceEvents:
+    """This rank's device clock: CUDA events recorded on a stream, read when the step ends.
+
+    ``cuda`` is the CUDA namespace the events and streams come from (``torch.cuda``);
+    tests on a machine without a GPU hand it a stand-in that records each call, so
+    what the timing asks of the device (which events, on which stream, and that no
+    device-wide synchronise is among them) is checked where no device runs.
+
+    A mark is an event recorded on a stream (default: the current one, the stream the
+    caller's kernels run on), so it completes when that stream reaches it: the end of
+    the work queued before it there, not when the host queued it. ``seconds`` waits
+    for its later mark only (the event's own synchronise).
+    """
+
+    def __init__(self, device: Any, cuda: Any = None) -> None:
+        if cuda is None:
+            import torch
+            cuda = torch.cuda
+        self.device = device
+        self.cuda = cuda
+
+    def stream(self) -> Any:
+        """The current stream: where the caller's kernels run (the compute stream)."""
+        return self.cuda.current_stream(self.device)
+
+    def new_stream(self) -> Any:
+        """A stream of its own (a transfer engine's)."""
+        return self.cuda.Stream(self.device)
+
+    def using(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        """Make ``stream`` current inside the block (``torch.cuda.stream``)."""
+        return self.cuda.stream(stream)
+
+    def event(self) -> Any:
+        """An event that keeps time, not yet recorded."""
+        return self.cuda.Event(enable_timing=True)
+
+    def mark(self, stream: Any = None) -> Any:
+        """An event recorded now on ``stream`` (default: the current stream)."""
+        ev = self.event()
+        ev.record(stream if stream is not None else self.stream())
+        return ev
+
+
+def device_events(device: Any, cuda: Any = None) -> DeviceEvents | None:
+    """The device clock of tensors on ``device`` (a ``torch.device`` or its name): None
+    for host memory, which keeps the host's clock."""
+    return DeviceEvents(device, cuda) if str(device).split(":")[0] == "cuda" else None
+
+
+def mark_seconds(start: Any, end: Any) -> float:
+    """Emulated seconds from mark ``start`` to mark ``end`` (two recorded CUDA events),
+    once ``end`` has completed: waits for that event only."""
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / dilation.factor()
 
 
 @dataclass
@@ -78,8 +146,15 @@ class StepTimer:
         self._buffer_sync = 0.0
         self._phase_s: dict[str, float] = {}
         self._collectives: list[tuple[float, float]] = []  # (start, duration)
+        #: the step's device clock (``begin_step``'s ``events``); None: the host's clock
+        self.events: DeviceEvents | None = None
+        self._origin_mark: Any = None  # the step's first event on the device
+        self._marked: list[tuple] = []  # device intervals, read at ``end_step``
 
-    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
+    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0,
+                   events: DeviceEvents | None = None) -> None:
+        """Start a step; ``events``: the workload's device clock, where it computes on a
+        GPU (its phases and transfers are then events, read at ``end_step``)."""
         self._intervals.clear()
         self._compute = 0.0
         self._phases = dict.fromkeys(PHASES, 0.0)
@@ -87,8 +162,12 @@ class StepTimer:
         self._buffer_sync = 0.0
         self._phase_s = {}
         self._collectives = []
+        self._marked = []
         self._step, self._warmup, self._wait = step, warmup, wait_s
         self._t0 = now()
+        self.events = events
+        if events is not None:
+            self._origin_mark = events.mark()  # on the compute stream: where the step's work begins
 
     @contextlib.contextmanager
     def compute(self, phase: str) -> Iterator[None]:
@@ -104,6 +183,64 @@ class StepTimer:
         self._phases[phase] += seconds
 
     clock = staticmethod(now)
+
+    # -- on a device: intervals as events, read when the step ends ------------------------
+
+    def mark(self) -> Any:
+        """An event recorded now on the current stream (a step with ``events`` only)."""
+        return self.events.mark()
+
+    def device_compute(self, phase: str, start: Any, end: Any) -> None:
+        """``phase`` ran on the device between marks ``start`` and ``end`` (events on the
+        stream that ran it); its seconds are added when the step ends."""
+        self._marked.append(("compute", phase, start, end))
+
+    def device_comm(self, start: Any, end: Any | None, nbytes: int = 0, calls: int = 1,
+                    whole: bool = True, within: tuple[Any, Any] | None = None) -> None:
+        """``comm`` for a collective between two device marks, each an event on the stream
+        the transfer ran on (or waited on it), read when the step ends. ``within``: only
+        the part between these two marks counts (async's in-step windows), and ``end``
+        None means still in flight at ``within``'s end."""
+        if self.events is None:
+            raise RuntimeError("timer: a device interval in a step begun without a device "
+                               "clock (begin_step's events=)")
+        self._marked.append(("comm", start, end, nbytes, calls, whole, within))
+
+    def device_collective(self, start: Any, end: Any) -> None:
+        """``collective`` between two device marks (async's whole flight)."""
+        if self.events is None:
+            raise RuntimeError("timer: a device interval in a step begun without a device "
+                               "clock (begin_step's events=)")
+        self._marked.append(("collective", start, end))
+
+    def _at(self, m: Any) -> float:
+        """Where device mark ``m`` falls on this step's time line (this rank's clock)."""
+        return self._t0 + mark_seconds(self._origin_mark, m)
+
+    def _read_marks(self) -> None:
+        """Turn the step's device intervals into the host path's records."""
+        for entry in self._marked:
+            kind = entry[0]
+            if kind == "compute":
+                _, phase, start, end = entry
+                self._compute_span(phase, start, end)
+            elif kind == "comm":
+                _, start, end, nbytes, calls, whole, within = entry
+                lo = self._at(start)
+                hi = None if end is None else self._at(end)
+                if within is not None:
+                    lo = max(lo, self._at(within[0]))
+                    w_hi = self._at(within[1])
+                    hi = w_hi if hi is None else min(hi, w_hi)
+                self.comm(lo, max(lo, hi), nbytes, calls, whole)
+            else:
+                _, start, end = entry
+                self.collective(self._at(start), self._at(end))
+        self._marked = []
+
+    def _compute_span(self, phase: str, start: Any, end: Any) -> None:
+        """A device phase's seconds (``add_compute`` for events)."""
+        StepTimer.add_compute(self, mark_seconds(start, end), phase)
 
     def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1,
              whole: bool = True) -> None:
@@ -148,7 +285,18 @@ class StepTimer:
         return None
 
     def end_step(self) -> StepSample:
+        if self.events is not None:
+            # the step ends on the compute stream after the optimizer: waiting for that
+            # event waits for the step's own work, not for transfers still in flight
+            step_s = mark_seconds(self._origin_mark, self.events.mark())
+            self._read_marks()
+            return self._sample(step_s)
         step_s = now() - self._t0
+        if self._marked:  # compute on a device, timed by a host-clock step (no comm marks)
+            self._read_marks()
+        return self._sample(step_s)
+
+    def _sample(self, step_s: float) -> StepSample:
         return StepSample(
             step=self._step, warmup=self._warmup, wait_s=self._wait, step_s=step_s,
             compute_s=self._compute, comm_s=union_length(self._intervals),
@@ -169,8 +317,23 @@ class NullTimer:
     """StepTimer's interface with no clock reads: the uninstrumented loop."""
 
     enabled = False
+    events = None
 
-    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
+    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0,
+                   events: DeviceEvents | None = None) -> None:
+        pass
+
+    def mark(self) -> None:
+        return None
+
+    def device_compute(self, phase: str, start: Any, end: Any) -> None:
+        pass
+
+    def device_comm(self, start: Any, end: Any | None, nbytes: int = 0, calls: int = 1,
+                    whole: bool = True, within: tuple[Any, Any] | None = None) -> None:
+        pass
+
+    def device_collective(self, start: Any, end: Any) -> None:
         pass
 
     def compute(self, phase: str) -> contextlib.AbstractContextManager[None]:
@@ -218,8 +381,9 @@ class TracingStepTimer(StepTimer):
         self.steps: list[dict] = []
         self._origin: float | None = None
 
-    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0) -> None:
-        super().begin_step(step, warmup, wait_s)
+    def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0,
+                   events: DeviceEvents | None = None) -> None:
+        super().begin_step(step, warmup, wait_s, events)
         if self._origin is None:
             self._origin = self._t0
         t0 = self._t0 - self._origin
@@ -231,6 +395,13 @@ class TracingStepTimer(StepTimer):
         super().add_compute(seconds, phase)
         end = now() - self._origin
         self.steps[-1]["phases"].append([phase, end - seconds, end])
+
+    def _compute_span(self, phase: str, start: Any, end: Any) -> None:
+        seconds = mark_seconds(start, end)
+        StepTimer.add_compute(self, seconds, phase)
+        # placed where the device ran it; in a host-clock step, ending when it is read
+        to = self._at(end) if self.events is not None else now()
+        self.steps[-1]["phases"].append([phase, to - seconds - self._origin, to - self._origin])
 
     def comm(self, start: float, end: float, nbytes: int = 0, calls: int = 1,
              whole: bool = True) -> None:

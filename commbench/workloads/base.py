@@ -16,17 +16,28 @@ parameter, in both workloads: Horovod's ``DistributedOptimizer`` and DDP hook
 the same parameters' gradient accumulators, so the peers (``strategies.peers``)
 wrap ``net`` and ``opt`` unchanged whichever workload built them. Time spent
 inside the announcing hooks is the strategy's, not compute's.
+
+On a CUDA device the host queues kernels ahead of the device, so host times say
+when work was queued. There each phase is timed by two events on the compute
+stream (``commbench.timing.DeviceEvents``, the workload's ``events``), read
+when the step ends; nothing waits for the whole device, whose other streams
+carry the collectives the strategies started during backward. Backward ends at
+an event recorded after ``loss.backward()`` returns, or, where a peer (DDP)
+makes the compute stream wait for its all-reduces inside ``loss.backward()``,
+at the event the last gradient's hook recorded on the compute stream, before
+that wait. The strategies' kernels queued from the hooks (copies into buckets)
+count in backward there, as DDP's own copies do.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from commbench.timing import now
+from commbench.timing import device_events, now
 
 
 class Workload(abc.ABC):
@@ -77,11 +88,20 @@ class Workload(abc.ABC):
         self._hook_s = 0.0
         #: when the latest gradient's announcing hook ended (this rank's clock)
         self.last_ready = 0.0
+        #: the device clock where the model computes on a GPU (None in host memory)
+        self.events = device_events(self.device)
+        #: on a device: the event each gradient's hook records again on the compute stream
+        #: as it starts (after backward: the last gradient's)
+        self._ready_mark = None
+        self._ready_marked = False
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
 
     def _hook(self, i: int):
         def hook(_param: torch.Tensor) -> None:
+            if self._ready_mark is not None:  # a device: before any kernel of the hook's
+                self._ready_mark.record(self.events.stream())
+                self._ready_marked = True
             t = now()
             self._order.append(i)
             if self._on_ready is not None:
@@ -99,28 +119,33 @@ class Workload(abc.ABC):
         return list(self._seen_order or reversed(range(len(self.params))))
 
     def _run_backward(self, on_ready: Callable[[int], None],
-                      poll: Callable[[], None] | None) -> tuple[float, float]:
-        """``loss.backward()`` with the gradients announced; return (start, end).
+                      poll: Callable[[], None] | None) -> tuple[Any, Any]:
+        """``loss.backward()`` with the gradients announced; return (start, end): this
+        rank's clock in host memory, events on the compute stream on a device.
 
         The end is the last gradient's hook where a peer waits for its all-reduces
         inside backward (``sync_in_backward``), else when backward returned.
         """
         self._on_ready, self._poll = on_ready, poll
         self._order, self._hook_s = [], 0.0
-        t = now()
+        if self.events is not None:
+            self._ready_mark, self._ready_marked = self.events.event(), False
+            t = self.events.mark()
+        else:
+            t = now()
         try:
             self.loss.backward()
-            self._sync_device()
         finally:
             self._on_ready = self._poll = None
-        end = self.last_ready if self.sync_in_backward else now()
+        if self.events is not None:
+            end = self._ready_mark if self.sync_in_backward and self._ready_marked \
+                else self.events.mark()
+            self._ready_mark = None
+        else:
+            end = self.last_ready if self.sync_in_backward else now()
         if self._seen_order is None and len(self._order) == len(self.params):
             self._seen_order = list(self._order)
         return t, end
-
-    def _sync_device(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     @abc.abstractmethod
     def forward(self, timer, poll: Callable[[], None] | None = None,

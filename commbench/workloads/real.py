@@ -139,19 +139,35 @@ class RealWorkload(Workload):
         """Forward pass; ``accumulate`` keeps the gradients of earlier micro-batches."""
         if self.test is not None and self.loss is not None:
             self._next_batch()  # outside the timed phase: data loading is not measured
+        if self.events is not None:  # on a device: events on the compute stream
+            start = self.events.mark()
+            self._forward(accumulate)
+            timer.device_compute("forward", start, self.events.mark())
+            return
         with timer.compute("forward"):
-            if not accumulate:
-                for g in self.grads:
-                    g.zero_()
-            self.loss = self._loss(first_tensor(self.net(self.inputs)))
-            self._sync_device()
+            self._forward(accumulate)
+
+    def _forward(self, accumulate: bool) -> None:
+        if not accumulate:
+            for g in self.grads:
+                g.zero_()
+        self.loss = self._loss(first_tensor(self.net(self.inputs)))
 
     def backward(self, timer, on_ready: Callable[[int], None],
                  poll: Callable[[], None] | None = None, accumulate: bool = False) -> None:
+        """Backward pass; in host memory the announcing hooks' time is taken out (the
+        strategy's), on a device backward is its span on the compute stream."""
         t, end = self._run_backward(on_ready, poll)
-        timer.add_compute(end - t - self._hook_s, "backward")
+        if self.events is not None:
+            timer.device_compute("backward", t, end)
+        else:
+            timer.add_compute(end - t - self._hook_s, "backward")
 
     def optimizer_step(self, timer) -> None:
+        if self.events is not None:
+            start = self.events.mark()
+            self.opt.step()
+            timer.device_compute("optimizer", start, self.events.mark())
+            return
         with timer.compute("optimizer"):
             self.opt.step()
-            self._sync_device()
