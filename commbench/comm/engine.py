@@ -50,6 +50,17 @@ for the same reason.
    ``queued`` when submitted, ``start`` when the engine began it (later than
    ``queued`` while earlier transfers still run), ``end`` when it finished.
    Durations only; clocks of two ranks are never compared.
+   For tensors on a GPU (an engine opened with ``events``, the device clock of
+   ``commbench.timing``) the host's stamps say when work was queued, not when it
+   ran, so the transfer is also stamped with events: ``ready`` on the submitting
+   (compute) stream as it is submitted (complete once the kernels that produce the
+   tensor have run: the gradient-ready stamp), ``start_mark`` and ``end_mark`` on
+   the engine's own stream, which waits for ``ready`` before ``start_mark``, and
+   for the collective before ``end_mark`` (the wait for a library's work is made
+   there, not on the compute stream). Events are read when the step ends
+   (``Transfer.seconds``, ``StepTimer.device_comm``). ``end_mark`` is recorded
+   once the host has seen the work complete (the torch backend's handle polls
+   NCCL's event), so it is late by that poll at most.
 5. ``submit(tensor, after)`` runs ``after`` on the engine's thread once the
    sum is in (bucketed unpacks its bucket there), so the owner's thread
    need not poll to use a finished transfer.
@@ -73,14 +84,14 @@ import queue
 import threading
 from functools import partial
 from types import TracebackType
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from commbench.comm.base import Communicator, Handle, lacks_p2p
 from commbench.comm.hierarchical import hierarchical_allreduce
 from commbench.comm.ring import POLL_S, poll, ring_allreduce
-from commbench.timing import now
+from commbench.timing import DeviceEvents, mark_seconds, now
 
 #: how the engine runs a transfer; ``thread`` is the default (at link speed, blocking)
 TRANSFER_PATHS = ("thread", "ring", "hier")
@@ -142,9 +153,11 @@ class Transfer(Handle):
     ``start`` and ``end`` are None until the engine has begun and finished it.
     """
 
-    __slots__ = ("tensor", "after", "queued", "start", "end", "error", "_done", "handle", "run")
+    __slots__ = ("tensor", "after", "queued", "start", "end", "error", "_done", "handle", "run",
+                 "ready", "start_mark", "end_mark")
 
-    def __init__(self, tensor: torch.Tensor, after: Callable[[], None] | None = None) -> None:
+    def __init__(self, tensor: torch.Tensor, after: Callable[[], None] | None = None,
+                 ready: Any = None) -> None:
         self.tensor = tensor
         self.after = after
         self.handle: Handle | None = None  # the library's own, where it runs the op itself
@@ -154,6 +167,23 @@ class Transfer(Handle):
         self.end: float | None = None
         self.error: BaseException | None = None
         self._done = threading.Event()
+        #: on a device: an event on the submitting stream (the tensor is ready once it has
+        #: completed); the engine's events as it began and finished (None on the host)
+        self.ready = ready
+        self.start_mark: Any = None
+        self.end_mark: Any = None
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the transfer is stamped with device events (``start_mark``, ``end_mark``)."""
+        return self.ready is not None
+
+    def seconds(self) -> float:
+        """The finished transfer's duration on the clock that stamped it: the device's
+        between its events, else the host's."""
+        if self.on_device:
+            return mark_seconds(self.start_mark, self.end_mark)
+        return self.end - self.start
 
     def test(self) -> bool:
         """True once finished; re-raises the transfer's error if it failed."""
@@ -173,7 +203,9 @@ class TransferEngine:
     """Runs queued in-place all-reduces in issue order on one thread and communicator."""
 
     def __init__(self, comm: Communicator, path: str = "thread",
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, events: DeviceEvents | None = None) -> None:
+        """``events``: the device clock of the tensors it will reduce, where they are on a
+        GPU (transfers then carry device events, point 4 above); None in host memory."""
         if path not in TRANSFER_PATHS:  # auto is the strategy's to resolve
             raise ValueError(f"unknown transfer path {path!r} for the engine; one of "
                              f"{', '.join(TRANSFER_PATHS)}")
@@ -190,6 +222,9 @@ class TransferEngine:
         self._handoff = path == "thread" and self.comm.progresses_itself
         self._queue: queue.SimpleQueue[Transfer | None] = queue.SimpleQueue()
         self._closed = False
+        self.events = events
+        #: the engine's own stream: its events, and its waits for the library's work
+        self._stream = events.new_stream() if events is not None else None
         # A daemon: a main thread that dies without closing must not hang in exit.
         self._thread = threading.Thread(target=self._loop, name=f"commbench-transfer-{path}",
                                         daemon=True)
@@ -213,7 +248,7 @@ class TransferEngine:
         """
         if self._closed:
             raise RuntimeError("transfer engine: submit after close")
-        t = Transfer(tensor, after)
+        t = Transfer(tensor, after, self.events.mark() if self.events is not None else None)
         if path is not None and path != self.path:
             if self._handoff:
                 raise ValueError(f"transfer engine: the library runs this engine's "
@@ -232,6 +267,20 @@ class TransferEngine:
         hierarchical_allreduce(self.comm, tensor, segment_bytes=HIER_SEGMENT,
                                ring_wait=self._wait)
 
+    def _run_on_device(self, t: Transfer) -> None:
+        """Run (or wait for) ``t`` with the engine's stream current, so that the library's
+        wait orders the engine's stream after its work, not the compute stream; stamp it
+        with events there: begun once its tensor is ready (and the transfer before it has
+        ended, the stream's order), ended after the library's wait."""
+        with self.events.using(self._stream):
+            self._stream.wait_event(t.ready)
+            t.start_mark = self.events.mark(self._stream)
+            if t.handle is None:
+                (t.run or self._runs[self.path])(t.tensor)
+            else:
+                t.handle.wait()
+            t.end_mark = self.events.mark(self._stream)
+
     def _loop(self) -> None:
         last_end = 0.0
         while True:
@@ -240,7 +289,9 @@ class TransferEngine:
                 return
             t.start = now() if t.handle is None else max(t.queued, last_end)
             try:
-                if t.handle is None:
+                if t.ready is not None:
+                    self._run_on_device(t)
+                elif t.handle is None:
                     (t.run or self._runs[self.path])(t.tensor)
                 else:
                     t.handle.wait()

@@ -48,6 +48,12 @@ blocked on the all-reduce from s steps ago. For wait vs transfer
 (``commbench.output.wait_vs_transfer``) a transfer's whole flight (engine
 start to end) counts at the step that waits for it, step t+s on every rank;
 the first s steps wait for none and have no split.
+Where the fused buffers stay on a GPU (NCCL), the transfers are stamped with the
+engine's device events (``commbench.comm.engine``) and the step's window runs
+from its first event to an event on the compute stream at ``finish``, all read
+when the step ends: a transfer still in flight then counts up to the window's
+end. Staged through host memory, the host's stamps are right (packing waits for
+the device).
 
 Built like every strategy (``Strategy.__init__``); its settings are
 ``AsyncSettings``:
@@ -179,6 +185,7 @@ class AsyncStrategy(FlatStrategy):
         # Opened at the first transfer (a collective: every rank gets there at the same
         # step), closed by close().
         self._engine: TransferEngine | None = None
+        self._step_mark = None  # on a device: the step's first event (its window's start)
 
     # -- schedule --------------------------------------------------------------
     def staleness_at(self, step: int) -> int:
@@ -193,6 +200,11 @@ class AsyncStrategy(FlatStrategy):
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         super().begin_step(timer)
         self._step_t0 = now()
+        self._step_mark = timer.mark() if self._on_device() else None
+
+    def _on_device(self) -> bool:
+        """Whether this step's transfers are timed by device events."""
+        return self.events is not None and self.timer.events is not None
 
     def _slot(self) -> int:
         if not self._free:
@@ -204,7 +216,7 @@ class AsyncStrategy(FlatStrategy):
         slot = self._slot()
         self._slots[slot].pack(self.grads)
         if self._engine is None:
-            self._engine = TransferEngine(self.comm, self.transfer)
+            self._engine = TransferEngine(self.comm, self.transfer, events=self.events)
         handle = self._engine.submit(self._slots[slot].flat)
         tr = _InFlight(step, slot, handle, logged_until=handle.queued)
         # bytes and call count at the issuing step
@@ -231,6 +243,8 @@ class AsyncStrategy(FlatStrategy):
     def _log_comm(self, end_of_window: float) -> None:
         """Record each transfer's flight inside this step (up to ``end_of_window``):
         from when the engine began it, not from when it was queued."""
+        if self._step_mark is not None:
+            return self._log_device_comm()
         for tr in self._queue:
             end, start = tr.handle.end, tr.handle.start  # end first: set after start
             if start is None:
@@ -240,6 +254,18 @@ class AsyncStrategy(FlatStrategy):
             if hi > lo:
                 self.timer.comm(lo, hi, 0, calls=0, whole=False)
             tr.logged_until = max(tr.logged_until, hi)
+
+    def _log_device_comm(self) -> None:
+        """``_log_comm`` on a device: each begun transfer's flight between its engine
+        events, clipped to this step's window (its first event to one on the compute
+        stream now), read when the step ends."""
+        window = (self._step_mark, self.timer.mark())
+        for tr in self._queue:
+            h = tr.handle
+            end = h.end_mark if h.end is not None else None  # end first: set after start
+            if h.start_mark is None:
+                continue  # queued behind an earlier transfer: not in flight yet
+            self.timer.device_comm(h.start_mark, end, 0, calls=0, whole=False, within=window)
 
     def finish(self) -> None:
         t = self._t
@@ -255,7 +281,10 @@ class AsyncStrategy(FlatStrategy):
             self._log_comm(now())
             # its whole flight, for wait vs transfer, at the step that waits for it:
             # the same step on every rank
-            self.timer.collective(oldest.handle.start, oldest.handle.end)
+            if self._step_mark is not None:
+                self.timer.device_collective(oldest.handle.start_mark, oldest.handle.end_mark)
+            else:
+                self.timer.collective(oldest.handle.start, oldest.handle.end)
             self._queue.popleft()
             scale = self.lr_scale(s)
             self._apply(oldest, scale)

@@ -45,6 +45,14 @@ the wait in ``finish``), so with polling every 0.5 ms an end is late by at
 most that. Engine: from when the engine began the bucket (not when it was
 queued behind earlier ones) to when it finished, the engine's own stamps.
 Exposed sync (step - compute) and overlap (1 - exposed/comm) follow.
+Where the buckets stay on a GPU (NCCL) both ends are device events, read when
+the step ends (``commbench.timing``): the issue is an event on the compute
+stream as the bucket is started (complete once its gradients are, not when
+the host queued them), the end an event on a stream of the strategy's own (or
+the engine's) recorded as the bucket is seen complete; the gradient-ready
+stamps of ``--bucket-mb auto`` are events too. Staged buckets (a GPU's
+gradients through pinned host memory) start when their copy to the host is
+done, which the host sees: host stamps are right there.
 
 Differences from DDP (Li et al., VLDB 2020, https://arxiv.org/abs/2006.15704):
 caps are upper bounds here (DDP closes a bucket once it reaches the cap); the
@@ -118,7 +126,7 @@ from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, EngineSettings, check_choice
 from commbench.strategies.tuner import BY_SIZE, BucketTuner
-from commbench.timing import NullTimer, StepTimer, now
+from commbench.timing import NullTimer, StepTimer, device_events, now
 
 #: --transfer auto's path: back-to-back buckets on the project's ring (peer_fairness, 2 x 1 at
 #: 1 Gbit/s, ResNet-18: Open MPI's tuned all-reduce ran them at 0.72 of the link, the ring
@@ -202,7 +210,7 @@ class _Bucket:
     """
 
     __slots__ = ("indices", "buffer", "dev", "views", "nbytes", "pending", "handle", "start",
-                 "staged", "path")
+                 "staged", "path", "start_mark")
 
     def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
                  dtype: torch.dtype | None = None, on_device: bool = False) -> None:
@@ -217,6 +225,7 @@ class _Bucket:
         self.pending: set[int] = set()
         self.handle: Handle | None = None
         self.start = 0.0
+        self.start_mark = None  # on a device, under --progress poll: the issue's event
         self.staged = None  # torch.cuda.Event once the device-to-host copy is queued
         self.path: str | None = None  # by-size: its transfer path (None: the engine's)
 
@@ -262,6 +271,13 @@ class BucketedStrategy(Strategy):
         # bucket after bucketing, so a 25 MB bucket of float32 sends 12.5 MB.
         self._cast = COMPRESSIONS[self.compression]
         self._build(self.bucket_mb)
+        #: the device clock of the buffers the collectives take, where they stay on a GPU
+        #: (NCCL); None where they are in host memory (staged or on a CPU)
+        self.events = device_events(self.buckets[0].buffer.device) if self.buckets else None
+        #: under --progress poll on a device: where a bucket's end is marked as it is seen
+        #: complete (a stream of its own, idle: not behind the compute stream's queue)
+        self._seen = self.events.new_stream() \
+            if self.events is not None and progress == "poll" else None
         self._next = 0  # first bucket not yet started; buckets start strictly in order
         self._in_flight: list[_Bucket] = []
         # The engine unpacks each bucket on its own thread, so nothing needs driving
@@ -334,7 +350,7 @@ class BucketedStrategy(Strategy):
             if alone:
                 handles[-1].wait()
         handles[-1].wait()
-        return [h.end - h.start for h in handles]
+        return [h.seconds() for h in handles]
 
     def _wire_ratio(self) -> float:
         """Bytes on the wire per byte of gradient (0.5 under fp16 or bf16 compression)."""
@@ -398,6 +414,8 @@ class BucketedStrategy(Strategy):
                 return  # its copy from the GPU is still running; poll() comes back
             b.staged = None
             b.start = self.timer.clock()
+            if self._seen is not None and self.timer.events is not None:
+                b.start_mark = self.timer.mark()  # on the compute stream
             if self.progress == "thread":
                 b.handle = self._open_engine().submit(
                     b.buffer, after=partial(self._unpack, b) if self._engine_unpacks(b) else None,
@@ -411,7 +429,7 @@ class BucketedStrategy(Strategy):
         """The engine of ``path`` (default: the one buckets run on), opened at first use."""
         path = path or self.transfer
         if path not in self._engines:
-            self._engines[path] = TransferEngine(self.comm, path)
+            self._engines[path] = TransferEngine(self.comm, path, events=self.events)
         return self._engines[path]
 
     def _test_in_flight(self) -> list[_Bucket]:
@@ -419,19 +437,27 @@ class BucketedStrategy(Strategy):
         done, still = [], []
         for b in self._in_flight:
             if b.handle.test():
-                self.timer.comm(*self._flight(b), b.nbytes)
+                self._record_flight(b)
                 done.append(b)
             else:
                 still.append(b)
         self._in_flight = still
         return done
 
-    def _flight(self, b: _Bucket) -> tuple[float, float]:
-        """Completed bucket ``b``'s (start, end): the engine's stamps (begun, finished),
-        else (issued, now = first seen complete)."""
+    def _record_flight(self, b: _Bucket) -> None:
+        """Record completed bucket ``b``'s flight: the engine's stamps (begun, finished),
+        else (issued, now = first seen complete); on a device, the same as events."""
         if self.progress == "thread":
-            return b.handle.start, b.handle.end
-        return b.start, self.timer.clock()
+            h = b.handle
+            if h.on_device and self.timer.events is not None:
+                self.timer.device_comm(h.start_mark, h.end_mark, b.nbytes)
+            else:
+                self.timer.comm(h.start, h.end, b.nbytes)
+        elif b.start_mark is not None:
+            self.timer.device_comm(b.start_mark, self.events.mark(self._seen), b.nbytes)
+            b.start_mark = None
+        else:
+            self.timer.comm(b.start, self.timer.clock(), b.nbytes)
 
     def _drive(self) -> None:
         """Drive the buckets in flight; unpack those that completed."""
@@ -475,7 +501,7 @@ class BucketedStrategy(Strategy):
             if self._in_flight:
                 b = self._in_flight.pop(0)
                 b.handle.wait()
-                self.timer.comm(*self._flight(b), b.nbytes)
+                self._record_flight(b)
                 done.append(b)
         for b in done:
             self._unpack_here(b)

@@ -13,6 +13,13 @@ carries half the bytes (``hvd.Compression.fp16``'s scheme).
 
 Nothing overlaps backward; this is the baseline every other strategy is
 compared with.
+
+Where the buffer stays on a GPU (NCCL) the all-reduce is timed by events: one on
+the compute stream once the buffer is packed (complete when backward's tail and
+the packing have run, not when the host queued them), one there after the
+library's wait (the compute stream then waits for the collective), both read
+when the step ends (``commbench.timing``). Staged through host memory, the copy
+off the device waits for it, and the host's clock is right.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, dtype_name, unpack_mean
 from commbench.strategies.settings import CommonSettings
+from commbench.timing import device_events
 
 
 @dataclass(frozen=True)
@@ -65,13 +73,20 @@ class FlatStrategy(Strategy):
         self.staged = self.fused.device.type == "cuda" and not comm.device_collectives
         self.buffer = torch.empty(self.fused.numel(), dtype=self.wire, pin_memory=True) \
             if self.staged else self.fused
+        #: the device clock of the buffer the all-reduce takes, where it stays on a GPU
+        self.events = device_events(self.buffer.device)
 
     def finish(self) -> None:
         self.packed.pack(self.grads)  # cast as it packs, under --compression
         if self.staged:
             self.buffer.copy_(self.fused)  # waits for the device, as the collective must
-        with self.timer.comm_span(self.nbytes):
+        if self.events is not None and self.timer.events is not None:
+            start = self.timer.mark()
             self._allreduce(self.comm, self.buffer, on_phase=self.timer.comm_phase)
+            self.timer.device_comm(start, self.timer.mark(), self.nbytes)
+        else:
+            with self.timer.comm_span(self.nbytes):
+                self._allreduce(self.comm, self.buffer, on_phase=self.timer.comm_phase)
         if self.staged:
             self.fused.copy_(self.buffer, non_blocking=True)  # ordered before the division
         for g, v in zip(self.grads, self.packed.views):  # divide and copy back in one pass

@@ -25,7 +25,9 @@ carry the values in force. ``finish`` is ``optimizer.synchronize()``; the
 optimizer step then runs under ``skip_synchronize``. Its comm interval is
 from the step's first ready gradient to the end of ``synchronize`` (Horovod
 does not expose when each fused all-reduce really ran, so this is an upper
-bound on its comm time; exposed sync is exact). Needs the horovod backend.
+bound on its comm time; exposed sync is exact); on a GPU both ends are events
+on the compute stream (the first gradient's hook, and after ``synchronize``),
+read when the step ends. Needs the horovod backend.
 
 ``ddp`` wraps the model in ``DistributedDataParallel`` on a Gloo process
 group made for it (``bucket_cap_mb = --bucket-mb``, ``broadcast_buffers``
@@ -33,7 +35,13 @@ from ``--buffers``: DDP's own broadcast of rank 0's buffers in each forward,
 which then counts in forward compute; see ``commbench.buffers``). DDP
 waits for its buckets inside ``loss.backward()``, so the workload counts
 backward compute up to the last gradient's hook and the rest of backward
-shows as exposed sync. For a model with parameters backward never reaches
+shows as exposed sync. On a GPU that end is an event the last gradient's hook
+records on the compute stream, before DDP's reducer makes that stream wait
+for its all-reduces (an event after ``loss.backward()`` returns would complete
+after the communication), and each bucket runs from an event on the compute
+stream at its hand-over to one on the stream its completion callback runs on
+(which torch makes wait for the collective): both on the device's clock, read
+when the step ends. For a model with parameters backward never reaches
 (``workload.unused``) DDP runs with ``find_unused_parameters=True``. A comm
 hook (the default all-reduce hook's arithmetic: divide, then all-reduce; with
 ``--compression`` cast first, as ``fp16_compress_hook`` does) records each
@@ -65,7 +73,7 @@ from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy
 from commbench.strategies.bucketed import BucketedSettings, bucket_cap_mb
 from commbench.strategies.settings import COMPRESSIONS, CommonSettings
-from commbench.timing import now
+from commbench.timing import device_events, now
 
 HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": str(64 * 2**20), "HOROVOD_CYCLE_TIME": "1"}
 #: the ``--compression`` values Horovod has a compressor for (``hvd.Compression``)
@@ -157,8 +165,8 @@ class HorovodStrategy(Strategy):
         self._first = None
 
     def on_ready(self, i: int) -> None:
-        if self._first is None:
-            self._first = self.timer.clock()
+        if self._first is None:  # on a device: an event on the compute stream, in the hook
+            self._first = self.timer.clock() if self.timer.events is None else self.timer.mark()
 
     def finish(self) -> None:
         """``synchronize()``; comm time from the first ready gradient to its end.
@@ -168,12 +176,20 @@ class HorovodStrategy(Strategy):
         transfer split: ``sync_wait_s``/``sync_transfer_s`` are None for this peer;
         ``imbalance_s`` and ``straggler_rank``, from compute, are recorded.
         """
+        if self.timer.events is not None:  # on a device: events on the compute stream
+            start = self._first if self._first is not None else self.timer.mark()
+            self._synchronize()
+            self.timer.device_comm(start, self.timer.mark(), self.nbytes, whole=False)
+            return
         t = self.timer.clock()
+        self._synchronize()
+        self.timer.comm(self._first if self._first is not None else t, self.timer.clock(),
+                        self.nbytes, whole=False)
+
+    def _synchronize(self) -> None:
         # handles Horovod's gradient hooks started during backward (the rest it starts now)
         self._hooked = sum(1 for h in self.opt._handles.values() if h[0] is not None)
         self.opt.synchronize()
-        self.timer.comm(self._first if self._first is not None else t, self.timer.clock(),
-                        self.nbytes, whole=False)
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         # With no handles pending, synchronize() all-reduces every gradient the way
@@ -203,16 +219,6 @@ def _gloo_group(comm: Communicator):
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.rank,
                             world_size=comm.size)
     return dist.group.WORLD
-
-
-def _device_event(t: torch.Tensor) -> Any:
-    """A CUDA event recorded now on ``t``'s device's current stream (timing with
-    ``elapsed_time``); None for a tensor in host memory."""
-    if t.device.type != "cuda":
-        return None
-    ev = torch.cuda.Event(enable_timing=True)
-    ev.record(torch.cuda.current_stream(t.device))
-    return ev
 
 
 class DDPStrategy(Strategy):
@@ -261,8 +267,10 @@ class DDPStrategy(Strategy):
         self._bucket_starts: list[float] = []
         self._early = 0
         self._callbacks: weakref.WeakSet = weakref.WeakSet()
-        #: buckets reduced on a GPU this step: (hand-over time, its event, end event, bytes)
-        self._on_device: list[tuple[float, Any, Any, int]] = []
+        #: the device clock of the model's gradients, where they are on a GPU
+        self.events = device_events(next(iter(on_gpu))) if len(on_gpu) == 1 else None
+        #: buckets reduced on a GPU this step: (hand-over event, end event, bytes)
+        self._on_device: list[tuple[Any, Any, int]] = []
 
     def begin_step(self, timer) -> None:
         super().begin_step(timer)
@@ -275,20 +283,23 @@ class DDPStrategy(Strategy):
 
         The bucket is timed from when DDP hands it over (Gloo does not say when its
         thread began it, so time queued behind an earlier bucket counts) to its
-        completion: one whole collective, for wait vs transfer.
+        completion: one whole collective, for wait vs transfer. On a GPU both ends are
+        events: the hand-over on the compute stream (the hook runs there), the end on
+        the stream the completion callback runs on, which torch makes wait for the
+        collective's work; read when the step ends.
         """
         start = now()
         send = buf.to(self._cast) if self._cast is not None else buf
         send.div_(self.comm.size)
-        began = _device_event(buf)
+        began = self.events.mark() if self.events is not None else None
         fut = self._dist.all_reduce(send, group=self.group, async_op=True).get_future()
         nbytes = send.numel() * send.element_size()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             if began is None:
                 self.timer.comm(start, now(), nbytes)
-            else:  # NCCL: this runs once the kernel is queued; its end is read at finish
-                self._on_device.append((start, began, _device_event(buf), nbytes))
+            else:  # on a device this may run once the work is queued: its end is an event
+                self._on_device.append((began, self.events.mark(), nbytes))
             out = f.value()[0]
             if out is not buf:
                 buf.copy_(out)
@@ -307,11 +318,10 @@ class DDPStrategy(Strategy):
 
     def finish(self) -> None:
         """DDP has already synchronised inside backward. Buckets reduced on a GPU are timed
-        from their hand-over to the end of their kernel, by their CUDA events (``_reduce``):
-        the interval the host saw plus the device's time from the hand-over's event."""
-        for start, began, ended, nbytes in self._on_device:
-            ended.synchronize()
-            self.timer.comm(start, start + began.elapsed_time(ended) / 1e3, nbytes)
+        from their hand-over to their end by their events (``_reduce``), which the timer
+        reads when the step ends."""
+        for began, ended, nbytes in self._on_device:
+            self.timer.device_comm(began, ended, nbytes)
         self._on_device.clear()
         self._step_buckets = self._buckets
         last = self.workload.last_ready

@@ -15,7 +15,10 @@ then the state (the probe, the gradient times of the step being timed, the choic
    probes, in the same order.
 2. ``stamp(i, timer)`` as gradient ``i`` is produced, and ``end_step(timer)`` at the end
    of each step: the gradient times of the timed steps (warm-up steps count; steps under
-   a ``NullTimer``, as a validation pass's, do not).
+   a ``NullTimer``, as a validation pass's, do not). On a GPU a stamp is an event
+   recorded on the compute stream in the gradient's hook (the host runs ahead of the
+   device, so its clock says when the gradient was queued, not when it was ready), read
+   when ``choose`` runs, after the step has ended.
 3. ``choose``, at the start of the step after the first timed one (as DDP rebuilds its
    buckets after its first iteration): rank 0 prices every cap of
    ``commbench.buckets.AUTO_CAPS_MB`` on every path (``choose_cap``), and ``BY_SIZE``
@@ -35,7 +38,7 @@ import torch
 
 from commbench.buckets import AUTO, ProbeCost, choose_cap
 from commbench.comm.engine import TRANSFER_PATHS
-from commbench.timing import NullTimer, StepTimer
+from commbench.timing import NullTimer, StepTimer, mark_seconds
 
 #: the probe of each transfer path: sizes (bytes) and timed all-reduces each
 PROBE_BYTES = (2**13, 2**16, 2**20, 8 * 2**20)
@@ -85,8 +88,9 @@ class BucketTuner:
         self.probe: dict[str, dict[str, Any]] = {}
         #: why nothing was priced: per path whose times give no cost, or why no choice
         self.why: dict[str, str] | str | None = None
-        #: this step's gradient times, by gradient index (while choosing)
-        self.ready: dict[int, float] = {}
+        #: this step's gradient times, by gradient index (while choosing): this rank's
+        #: clock, or on a device events on the compute stream (``ready_seconds``)
+        self.ready: dict[int, Any] = {}
         self.timed_steps = 0
         #: still collecting gradient times; False once ``choose`` has run
         self.choosing = True
@@ -144,7 +148,7 @@ class BucketTuner:
     def stamp(self, i: int, timer: StepTimer | NullTimer) -> None:
         """Gradient ``i`` was produced now (on a timer that times)."""
         if self.choosing and timer.enabled:
-            self.ready[i] = timer.clock()
+            self.ready[i] = timer.clock() if timer.events is None else timer.mark()
 
     def end_step(self, timer: StepTimer | NullTimer) -> None:
         """A step ended: one more timed step where ``timer`` timed it."""
@@ -159,6 +163,14 @@ class BucketTuner:
     def begin_step(self) -> None:
         """A step starts: its gradient times start afresh."""
         self.ready.clear()
+
+    def ready_seconds(self) -> dict[int, float]:
+        """The gradient times in seconds: as stamped on the host; on a device, each event's
+        time after the first stamped (events on one stream complete in that order)."""
+        if not self.ready or all(isinstance(t, float) for t in self.ready.values()):
+            return dict(self.ready)
+        first = next(iter(self.ready.values()))
+        return {i: mark_seconds(first, m) for i, m in self.ready.items()}
 
     # -- the choice ----------------------------------------------------------------------
 
@@ -176,8 +188,9 @@ class BucketTuner:
             if not costs or not self.ready:
                 why = why or "no gradient times were recorded"
             else:
-                last = max(self.ready.values())
-                ready = [self.ready.get(i, last) for i in range(len(nbytes))]
+                stamped = self.ready_seconds()
+                last = max(stamped.values())
+                ready = [stamped.get(i, last) for i in range(len(nbytes))]
                 origin = min(ready)
                 choices = {path: choose_cap(list(nbytes), list(order),
                                             [t - origin for t in ready], cost,
