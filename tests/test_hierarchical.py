@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 
 import pytest
+import torch
 
+from commbench.comm.base import DONE, Communicator, Group, topology_from_hostnames
 from commbench.comm.hierarchical import (
+    HIER_PHASES,
     _Interleaved,
     _Pipeline,
+    _run_pipeline,
     _Steps,
+    hierarchical_allreduce,
+    leader_allreduce,
     owned_shards,
+    pipeline_segments,
+    plan_for,
+    plan_groups,
     segment_bounds,
 )
 from commbench.metrics import union_length
@@ -205,3 +216,136 @@ def test_on_emulated_nodes(tmp_path, slots, np_):
     summaries = [s for s in read_jsonl(out) if s["kind"] == "summary"]
     assert len(summaries) == 2 and all(s["wrong"] == 0 for s in summaries)
     assert all(s["nodes"] == 2 and sum(s["local_sizes"]) == np_ for s in summaries)
+
+
+# -- on a device (NCCL): one thread, one order of communicators on every rank ----------
+
+class _RecGroup(Group):
+    """A group that moves nothing and logs every call: (thread, members, operation)."""
+
+    supports_p2p = True  # as if NCCL offered messages: the pipeline would then run on host
+    nonblocking_collectives = True
+
+    def __init__(self, members: tuple[int, ...], rank: int, log: list) -> None:
+        self.members, self.rank, self.size, self.log = members, members.index(rank), \
+            len(members), log
+        self.name = "recording"
+
+    def _call(self, op: str) -> None:
+        self.log.append((threading.get_ident(), self.members, op))
+
+    def allreduce(self, tensor):
+        self._call("allreduce")
+
+    def reduce_scatter_v(self, tensor, counts):
+        self._call("reduce_scatter")
+        start = sum(counts[:self.rank])
+        return tensor.view(-1)[start:start + counts[self.rank]].clone()
+
+    def allgather_v(self, part, counts, out):
+        self._call("allgather")
+
+    def reduce(self, tensor, root=0):
+        self._call("reduce")
+
+    def bcast(self, tensor, root=0):
+        self._call("bcast")
+
+    def isend(self, tensor, dest, tag=0):
+        self._call("isend")
+        return DONE
+
+    def irecv(self, tensor, source, tag=0):
+        self._call("irecv")
+        return DONE
+
+
+class _RecCommBase(Communicator):
+    """One rank of a job laid out by ``hosts``, whose groups are ``_RecGroup``s; ``made``
+    lists the groups it was asked to make, in order."""
+
+    progresses_itself = True  # as the torch backend: the host pipeline would use 2 threads
+    name = "recording"
+
+    def __init__(self, rank: int, hosts: list[str], on_device: bool) -> None:
+        self.topo = topology_from_hostnames(rank, hosts)
+        self._on_device = on_device
+        self.log: list = []
+        self.made: list[tuple[int, ...]] = []
+
+    @property
+    def device_collectives(self) -> bool:
+        return self._on_device
+
+    def subgroup(self, ranks):
+        self.made.append(tuple(ranks))
+        return _RecGroup(tuple(ranks), self.rank, self.log) if self.rank in ranks else None
+
+    def allgather_object(self, obj):
+        return [obj] * self.size  # every rank's groups are alike
+
+
+def _not_used(self, *args, **kwargs):
+    raise AssertionError("the two-level all-reduce called the whole communicator")
+
+
+# the rest of the interface: never called by the two-level algorithms
+_RecComm = type("_RecComm", (_RecCommBase,), dict.fromkeys(
+    _RecCommBase.__abstractmethods__, _not_used))
+
+
+def _replay(hosts: list[str], on_device: bool, algo) -> list[_RecCommBase]:
+    """Every rank's calls of one two-level all-reduce of 1000 float32 in 64-byte segments
+    (so that a host plan pipelines), each rank replayed alone (nothing moves)."""
+    comms = [_RecComm(r, hosts, on_device) for r in range(len(hosts))]
+    for c in comms:
+        algo(c, torch.zeros(1000), segment_bytes=64)
+    return comms
+
+
+def _switches(log: list, groups: set) -> list:
+    """The groups of ``groups`` in the order ``log`` uses them, each run of calls on one
+    group counted once (the order NCCL's communicators are taken in)."""
+    out: list = []
+    for _, members, _ in log:
+        if members in groups and (not out or out[-1] != members):
+            out.append(members)
+    return out
+
+
+LAYOUTS = [list("aaab"), list("aaabbc"), list("aabb"), list("aaaabbbb"), list("abab")]
+
+
+@pytest.mark.parametrize("algo", [hierarchical_allreduce, leader_allreduce],
+                         ids=["hier", "hier-leader"])
+@pytest.mark.parametrize("hosts", LAYOUTS, ids=["".join(h) for h in LAYOUTS])
+def test_on_a_device_one_thread_and_one_order_of_communicators(hosts, algo):
+    comms = _replay(hosts, True, algo)
+    me = threading.get_ident()
+    assert all(t == me for c in comms for t, _, _ in c.log)  # the calling thread only
+    assert len({tuple(c.made) for c in comms}) == 1  # groups made in one order everywhere
+    for c in comms:  # first, one all-reduce through each of its groups (NCCL makes them)
+        groups = [g.members for g in plan_groups(plan_for(c))]
+        assert c.log[:len(groups)] == [(me, g, "allreduce") for g in groups]
+    for a, b in itertools.combinations(comms, 2):  # shared groups: taken in one order
+        shared = {m for _, m, _ in a.log} & {m for _, m, _ in b.log}
+        assert _switches(a.log, shared) == _switches(b.log, shared), (a.rank, b.rank)
+
+
+def test_on_the_host_the_same_calls_pipeline_on_two_threads():
+    """The contrast: the same fake groups off a device pipeline on two threads (the reason
+    a device plan does not), and do no first-use round."""
+    comms = _replay(list("aaab"), False, hierarchical_allreduce)
+    assert any(len({t for t, _, _ in c.log}) == 2 for c in comms)
+    assert pipeline_segments(comms[0], 1000, 4, 64) > 1
+    assert not plan_for(comms[0]).first_used
+
+
+def test_on_a_device_the_pipeline_is_refused():
+    comm = _RecComm(0, list("aaab"), True)
+    p = plan_for(comm)
+    assert pipeline_segments(comm, 1000, 4, 64) == 1
+    with pytest.raises(RuntimeError, match="unpipelined"):
+        _run_pipeline(p, 2, _Steps(lambda k: (None, k), lambda k, x: iter(()),
+                                   lambda k, x: None), lambda h: h.wait(), 0.0,
+                      HIER_PHASES, None)

@@ -52,6 +52,24 @@ each); with the node's phases on point-to-point messages, hier 568 ms (0.99), le
 Phases are reported as intervals (``on_phase``): pipelined, they overlap,
 and each runs from its first segment's start to its last segment's end.
 
+On NCCL (groups that reduce tensors on a device, ``Communicator.device_collectives``)
+the two-level all-reduce runs unpipelined, on the calling thread alone, whatever the
+groups offer: every rank issues its node's reduce-scatter, then its shards' cross-node
+all-reduces in shard order, then its node's all-gather, each finished before the next is
+issued. NCCL documents communicators used concurrently, or in an order that differs
+between ranks, as a deadlock risk (its kernels wait on each other's peers on the device),
+and either pipeline above interleaves the node's communicator with the cross-node ones in
+an order that depends on timing (``_Pipeline`` also issues them from two threads). On the
+device the pipelining belongs to NCCL itself, which cuts each collective into chunks in
+its kernel. Every communicator of the plan is also made and first used in one order on
+every rank: the groups are made in ``plan_for``'s order, and the first call sends one
+element through each of this rank's groups in the same order (node group, cross-node
+groups by shard, leaders; ``_first_use``), so NCCL creates its communicators there, on
+the calling thread, and not inside the first timed all-reduce. Both orders are one
+global order of which each rank's is a part, so no two ranks wait on each other in
+opposite orders (``tests/test_hierarchical.py`` replays every rank's calls on uneven
+nodes and checks it). Not yet run on GPUs across nodes (one GPU is all a lent machine has).
+
 (Sergeev & Del Balso 2018, "Horovod", https://arxiv.org/abs/1802.05799;
 Thakur, Rabenseifner & Gropp 2005 for the cost model; NCCL cuts its
 collectives into chunks that move through the algorithm's steps the same way.)
@@ -122,6 +140,11 @@ class Plan:
     cross_p2p: bool
     #: the library has a thread of its own that calls into it (Horovod's background thread)
     library_thread: bool = False
+    #: the groups reduce tensors on a device (NCCL): unpipelined, on the calling thread
+    #: (module docstring)
+    on_device: bool = False
+    #: every group of this rank has been used once, in the plan's order (``_first_use``)
+    first_used: bool = False
 
 
 #: each communicator's plan, for as long as the communicator lives: keyed by the object, not
@@ -163,7 +186,7 @@ def plan_for(comm: Communicator) -> Plan:
     plan = Plan(L=L, local=local, local_index=i, local_size=len(mine), my_shards=shards,
                 cross=cross, leaders=leaders, nodes=len(nodes),
                 cross_p2p=all(comm.allgather_object(mine_p2p)),
-                library_thread=comm.progresses_itself)
+                library_thread=comm.progresses_itself, on_device=comm.device_collectives)
     _PLANS[comm] = plan
     return plan
 
@@ -230,9 +253,33 @@ def pipeline_segments(comm: Communicator, numel: int, element_size: int,
     if comm.size == 1:
         return 1
     p = plan_for(comm)
-    if p.nodes == 1 or not p.cross_p2p or p.L == 1:
+    if p.nodes == 1 or not p.cross_p2p or p.L == 1 or p.on_device:
         return 1
     return len(segment_bounds(numel, element_size, segment_bytes))
+
+
+def plan_groups(p: Plan) -> list[Group]:
+    """This rank's groups of the plan that carry messages, each once, in one order that is
+    the same on every rank: the node's group, the cross-node groups by the first shard
+    they carry, the leaders' group. Two ranks that share groups meet them in the same
+    order (a cross-node group holds one rank per node, as the leaders' group does)."""
+    out: list[Group] = []
+    for g in (p.local, *(p.cross[j] for j in sorted(p.cross)), p.leaders):
+        if g is not None and g.size > 1 and all(g is not h for h in out):
+            out.append(g)
+    return out
+
+
+def _first_use(p: Plan, like: torch.Tensor) -> None:
+    """On a device (NCCL), at the plan's first all-reduce: one element of ``like``'s dtype
+    and device through each of ``plan_groups`` in turn, so that the library creates every
+    communicator on the calling thread, in one order on every rank, before any timed
+    work (module docstring). Collective: every rank's first two-level all-reduce."""
+    if p.first_used or not p.on_device:
+        return
+    for g in plan_groups(p):
+        g.allreduce(like.new_zeros(1))
+    p.first_used = True
 
 
 class _Pipeline(Generic[T]):
@@ -416,6 +463,9 @@ class _Interleaved(Generic[T]):
 def _run_pipeline(p: Plan, n: int, steps: _Steps[T], ring_wait: Callable[[Handle], None],
                   t0: float, names: tuple[str, str, str], on_phase: PhaseHook | None) -> None:
     """Run ``steps`` in ``n`` segments, on one thread or two (``_one_thread``)."""
+    if p.on_device:  # pipeline_segments never pipelines there (module docstring)
+        raise RuntimeError("the two-level pipeline interleaves communicators on the host; "
+                           "on a device (NCCL) the all-reduce runs unpipelined")
     pipe: _Interleaved[T] | _Pipeline[T]
     if _one_thread(p):
         pipe = _Interleaved(n, steps)
@@ -484,6 +534,7 @@ def hierarchical_allreduce(comm: Communicator, tensor: torch.Tensor,
     t0 = now()
     p = plan_for(comm)
     flat = tensor.view(-1)
+    _first_use(p, flat)
     n = pipeline_segments(comm, flat.numel(), flat.element_size(), segment_bytes)
     if n == 1:
         phases = Phases(on_phase)
@@ -542,6 +593,7 @@ def leader_allreduce(comm: Communicator, tensor: torch.Tensor,
     t0 = now()
     p = plan_for(comm)
     flat = tensor.view(-1)
+    _first_use(p, flat)
     crosses = p.leaders is not None and p.leaders.size > 1
     n = pipeline_segments(comm, flat.numel(), flat.element_size(), segment_bytes)
     if n == 1:
