@@ -242,6 +242,8 @@ def resolve_defaults(cfg: Config, cuda: bool | None = None) -> None:
         raise ConfigError(str(e)) from None
     check_trace(cfg)
     resolve_workload(cfg, cuda)
+    # what time dilation cannot place (replayed compute keeps its tensors in host memory)
+    flags.check_dilation(cfg.device if cfg.workload == "real" else "cpu", cfg.trace)
 
 
 def check_trace(cfg: Config) -> None:

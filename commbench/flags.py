@@ -335,6 +335,29 @@ def check_output(cfg: ToolConfig) -> None:
     check_writable(out, "--output")
 
 
+def check_dilation(device: str, trace: str | None = None, k: float | None = None) -> None:
+    """Refuse what time dilation (the launcher's ``--dilation K``, ``commbench.dilation``;
+    ``k`` default this process's) cannot place: tensors on a GPU (no emulated cluster has
+    one, and neither its kernels nor NCCL's transfers run K times slower) and
+    ``--trace torch`` (torch.profiler's trace is on the wall clock, the records' intervals
+    on emulated time). Nothing to refuse at K = 1."""
+    from commbench import dilation  # standard library only, as this module
+
+    k = dilation.factor() if k is None else k
+    if k == 1:
+        return
+    under = f"--dilation {dilation.text(k)} ({dilation.DILATION_ENV}={dilation.text(k)})"
+    if trace == "torch":
+        raise ConfigError(f"--trace torch under {under}: torch.profiler's trace runs on the "
+                          "wall clock and the collectives placed in it on emulated time "
+                          "(wall / K), so they would land in the wrong places; trace at "
+                          "--dilation 1")
+    if device == "cuda":
+        raise ConfigError(f"--device cuda under {under}: no emulated cluster has GPUs, and "
+                          "neither a GPU's kernels nor NCCL's transfers run K times slower; "
+                          "run on the GPU at --dilation 1")
+
+
 @dataclass
 class StepCount:
     """How many steps a tool with a step loop runs: ``--steps`` measured after
