@@ -27,8 +27,24 @@ from pathlib import Path
 from typing import Any
 
 #: ``--dist-backend``: torch.distributed's library under the torch backend, or ``auto``
-#: (``commbench.comm.torchdist.dist_library``)
+#: (``commbench.comm.placement.decide``)
 DIST_BACKENDS = ("gloo", "nccl", "auto")
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """Where a tool's flags ask for its tensors (``ToolConfig.device_request``), for the one
+    decision of where they live and which library reduces them
+    (``commbench.comm.placement.decide``). ``device``: ``cpu``, ``cuda`` or ``auto`` (a
+    GPU where the collectives take device tensors, else host memory); ``why_host``: why
+    they stay in host memory whatever ``--device`` says, for messages (empty where the
+    flag says so); ``staging``: whether tensors on a GPU may be copied through host
+    memory for a library that reduces host tensors (a workload's gradients), or must be
+    the collectives' own (the microbenchmark's buffers)."""
+
+    device: str = "cpu"
+    why_host: str = ""
+    staging: bool = True
 
 
 class ConfigError(Exception):
@@ -270,11 +286,10 @@ class ToolConfig:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def tensor_device(self) -> str:
-        """Where the tensors the backend reduces live (``cpu``, ``cuda``): the torch
-        backend's ``--dist-backend auto`` picks NCCL for CUDA. Host memory unless a tool
-        says otherwise."""
-        return "cpu"
+    def device_request(self) -> DeviceRequest:
+        """Where this tool's flags ask for its tensors: host memory, unless a tool with
+        ``--device`` says otherwise (``commbench.comm.placement.decide`` answers)."""
+        return DeviceRequest("cpu", why_host="this tool keeps its tensors there")
 
 
 #: flags only rank 0 acts on (where it writes, whether it prints): ranks may differ in them

@@ -63,7 +63,7 @@ def measure(comm: Communicator) -> dict:
         fields["alpha_note"] = "one node: no link between nodes to measure"
         return fields
     # where the backend's collectives take their tensors (NCCL: this rank's GPU)
-    device = comm.device if comm.device_collectives else torch.device("cpu")
+    device = comm.placement().comm_device
     hosts = comm.topo.hostnames
     leaders = sorted({h: r for r, h in reversed(list(enumerate(hosts)))}.values())
     group = comm.subgroup(leaders)

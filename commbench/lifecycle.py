@@ -37,6 +37,7 @@ from commbench.comm import (
     launcher_rank,
     make_communicator,
 )
+from commbench.comm.placement import TensorPlacement, decide, launcher_local_size
 from commbench.cores import ThreadPlan, thread_plan
 from commbench.flags import RANK0_ONLY_FIELDS, ConfigError, ToolConfig
 from commbench.tables import rank0_print
@@ -137,55 +138,45 @@ def report_bad_input(prog: str, message: str) -> None:
     sys.stderr.flush()
 
 
-def _why_on_host(cfg: ToolConfig) -> str:
-    """Why ``cfg``'s tensors are in host memory, for a message (empty where the reason is
-    plain: ``--device cpu``)."""
-    if getattr(cfg, "workload", None) == "synthetic":  # flagged only where a workload is
-        return " (--workload synthetic replays compute and keeps its gradients there)"
-    if not hasattr(cfg, "device"):  # a tool without --device (ps, staleness)
-        return " (this tool keeps its tensors there)"
-    return ""
-
-
-def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> str:
-    """The backend ``cfg`` runs on (``--backend``, or what the launcher implies), checked
-    before any library starts: the torch backend needs torchrun's rendezvous, and its
-    library (``--dist-backend``) must run here; ``--dist-backend`` gloo or nccl needs the
-    torch backend. A ConfigError names the flag."""
+def job_placement(cfg: ToolConfig, environ: Mapping[str, str] | None = None
+                  ) -> tuple[str, TensorPlacement]:
+    """The backend ``cfg`` runs on (``--backend``, or what the launcher implies) and where its
+    tensors live and which library reduces them (``commbench.comm.placement.decide``, on
+    what the tool's flags ask: ``cfg.device_request()``), checked before any library
+    starts: the torch backend needs torchrun's rendezvous, its library
+    (``--dist-backend``) must run here, and NCCL needs a GPU for each of the node's ranks;
+    ``--dist-backend`` gloo or nccl needs the torch backend. A ConfigError names the flag,
+    the same on every rank."""
     env = os.environ if environ is None else environ
     backend = detect_backend(dict(env)) if cfg.backend == "auto" else cfg.backend
     dist_backend = cfg.dist_backend
-    if backend == "torch" or dist_backend != "auto":
-        from commbench.comm.torchdist import dist_library  # torch.distributed: only here
-        device = torch.device(cfg.tensor_device())
-        if dist_backend == "nccl" and device.type != "cuda":
-            raise ConfigError(f"--dist-backend nccl reduces CUDA tensors only, and this "
-                              f"job's are in host memory{_why_on_host(cfg)}: use "
-                              "--dist-backend gloo")
-        try:
-            dist_library(dist_backend, device)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    if backend != "torch":
-        if dist_backend != "auto":
+    # a library flag given to another backend: first what it could not do here either
+    deciding = "torch" if dist_backend != "auto" else backend
+    local_size = launcher_local_size(env) if backend == "torch" else None  # NCCL's GPUs
+    try:
+        placement = decide(deciding, dist_backend, cfg.device_request(), local_size=local_size)
+        if backend != "torch" and dist_backend != "auto":
             launcher = launcher_name(dict(env))
             how = f"under {launcher}" if launcher != "none" else "started without a launcher"
             raise ConfigError(f"--dist-backend {dist_backend} chooses the torch backend's "
                               f"library, and this job runs on the {backend} backend ({how}): "
                               "start it with torchrun, or give --backend torch")
-        return backend
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if backend != "torch":
+        return backend, placement
     missing = [k for k in TORCHRUN_VARS if k not in env]
     if missing:
         raise ConfigError(f"--backend torch needs torchrun's rendezvous, and "
                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
                           "set: start the job with torchrun (torchrun --nproc-per-node N -m "
                           "commbench.<tool>), or set them as torchrun does")
-    gpus = torch.cuda.device_count() if cfg.tensor_device() == "cuda" else 0
-    if gpus and env["LOCAL_RANK"].isdigit() and int(env["LOCAL_RANK"]) >= gpus:
-        raise ConfigError(f"--device cuda: LOCAL_RANK {env['LOCAL_RANK']} has no GPU of its own "
-                          f"(this node shows {gpus}): start at most {gpus} ranks per node "
-                          f"(torchrun --nproc-per-node {gpus})")
-    return backend
+    return backend, placement
+
+
+def job_backend(cfg: ToolConfig, environ: Mapping[str, str] | None = None) -> str:
+    """The backend of ``job_placement``, checked as it checks it."""
+    return job_placement(cfg, environ)[0]
 
 
 def run_job(prog: str, argv: list[str] | None,
@@ -197,7 +188,7 @@ def run_job(prog: str, argv: list[str] | None,
     and making the communicator: the place for settings the MPI library reads as it starts."""
     try:
         cfg = parse(argv)
-        backend = job_backend(cfg)
+        backend, placement = job_placement(cfg)
     except ConfigError as e:
         report_bad_input(prog, str(e))
         return 2
@@ -205,7 +196,7 @@ def run_job(prog: str, argv: list[str] | None,
         before_init(cfg)
     step_timeout = cfg.step_timeout
     watchdog.horovod_stall_env(step_timeout)  # read by hvd.init, so before the backend
-    comm = make_communicator(backend, cfg.dist_backend, cfg.tensor_device())
+    comm = make_communicator(backend, placement=placement)
     try:
         check_agreement(comm, cfg)
         check(comm, cfg)

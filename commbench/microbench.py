@@ -61,6 +61,7 @@ from commbench.comm.base import Communicator
 from commbench.comm.hierarchical import pipeline_segments, plan_inter_node_algo
 from commbench.flags import (
     ConfigError,
+    DeviceRequest,
     ToolConfig,
     csv_list,
     flag,
@@ -167,12 +168,10 @@ class MicroConfig(ToolConfig):
                             "torchrun where CUDA is here (--dist-backend auto or nccl), else "
                             "cpu")
 
-    def tensor_device(self) -> str:
-        """Where the buffers live, for the torch backend's choice of library: ``auto`` is a
-        GPU where CUDA is here (the backend then picks NCCL), else the flag's device."""
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
+    def device_request(self) -> DeviceRequest:
+        """The buffers where ``--device`` asks, and they are the collectives' own: a GPU only
+        where the library reduces device tensors (``commbench.comm.placement.decide``)."""
+        return DeviceRequest(self.device, staging=False)
 
     def sizes(self) -> list[int]:
         return message_sizes(self.minbytes, self.maxbytes, self.stepfactor)
@@ -235,28 +234,8 @@ def parse_config(argv: list[str] | None = None) -> MicroConfig:
                           "launch with mpirun, or give --backend mpi")
     if cfg.horovod_cycle_ms is not None:
         check_horovod_beside(backend)
-    resolve_device(cfg, backend, torch.cuda.is_available())
     flags.check_output(cfg)
     return cfg
-
-
-def resolve_device(cfg: MicroConfig, backend: str, cuda: bool) -> str:
-    """Where the buffers will live (``--device auto``: a GPU under the torch backend on NCCL
-    where CUDA is here, else host memory); a device the backend cannot reduce on is
-    refused: only the torch backend's NCCL takes device tensors (``cuda``: whether CUDA
-    is here). ``cfg`` keeps the flag as given, so a planned job reads back the same."""
-    nccl_possible = backend == "torch" and cfg.dist_backend in ("auto", "nccl")
-    if cfg.device == "auto":
-        return "cuda" if cuda and nccl_possible else "cpu"
-    if cfg.device != "cuda":
-        return cfg.device
-    if not cuda:
-        raise ConfigError("--device cuda: no CUDA device here")
-    if not nccl_possible:
-        raise ConfigError(f"--device cuda: the {backend} backend reduces host memory here; "
-                          "device buffers need the torch backend on NCCL (torchrun, "
-                          "--dist-backend nccl or auto)")
-    return "cuda"
 
 
 def check_horovod_beside(backend: str) -> None:
@@ -422,12 +401,6 @@ def validate(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor) -> int
     return count_mismatches(buf, pattern.values(pattern.total, buf.dtype).to(buf.device))
 
 
-def comm_device(comm: Communicator) -> torch.device:
-    """Where the buffers live: the communicator's device where its collectives take device
-    tensors (NCCL: this rank's GPU), else host memory."""
-    return comm.device if comm.device_collectives else torch.device("cpu")
-
-
 TIME_W = 10
 
 
@@ -463,7 +436,7 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         "size": size,
         "count": size // DTYPES[dtype].itemsize,
         "dtype": dtype,
-        "device": str(comm_device(comm)),
+        "device": str(comm.placement().comm_device),
         "wire_dtype": str(wire_dtype(comm, algo, DTYPES[dtype])).removeprefix("torch."),
         "algo": algo,
         # --mpi-algorithm: what Open MPI's own all-reduce was forced to (the cost model's name)
@@ -548,7 +521,7 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
     for dtype in cfg.dtypes:
         for size in cfg.sizes():
             buf = torch.empty(size // DTYPES[dtype].itemsize, dtype=DTYPES[dtype],
-                              device=comm_device(comm))
+                              device=comm.placement().comm_device)
             for name, allreduce in algos.items():
                 wd.begin_step(f"{size} B {dtype} {name}")
                 seconds, phases = time_per_call(comm, allreduce, buf, cfg.iters,

@@ -16,10 +16,11 @@ import pytest
 from analysis.costmodel import native_label
 from commbench import allreduce
 from commbench.comm.base import lacks_p2p
+from commbench.comm.placement import decide
 from commbench.flags import ConfigError, ToolConfig
 from commbench.launchenv import detect_backend, launcher_name, launcher_rank
 from commbench.lifecycle import job_backend
-from commbench.microbench import MicroConfig, resolve_device
+from commbench.microbench import MicroConfig
 from tests.conftest import PY, launch, of_kind, run_tool
 
 TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
@@ -70,14 +71,18 @@ def test_backend_checks_before_any_library_starts():
 
 
 def test_device_buffers_need_nccl():
-    assert resolve_device(MicroConfig(), "torch", cuda=False) == "cpu"
-    assert resolve_device(MicroConfig(), "torch", cuda=True) == "cuda"
-    assert resolve_device(MicroConfig(), "mpi", cuda=True) == "cpu"
-    assert resolve_device(MicroConfig(dist_backend="gloo"), "torch", cuda=True) == "cpu"
-    with pytest.raises(ConfigError, match="--device cuda: the mpi backend reduces host memory"):
-        resolve_device(MicroConfig(device="cuda"), "mpi", cuda=True)
-    with pytest.raises(ConfigError, match="--device cuda: no CUDA device here"):
-        resolve_device(MicroConfig(device="cuda"), "torch", cuda=False)
+    def where(cfg: MicroConfig, backend: str, cuda: bool) -> str:
+        return decide(backend, cfg.dist_backend, cfg.device_request(), cuda=cuda, nccl=True,
+                      gloo=True, gpus=1).comm_device.type
+
+    assert where(MicroConfig(), "torch", cuda=False) == "cpu"
+    assert where(MicroConfig(), "torch", cuda=True) == "cuda"
+    assert where(MicroConfig(), "mpi", cuda=True) == "cpu"
+    assert where(MicroConfig(dist_backend="gloo"), "torch", cuda=True) == "cpu"
+    with pytest.raises(ValueError, match="--device cuda: the mpi backend reduces host memory"):
+        where(MicroConfig(device="cuda"), "mpi", cuda=True)
+    with pytest.raises(ValueError, match="--device cuda: no CUDA device here"):
+        where(MicroConfig(device="cuda"), "torch", cuda=False)
 
 
 def test_a_missing_capability_names_the_backend_and_where_it_is():

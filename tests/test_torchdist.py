@@ -31,8 +31,15 @@ import torch.distributed as dist
 from commbench.comm import base
 from commbench.comm.engine import TransferEngine, engine_paths
 from commbench.comm.hierarchical import hierarchical_allreduce, leader_allreduce
+from commbench.comm.placement import TensorPlacement, decide
 from commbench.comm.ring import ring_allreduce
-from commbench.comm.torchdist import TorchDistCommunicator, dist_library, rendezvous_env
+from commbench.comm.torchdist import (
+    GlooCommunicator,
+    NcclCommunicator,
+    connect,
+    rendezvous_env,
+)
+from commbench.flags import DeviceRequest
 from launch.execute import Completed, run
 from tests.conftest import PY, ROOT
 
@@ -62,23 +69,37 @@ def test_without_a_rendezvous_the_communicator_is_refused_at_once(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     assert not dist.is_initialized()
     with pytest.raises(ValueError, match="start the job with torchrun"):
-        TorchDistCommunicator("gloo")
+        connect(TensorPlacement("gloo"))
 
 
 def test_dist_backend_picks_the_library():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert dist_library("gloo", cpu) == "gloo"
-    assert dist_library("auto", cpu) == "gloo"
+    def library(dist_backend: str, device: str) -> str:
+        return decide("torch", dist_backend, DeviceRequest(device)).library
+
+    assert library("gloo", "cpu") == "gloo"
+    assert library("auto", "cpu") == "gloo"
     here = torch.cuda.is_available() and dist.is_nccl_available()
-    assert dist_library("auto", cuda) == ("nccl" if here else "gloo")
+    if here:
+        assert library("auto", "cuda") == "nccl"
     with pytest.raises(ValueError, match="--dist-backend 'mpi': choose from gloo, nccl, auto"):
-        dist_library("mpi", cpu)
-    # NCCL moves CUDA tensors only; without CUDA it is refused whatever the device
-    with pytest.raises(ValueError, match="--dist-backend nccl (needs CUDA|moves CUDA tensors)"):
-        dist_library("nccl", cpu)
+        library("mpi", "cpu")
+    # NCCL reduces CUDA tensors only; without CUDA it is refused whatever the device
+    with pytest.raises(ValueError, match="--dist-backend nccl reduces CUDA tensors only.*use "
+                                         "--device cuda or --dist-backend gloo"):
+        library("nccl", "cpu")
     if not here:
         with pytest.raises(ValueError, match="needs CUDA and NCCL.*use --dist-backend gloo"):
-            dist_library("nccl", cuda)
+            decide("torch", "nccl", DeviceRequest("cuda"), cuda=True, nccl=False)
+
+
+def test_each_library_is_a_class_of_its_own():
+    """Gloo and NCCL differ by what their classes declare, not by tests of a name."""
+    assert (GlooCommunicator.library, GlooCommunicator.supports_p2p,
+            GlooCommunicator.completes_in_wait) == ("gloo", True, True)
+    assert (NcclCommunicator.library, NcclCommunicator.supports_p2p,
+            NcclCommunicator.completes_in_wait) == ("nccl", False, False)
+    with pytest.raises(ValueError, match="runs on gloo or nccl, not 'mpi'"):
+        connect(TensorPlacement("mpi"))
 
 
 # --- the worker: runs under torchrun --------------------------------------------------
@@ -383,23 +404,24 @@ def check_all(comm) -> list[str]:
 def nccl_worker() -> int:
     """One rank on its GPU: tensors stay on the device, handles finish the work, what NCCL
     lacks is refused, and the rest of the interface runs."""
-    comm = TorchDistCommunicator("auto", "cuda")
+    comm = connect(decide("torch", "auto", DeviceRequest("cuda")))
+    device = comm.placement().comm_device
     bad = []
-    caps = (comm.name, comm.supports_p2p, comm.supports_recv_any, comm.device.type)
+    caps = (comm.name, comm.supports_p2p, comm.supports_recv_any, device.type)
     if caps != ("torch-nccl", False, False, "cuda"):
         bad.append(f"capabilities (name, p2p, recv_any, device): {caps}")
     if "nccl" not in comm.versions():
         bad.append(f"versions {comm.versions()}")
-    t = torch.ones(1 << 20, device=comm.device)
+    t = torch.ones(1 << 20, device=device)
     comm.allreduce(t)
     h = comm.iallreduce(t)
     h.wait()
-    if not h.test() or t.device != comm.device or not torch.equal(t, torch.ones_like(t)):
+    if not h.test() or t.device != device or not torch.equal(t, torch.ones_like(t)):
         bad.append(f"allreduce on the device: {t.device}")
     counts = [t.numel()]
     out = torch.empty_like(t)
     comm.allgather_v(comm.reduce_scatter_v(t, counts), counts, out)
-    if out.device != comm.device or not torch.equal(out, t):
+    if out.device != device or not torch.equal(out, t):
         bad.append("reduce_scatter_v + allgather_v on the device")
     for refused in (lambda: comm.isend(t, 0), lambda: comm.recv_any(t)):
         try:
@@ -426,7 +448,7 @@ def worker(mode: str) -> int:
         return nccl_worker()
     rank = int(os.environ["RANK"])
     base.hostname = lambda: fake_node(rank)  # read when the topology is built
-    comm = TorchDistCommunicator("gloo")
+    comm = connect(TensorPlacement("gloo"))
     bad_all = comm.allgather_object(check_all(comm))
     errors = [f"rank {i}: {m}" for i, b in enumerate(bad_all) for m in b]
     if rank == 0:

@@ -3,7 +3,9 @@
 A communicator knows the job's topology (rank, size, and the two levels used
 by hierarchical schemes: ``local`` = ranks on the same host, ``cross`` = ranks
 with the same local rank on different hosts) and offers the few collectives
-the strategies need. Tensors are CPU torch tensors reduced in place.
+the strategies need. Tensors are reduced in place, where the communicator's
+placement says (``Communicator.placement``, ``commbench.comm.placement``): host memory,
+or this rank's GPU under NCCL.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from commbench.comm.placement import TensorPlacement, host
 
 
 class Handle(abc.ABC):
@@ -26,6 +30,12 @@ class Handle(abc.ABC):
     @abc.abstractmethod
     def wait(self) -> None:
         """Block until the operation has completed."""
+
+    def wait_on_device(self) -> None:
+        """Order the current CUDA stream after the operation without waiting for it on the
+        host (a device library's handle: NCCL's), so that work queued on the stream next,
+        a CUDA event included, runs once it has finished; elsewhere ``wait``."""
+        self.wait()
 
 
 @dataclass(frozen=True)
@@ -226,10 +236,19 @@ class Communicator(abc.ABC):
         says no here); where point-to-point works, it does unless a backend says not."""
         return self.supports_p2p
 
-    #: whether collectives take tensors where the workload keeps them, on a CUDA device
-    #: (NCCL): gradients then stay there, with no staging through host memory; blocking
-    #: calls return once the device has finished them
-    device_collectives: bool = False
+    def placement(self) -> TensorPlacement:
+        """Where this communicator's tensors live and which library reduces them
+        (``commbench.comm.placement``): the one answer, decided before the backend started;
+        host memory, reduced by the backend itself, unless a backend says otherwise."""
+        return host(self.name)
+
+    @property
+    def device_collectives(self) -> bool:
+        """``placement().on_device``: the collectives take tensors where the workload keeps
+        them, on a CUDA device (NCCL), with no staging through host memory; blocking calls
+        return once the device has finished them."""
+        return self.placement().on_device
+
     #: the torch.distributed process group the backend runs on (the torch backend's), for a
     #: peer that runs on torch.distributed itself (DDP); None elsewhere
     process_group: Any = None

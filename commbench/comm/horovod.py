@@ -48,6 +48,7 @@ from commbench.comm.mpi import (
     p2p_isend,
     p2p_recv_any,
 )
+from commbench.comm.placement import TensorPlacement, host
 
 
 def launched_by_mpi() -> bool:
@@ -149,7 +150,10 @@ class HorovodCommunicator(Communicator):
     progresses_itself = True  # its background thread runs every queued op
     runs_horovod = True
 
-    def __init__(self) -> None:
+    def __init__(self, placement: TensorPlacement | None = None) -> None:
+        """``placement``: where the job's tensors live (``commbench.comm.placement``; default
+        host memory): on a GPU, this rank takes the one of Horovod's local rank, and
+        Horovod's collectives still reduce host memory (the strategies stage through it)."""
         self._mpi = None
         if launched_by_mpi():
             # Initialise MPI with MPI_THREAD_MULTIPLE (mpi4py's default) before
@@ -169,6 +173,7 @@ class HorovodCommunicator(Communicator):
         self.topo = Topology(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                              local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
                              cross_size=hvd.cross_size(), hostnames=hosts)
+        self._placement = (placement or host("horovod")).bind(hvd.local_rank())
         self._wire: dict[torch.dtype, torch.dtype] = {}
         self._sets: dict[tuple[int, ...], Any] = {}
         self._seq: dict[tuple[str, int], int] = {}
@@ -176,6 +181,9 @@ class HorovodCommunicator(Communicator):
         self._dups = 0
         self._p2p_comm = self._mpi.COMM_WORLD if self._mpi is not None else None
         self._group_comms: dict[tuple[int, ...], Any] = {}  # subgroup's MPI twin
+
+    def placement(self) -> TensorPlacement:
+        return self._placement
 
     def op_name(self, kind: str, process_set: Any = None) -> str:
         """A name for the next ``kind`` op on ``process_set``.
@@ -347,6 +355,7 @@ class _HorovodDup(HorovodCommunicator):
 
     def __init__(self, parent: HorovodCommunicator, names: str) -> None:  # no hvd.init
         self.hvd, self._mpi, self.topo = parent.hvd, parent._mpi, parent.topo
+        self._placement = parent._placement
         self._wire, self._sets = parent._wire, parent._sets
         self._group_comms = {}  # sets made before the dup have no MPI twin here: no ring
         self._seq = {}

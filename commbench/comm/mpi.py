@@ -15,6 +15,7 @@ the predefined ``MPI.SUM`` on a numpy view.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ import torch
 
 from commbench.comm import base
 from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
+from commbench.comm.placement import TensorPlacement, host, launcher_local_rank
 from commbench.comm.ring import chunk_bounds, offsets
 from commbench.hostload import polled
 
@@ -175,9 +177,13 @@ class MpiCommunicator(Communicator, Group):
     name = "mpi"
 
     def __init__(self, comm: Any = None, topo: Topology | None = None,
-                 owned: bool = False) -> None:
+                 owned: bool = False, placement: TensorPlacement | None = None) -> None:
         """``comm``: an mpi4py communicator (default MPI_COMM_WORLD); ``topo``: its
-        topology if known (else gathered); ``owned``: ``close`` frees ``comm``."""
+        topology if known (else gathered); ``owned``: ``close`` frees ``comm``;
+        ``placement``: where the job's tensors live (``commbench.comm.placement``; default
+        host memory): on a GPU, this rank takes the one of its local rank (as the launcher
+        numbers the machine's processes, else as the topology does), and its collectives
+        still reduce host memory (the strategies stage through it)."""
         from mpi4py import MPI  # importing mpi4py.MPI initialises MPI: not at import time
 
         self._MPI = MPI
@@ -187,8 +193,14 @@ class MpiCommunicator(Communicator, Group):
             topo = topology_from_hostnames(self.comm.Get_rank(),
                                            self.comm.allgather(base.hostname()))
         self.topo = topo
+        placement = placement or host("mpi")
+        local = launcher_local_rank(os.environ)
+        self._placement = placement.bind(topo.local_rank if local is None else local)
         self._half_type = None  # 2-byte contiguous datatype, made at the first half reduce
         self._half_ops: dict[torch.dtype, Any] = {}
+
+    def placement(self) -> TensorPlacement:
+        return self._placement
 
     def _reduce_args(self, tensor: torch.Tensor) -> tuple[Any, Any]:
         """(buffer spec, op) summing ``tensor``: MPI.SUM where MPI knows the type."""
@@ -314,7 +326,8 @@ class MpiCommunicator(Communicator, Group):
     def dup(self) -> MpiCommunicator:
         """``MPI_Comm_dup``: the same ranks and topology in a communication context of
         its own (no host names gathered again)."""
-        return MpiCommunicator(self.comm.Dup(), topo=self.topo, owned=True)
+        return MpiCommunicator(self.comm.Dup(), topo=self.topo, owned=True,
+                               placement=self._placement)
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return self.comm.allgather(obj)

@@ -8,18 +8,23 @@ initialised from them (``env://``) unless torch.distributed already is::
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 \\
         --master-addr node0 --master-port 29500 script.py     # node 0 of two
 
-The library that moves the bytes is ``dist_backend`` (``dist_library``): ``gloo``,
-``nccl``, or ``auto``: NCCL where the tensors live on a CUDA device and torch has
-NCCL, Gloo otherwise. Records name it: ``torch-gloo``, ``torch-nccl``.
+The library that moves the bytes is the job's placement's (``commbench.comm.placement``:
+``--dist-backend`` ``gloo``, ``nccl``, or ``auto``: NCCL where the tensors live on a CUDA
+device and torch has NCCL, Gloo otherwise), and each has a class of its own over a shared
+base (``TorchDistCommunicator``): ``GlooCommunicator``, ``NcclCommunicator``, made by
+``connect``. Records name them ``torch-gloo``, ``torch-nccl``.
 
 Under NCCL tensors stay on the device (no host staging), each rank on the GPU of its
-``LOCAL_RANK``. NCCL returns once the work is enqueued on its stream, so a blocking
-collective may still be running when it returns: timing one needs CUDA events or a
-device synchronise, which is the caller's. A ``Handle``'s ``wait`` does finish the
-work (the work's wait, then a synchronise of the current stream), and ``test`` asks
-the work's CUDA event without waiting.
+``LOCAL_RANK`` (``TensorPlacement.bind``, before ``init_process_group``). NCCL returns
+once the work is enqueued on its stream, so a non-blocking collective may still be
+running when it returns: timing one needs CUDA events or a wait, which is the caller's.
+A ``Handle``'s ``wait`` finishes the work (polling the work's CUDA event from the host),
+``wait_on_device`` only orders the current stream after it (the host goes on: calls
+back to back, as nccl-tests times them), and ``test`` asks the work's CUDA event
+without waiting.
 
-What each library has is declared, and what it lacks is refused where asked:
+What each library has is declared by its class, and what it lacks is refused where
+asked:
 
 =====================================  ======  ======================================
 capability                             Gloo    NCCL (not yet run on GPUs)
@@ -29,6 +34,8 @@ capability                             Gloo    NCCL (not yet run on GPUs)
 ``nonblocking_collectives``            yes     yes
 ``progresses_itself``                  yes     yes (the device runs it)
 ``side_channel``                       yes     yes (the rendezvous store, not NCCL)
+``completes_in_wait`` (see below)      yes     no
+``placement().on_device``              no      yes: this rank's GPU
 =====================================  ======  ======================================
 
 - Point-to-point on NCCL: torch runs a pair's sends and receives on one NCCL stream,
@@ -81,7 +88,7 @@ import torch.distributed as dist
 
 from commbench.comm import base
 from commbench.comm.base import DONE, Communicator, Group, Handle, Topology, topology_from_hostnames
-from commbench.flags import DIST_BACKENDS
+from commbench.comm.placement import TensorPlacement
 from commbench.launchenv import TORCHRUN_VARS  # all of which this backend needs
 
 # The one-tensor reduce-scatter and all-gather under their torch 2.13 names; the old names
@@ -121,43 +128,6 @@ def rendezvous_env(environ: Mapping[str, str] | None = None) -> Rendezvous:
         raise ValueError(f"RANK {rdv.rank} is not a rank of a job of WORLD_SIZE "
                          f"{rdv.world_size}")
     return rdv
-
-
-def dist_library(dist_backend: str, device: torch.device) -> str:
-    """The library for ``dist_backend`` (``--dist-backend``) with tensors on ``device``:
-    ``auto`` is NCCL where ``device`` is CUDA and this torch has CUDA and NCCL, else Gloo.
-    A library that cannot run here is refused with a ValueError that says why."""
-    if dist_backend not in DIST_BACKENDS:
-        raise ValueError(f"--dist-backend {dist_backend!r}: choose from "
-                         f"{', '.join(DIST_BACKENDS)}")
-    nccl_here = torch.cuda.is_available() and dist.is_nccl_available()
-    if dist_backend == "auto":
-        return "nccl" if device.type == "cuda" and nccl_here else "gloo"
-    if dist_backend == "nccl":
-        if not nccl_here:
-            why = "no CUDA device" if not torch.cuda.is_available() else "no NCCL"
-            raise ValueError(f"--dist-backend nccl needs CUDA and NCCL; torch "
-                             f"{torch.__version__} here has {why}: use --dist-backend gloo")
-        if device.type != "cuda":
-            raise ValueError(f"--dist-backend nccl moves CUDA tensors only, and the tensors "
-                             f"are on {device}: use --device cuda or --dist-backend gloo")
-    if dist_backend == "gloo" and not dist.is_gloo_available():
-        raise ValueError(f"--dist-backend gloo: torch {torch.__version__} was built without "
-                         "Gloo")
-    return dist_backend
-
-
-def _running_library(dist_backend: str) -> str:
-    """The library of the default process group someone else initialised, which must be
-    the one asked for (unless ``auto``)."""
-    running = str(dist.get_backend())
-    if running not in ("gloo", "nccl"):
-        raise ValueError(f"torch.distributed is initialised with {running!r}; the torch "
-                         "backend runs on one library, gloo or nccl")
-    if dist_backend not in ("auto", running):
-        raise ValueError(f"--dist-backend {dist_backend}: torch.distributed is already "
-                         f"initialised with {running}")
-    return running
 
 
 def _check_counts(counts: list[int], size: int, numel: int) -> None:
@@ -249,6 +219,20 @@ class _WorkHandle(Handle):
                 while not self._work.is_completed():
                     time.sleep(DEVICE_POLL_S)
             self._work.wait()  # on a device: the current stream then orders after it
+        self._finish()
+
+    def wait_on_device(self) -> None:
+        """NCCL: the work's ``wait`` (the current stream waits for its kernel; the host does
+        not), then what completes it, queued on that stream behind it. The handle is done
+        once the stream has run that far. Elsewhere ``wait``."""
+        if self._done or self._device is None or self._waiter is not None:
+            return self.wait()
+        self._work.wait()
+        if self._then is not None:
+            self._then()  # its kernels queue on the current stream, behind the work
+        self._then = None
+
+    def _finish(self) -> None:
         if self._then is not None:
             self._then()
             if self._device is not None:  # the unpadding's kernels, finished too
@@ -261,49 +245,48 @@ class _WorkHandle(Handle):
 class _ProcessGroupOps:
     """The collectives and point-to-point messages of one torch process group, shared by
     a group (``TorchDistGroup``) and a whole communicator. ``members``: the group's ranks
-    in the job; group rank ``i`` is job rank ``members[i]``, the rank torch's calls take."""
+    in the job; group rank ``i`` is job rank ``members[i]``, the rank torch's calls take.
+    What differs between the libraries is declared by the communicator's class
+    (``GlooCommunicator``, ``NcclCommunicator``) and handed to its groups."""
 
     pg: Any
     members: tuple[int, ...]
-    library: str  # "gloo" or "nccl"
-    device: torch.device  # where the tensors live: the CPU (Gloo), this rank's GPU (NCCL)
+    name: str
+    #: where the tensors live: host memory (Gloo), this rank's GPU (NCCL)
+    _placement: TensorPlacement
     rank: int
     size: int
     nonblocking_collectives = True
-
-    @property
-    def supports_p2p(self) -> bool:
-        """Gloo only: see the module docstring for NCCL."""
-        return self.library == "gloo"
-
-    @property
-    def device_collectives(self) -> bool:
-        """NCCL: the tensors stay on this rank's GPU."""
-        return self.library == "nccl"
+    #: whether ``isend``/``irecv`` work (Gloo; see the module docstring for NCCL)
+    supports_p2p: bool = False
+    #: whether the library's sends, receives and reduce-scatters say they are complete only
+    #: from inside their ``wait`` (Gloo), so ``test`` on one needs a thread that waits
+    completes_in_wait: bool = False
 
     def _handle(self, work: Any, then: Callable[[], None] | None = None,
                 completes_in_wait: bool = False) -> Handle:
-        """``completes_in_wait``: Gloo's work of this kind says it is complete only from
-        inside its ``wait`` (sends, receives, reduce-scatter), so ``test`` needs a thread
-        that waits (``_WorkHandle``)."""
+        """``completes_in_wait``: work of a kind the library may say is complete only from
+        inside its ``wait`` (sends, receives, reduce-scatter): then ``test`` needs a thread
+        that waits (``_WorkHandle``), where the library is one that does."""
         if work is None:  # nothing was started (empty parts)
             if then is not None:
                 then()
             return DONE
-        return _WorkHandle(work, then, self.device if self.device.type == "cuda" else None,
-                           wait_thread=completes_in_wait and self.library == "gloo")
+        return _WorkHandle(work, then,
+                           self._placement.comm_device if self._on_device else None,
+                           wait_thread=completes_in_wait and self.completes_in_wait)
 
     @property
     def _on_device(self) -> bool:
         """Whether the tensors are on a CUDA device: then a blocking call is its non-blocking
         form waited for (``_WorkHandle.wait``: until the device has finished the work, as
         NCCL returns once it is enqueued), so a timer around it times the transfer."""
-        return self.device.type == "cuda"
+        return self._placement.on_device
 
     def _p2p(self) -> None:
         if not self.supports_p2p:
             raise NotImplementedError(
-                f"point-to-point messages on torch-{self.library}: not offered until the "
+                f"point-to-point messages on {self.name}: not offered until the "
                 "ring's unbatched isend/irecv are checked on NCCL (commbench.comm.torchdist); "
                 "use --dist-backend gloo or the library's collectives")
 
@@ -415,13 +398,14 @@ class _ProcessGroupOps:
 
 class TorchDistGroup(_ProcessGroupOps, Group):
     """Some of the job's ranks as a torch process group (``TorchDistCommunicator.subgroup``);
-    ``rank`` and ``size`` are within the group, ranked as in the job."""
+    ``rank`` and ``size`` are within the group, ranked as in the job. It has its
+    communicator's library, placement and capabilities."""
 
-    def __init__(self, pg: Any, members: tuple[int, ...], library: str,
-                 device: torch.device) -> None:
-        self.pg, self.members, self.library, self.device = pg, members, library, device
+    def __init__(self, pg: Any, members: tuple[int, ...], owner: TorchDistCommunicator) -> None:
+        self.pg, self.members = pg, members
         self.rank, self.size = members.index(dist.get_rank()), len(members)
-        self.name = f"torch-{library}"
+        self.name, self._placement = owner.name, owner.placement()
+        self.supports_p2p, self.completes_in_wait = owner.supports_p2p, owner.completes_in_wait
 
 
 class StoreSideChannel(base.SideChannel):
@@ -452,35 +436,27 @@ class StoreSideChannel(base.SideChannel):
 
 
 class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
-    """The job on torch.distributed (module docstring): ``torch-gloo`` or ``torch-nccl``."""
+    """The job on torch.distributed (module docstring), whatever the library: the shared
+    base of ``GlooCommunicator`` and ``NcclCommunicator``, which ``connect`` makes."""
 
+    #: torch.distributed's name of the library (``init_process_group``'s backend)
+    library: str = "?"
     progresses_itself = True  # Gloo's worker threads, or the device, run what is started
 
-    def __init__(self, dist_backend: str = "auto", device: str | torch.device = "cpu", *,
-                 group: Any = None, topo: Topology | None = None) -> None:
-        """``dist_backend``: ``gloo``, ``nccl`` or ``auto`` (``dist_library``); ``device``:
-        where the workload's tensors will live. ``group`` and ``topo``: ``dup``'s own
-        process group over every rank and the topology it shares (``close`` destroys
-        that group); None for the default group, initialised here from torchrun's
-        environment unless torch.distributed already is (then ``close`` leaves it)."""
+    def __init__(self, placement: TensorPlacement, *, group: Any = None,
+                 topo: Topology | None = None) -> None:
+        """On torch.distributed, initialised (``connect``), with the job's ``placement``
+        (bound: its GPU taken). ``group`` and ``topo``: ``dup``'s own process group over
+        every rank and the topology it shares (``close`` destroys that group); None for
+        the default group."""
+        if placement.library != self.library:
+            raise ValueError(f"a {self.library} communicator given a placement on "
+                             f"{placement.library}")
+        self._placement = placement
         self._made: list[Any] = []  # subgroups' process groups, destroyed by close
         self._owns_group = group is not None
-        self._initialised = False  # whether close destroys the default group
-        if dist.is_initialized():
-            self.library = _running_library(dist_backend)
-        else:
-            if group is not None:
-                raise ValueError("a group was given but torch.distributed is not initialised")
-            rdv = rendezvous_env()
-            self.library = dist_library(dist_backend, torch.device(device))
-            if torch.device(device).type == "cuda":  # one GPU per rank on each machine,
-                torch.cuda.set_device(rdv.local_rank)  # whichever library moves the bytes
-            dist.init_process_group(self.library, init_method="env://", rank=rdv.rank,
-                                    world_size=rdv.world_size)
-            self._initialised = True
+        self._initialised = False  # whether close destroys the default group (connect's)
         self.name = f"torch-{self.library}"
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if self.library == "nccl" else torch.device("cpu"))
         self.pg = dist.group.WORLD if group is None else group
         self.process_group = self.pg  # DDP's, under this backend
         self.members = tuple(range(dist.get_world_size()))
@@ -489,10 +465,8 @@ class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
                                            self.allgather_object(base.hostname()))
         self.topo = topo
 
-    @property
-    def supports_recv_any(self) -> bool:
-        """Whether ``recv_any`` works: Gloo has receive-from-any-source, NCCL has none."""
-        return self.library == "gloo"
+    def placement(self) -> TensorPlacement:
+        return self._placement
 
     # -- point to point --------------------------------------------------------
     def sendrecv(self, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int,
@@ -529,19 +503,16 @@ class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
         if self.rank not in members:
             return None
         self._made.append(pg)
-        return TorchDistGroup(pg, members, self.library, self.device)
+        return TorchDistGroup(pg, members, self)
 
     def barrier(self) -> None:
-        if self.library == "nccl":
-            dist.barrier(group=self.pg, device_ids=[self.device.index])
-        else:
-            dist.barrier(group=self.pg)
+        dist.barrier(group=self.pg)
 
     def dup(self) -> TorchDistCommunicator:
         """A new process group over every rank: its operations match only its own, so a
         second thread has its own order. Collective over the whole job."""
-        return TorchDistCommunicator(self.library, self.device,
-                                     group=dist.new_group(list(self.members)), topo=self.topo)
+        return type(self)(self._placement, group=dist.new_group(list(self.members)),
+                          topo=self.topo)
 
     # -- small Python objects -----------------------------------------------------
     def allgather_object(self, obj: Any) -> list[Any]:
@@ -597,7 +568,61 @@ class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
         self._owns_group = self._initialised = False
 
     def versions(self) -> dict[str, str]:
-        out = {"torch": torch.__version__, "torch_distributed": self.library}
-        if self.library == "nccl":
-            out["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
-        return out
+        return {"torch": torch.__version__, "torch_distributed": self.library}
+
+
+class GlooCommunicator(TorchDistCommunicator):
+    """torch.distributed on Gloo: host tensors, point-to-point messages and receives from
+    any source; its sends, receives and reduce-scatters say they are complete only from
+    inside their ``wait``."""
+
+    library = "gloo"
+    supports_p2p = True
+    completes_in_wait = True
+
+
+class NcclCommunicator(TorchDistCommunicator):
+    """torch.distributed on NCCL: tensors on this rank's GPU, no point-to-point messages
+    here (module docstring), no receive from any source (NCCL's receives name their
+    source)."""
+
+    library = "nccl"
+
+    def barrier(self) -> None:
+        # NCCL's barrier is an all-reduce on a device: this rank's, not the one torch guesses
+        dist.barrier(group=self.pg, device_ids=[self._placement.comm_device.index])
+
+    def versions(self) -> dict[str, str]:
+        return {**super().versions(),
+                "nccl": ".".join(str(v) for v in torch.cuda.nccl.version())}
+
+
+#: each library's communicator, by torch.distributed's name of the library
+LIBRARIES: dict[str, type[TorchDistCommunicator]] = {"gloo": GlooCommunicator,
+                                                      "nccl": NcclCommunicator}
+
+
+def connect(placement: TensorPlacement, environ: Mapping[str, str] | None = None
+            ) -> TorchDistCommunicator:
+    """The job's communicator on ``placement``'s library (``commbench.comm.placement``).
+    torch.distributed's default group is initialised here from torchrun's rendezvous
+    (``environ``, default this process's), this rank first put on the GPU of its
+    ``LOCAL_RANK`` where its tensors live on one; unless torch.distributed already is,
+    on the same library (then ``close`` leaves it, and the current GPU is kept)."""
+    cls = LIBRARIES.get(placement.library)
+    if cls is None:
+        raise ValueError(f"the torch backend runs on gloo or nccl, not {placement.library!r}")
+    if dist.is_initialized():
+        running = str(dist.get_backend())
+        if running != placement.library:
+            raise ValueError(f"torch.distributed is already initialised with {running!r}, and "
+                             f"this job's tensors are placed for {placement.library}")
+        current = torch.cuda.current_device() if placement.device.type == "cuda" else 0
+        return cls(placement.bind(current))
+    rdv = rendezvous_env(environ)
+    placement = placement.bind(rdv.local_rank)  # NCCL's communicator takes the current GPU
+    dist.init_process_group(placement.library, init_method="env://", rank=rdv.rank,
+                            world_size=rdv.world_size)
+    comm = cls(placement)
+    comm._initialised = True
+    return comm

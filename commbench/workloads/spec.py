@@ -20,6 +20,7 @@ import torch
 
 from commbench.flags import (
     ConfigError,
+    DeviceRequest,
     add_fields,
     flag,
     float_text,
@@ -181,10 +182,14 @@ class WorkloadSpec:
         if self.input_shape is not None:
             self.input_shape = tuple(self.input_shape)
 
-    def tensor_device(self) -> str:
-        """Where the gradients live: the device a real workload trains on; replayed compute
-        keeps its gradients in host memory, whatever ``--device`` says."""
-        return self.device if self.workload == "real" and self.device != "auto" else "cpu"
+    def device_request(self) -> DeviceRequest:
+        """Where the gradients live: the device a real workload trains on (``--device``, once
+        ``resolve_workload`` has filled ``auto``); replayed compute keeps its gradients in
+        host memory, whatever ``--device`` says."""
+        if self.workload != "real":
+            return DeviceRequest("cpu", why_host="--workload synthetic replays compute and "
+                                                 "keeps its gradients there")
+        return DeviceRequest("cpu" if self.device == "auto" else self.device)
 
     def sample_shape(self) -> tuple[int, ...]:
         """One input sample's shape: ``--input-shape``, else a 3-channel image of
