@@ -51,8 +51,8 @@ class DeviceEvents:
 
     A mark is an event recorded on a stream (default: the current one, the stream the
     caller's kernels run on), so it completes when that stream reaches it: the end of
-    the work queued before it there, not when the host queued it. ``seconds`` waits
-    for its later mark only (the event's own synchronise).
+    the work queued before it there, not when the host queued it. ``mark_seconds``
+    reads two marks, waiting for the later one only (the event's own synchronise).
     """
 
     def __init__(self, device: Any, cuda: Any = None) -> None:
