@@ -19,7 +19,13 @@ dtype and every ``--algo``:
    back to back and at the link so (its put protocol over TCP when ranks
    enter apart; docs/microbench.md);
    The buffer holds zeros while timed: repeated in-place sums of anything
-   else overflow float16/bfloat16 within a few calls;
+   else overflow float16/bfloat16 within a few calls. On a GPU (NCCL) the
+   calls are timed as nccl-tests times them (``time_on_device``): two CUDA
+   events on the current stream around ``-n`` back-to-back calls, each queued
+   behind the last with no host wait between them; with ``-z`` (nccl-tests'
+   ``-z 1``) or ``--sync-each`` a pair of events around each call, the host
+   waiting for it before the next. Host buffers are timed on the host clock,
+   as before;
 2. gather the per-rank times on rank 0: min / avg / max over ranks (clocks of
    two ranks are never subtracted). algbw and busbw come from the average,
    as nccl-tests reports them by default (its ``-a 1``);
@@ -150,6 +156,13 @@ class MicroConfig(ToolConfig):
         help="a barrier (not timed) before each timed all-reduce, so ranks enter every call "
              "together as after a step's compute (Intel MPI Benchmarks' -sync 1); default: "
              "each rank's calls back to back, as nccl-tests and OSU time them")
+    #: on a GPU: each call between its own pair of CUDA events, the host waiting for it
+    blocking: bool = flag(
+        "-z", "--blocking", default=False, action="store_true",
+        help="on a GPU: time each all-reduce between its own pair of CUDA events, the host "
+             "waiting for it before queuing the next (nccl-tests' -z 1); default: -n calls "
+             "back to back between two events on one stream. Host buffers: each call is "
+             "waited for by the host either way")
     #: Horovod initialised beside the mpi backend, its background thread coordinating every
     #: this many ms (HOROVOD_CYCLE_TIME); None: Horovod is not imported
     horovod_cycle_ms: float | None = flag(
@@ -204,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_backend_flag(g, BACKENDS)
     flags.add_fields(g, MicroConfig, ["device"])
     g = p.add_argument_group("performance")
-    flags.add_fields(g, MicroConfig, ["iters", "warmup_iters", "sync_each", "horovod_cycle_ms"])
+    flags.add_fields(g, MicroConfig, ["iters", "warmup_iters", "sync_each", "blocking",
+                                      "horovod_cycle_ms"])
     flags.add_step_timeout_flag(g, what="row (size, type, algorithm)")
     flags.add_output_group(p, "microbench")
     return p
@@ -393,6 +407,60 @@ def time_per_call(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, i
     return seconds, {k: v / iters for k, v in phases.items()}
 
 
+def queued_native(comm: Communicator, buf: torch.Tensor, on_phase: Any = None) -> None:
+    """The backend's own all-reduce of ``buf`` queued on its GPU: the current stream waits
+    for it, the host does not (``Handle.wait_on_device``), so calls run back to back as
+    nccl-tests runs them. Elsewhere the blocking call."""
+    comm.iallreduce(buf).wait_on_device()
+
+
+def on_device_form(name: str, allreduce: AllReduce) -> AllReduce:
+    """Algorithm ``name`` as ``time_on_device`` times it: ``native`` queued
+    (``queued_native``); the others as they run, each of their blocking calls returning
+    once the device has finished it."""
+    return queued_native if name == "native" else allreduce
+
+
+def time_on_device(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor, iters: int,
+                   warmup: int, per_call: bool = False, sync_each: bool = False,
+                   monitor: hostload.HostMonitor | None = None) -> float:
+    """This rank's seconds per all-reduce of ``buf``, on its GPU, as nccl-tests times them.
+
+    1. ``warmup`` calls, the stream drained, a barrier (a late rank's lateness is not
+       transfer time);
+    2. two CUDA events on the current stream around ``iters`` back-to-back calls, queued
+       with no host wait between them (``queued_native``); or, with ``per_call``
+       (nccl-tests' ``-z 1``), a pair around each call, the host waiting on its end event
+       before queuing the next, and with ``sync_each`` an untimed barrier before each;
+    3. the events' elapsed time over ``iters``, in emulated seconds (``commbench.dilation``).
+
+    Only ``torch.cuda.Event``/``current_stream`` (torch 2.11 has them). The correctness
+    pass runs apart, after (``validate``).
+    """
+    stream = torch.cuda.current_stream(buf.device)
+    buf.zero_()
+    for _ in range(warmup):
+        allreduce(comm, buf)
+    stream.synchronize()
+    comm.barrier()
+    if monitor is not None:
+        monitor.start()
+    elapsed_ms = 0.0
+    for calls in ([1] * iters if per_call or sync_each else [iters]):
+        if sync_each:
+            comm.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(calls):
+            allreduce(comm, buf)
+        end.record(stream)
+        end.synchronize()  # the host waits here, after the timed calls, never between them
+        elapsed_ms += start.elapsed_time(end)
+    if monitor is not None:
+        monitor.stop()
+    return elapsed_ms / 1e3 / iters / dilation.factor()
+
+
 def validate(comm: Communicator, allreduce: AllReduce, buf: torch.Tensor) -> int:
     """Wrong elements on this rank after one all-reduce of fresh, exactly summable values."""
     pattern = validation_pattern(comm.size, buf.dtype)
@@ -456,6 +524,11 @@ def make_record(comm: Communicator, cfg: MicroConfig, size: int, dtype: str, alg
         "iters": cfg.iters,
         "warmup": cfg.warmup_iters,
         "sync_each": cfg.sync_each,  # a barrier before each timed call (else back to back)
+        # how the calls were timed: CUDA events around -n back-to-back calls, or around
+        # each (-z, --sync-each); the host clock for host buffers
+        "timer": ("host" if not comm.placement().on_device else
+                  "cuda-events-per-call" if cfg.blocking or cfg.sync_each else
+                  "cuda-events-back-to-back"),
         # per phase: the slowest rank's time per call, so phases add up to its time;
         # every rank's under ranks
         "phases_us": {k: v * 1e6 for k, v in per_rank[slowest][2].items()},
@@ -477,6 +550,13 @@ def host_fields(per_rank: list, timed_s: float) -> dict:
     return {"host": host, "link_efficiency": eff, "bound": hostload.verdict(host)}
 
 
+def device_timing_note(cfg: MicroConfig) -> str:
+    """How ``time_on_device`` timed the calls, for the footer."""
+    if cfg.blocking or cfg.sync_each:
+        return ", each call between CUDA events, the host waiting for it (-z)"
+    return ", CUDA events around the back-to-back calls on one stream"
+
+
 def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path: Any,
                  alpha: dict | None = None) -> list:
     """The table's footer, ending with nccl-tests' "Avg bus bandwidth" lines; ``alpha``: the
@@ -484,7 +564,8 @@ def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path
     n_wrong = sum(r["wrong"] for r in records)
     lines = [f"hosts: {', '.join(sorted(set(comm.topo.hostnames)))}",
              f"time: per all-reduce, each rank's own loop of {cfg.iters} after a barrier"
-             f"{' (and one before each call, untimed)' if cfg.sync_each else ''}; "
+             f"{' (and one before each call, untimed)' if cfg.sync_each else ''}"
+             f"{device_timing_note(cfg) if comm.placement().on_device else ''}; "
              "min/avg/max over ranks; algbw = size / avg; busbw = algbw * 2(n-1)/n"]
     widened = sorted({(r["algo"], r["dtype"], r["wire_dtype"]) for r in records
                       if r["wire_dtype"] != r["dtype"]})
@@ -508,6 +589,17 @@ def footer_lines(comm: Communicator, cfg: MicroConfig, records: list[dict], path
     return lines
 
 
+def time_row(comm: Communicator, cfg: MicroConfig, name: str, allreduce: AllReduce,
+             buf: torch.Tensor, monitor: hostload.HostMonitor) -> tuple[float, dict[str, float]]:
+    """One row's seconds per call and per phase: on the host clock (``time_per_call``), or on
+    a GPU by CUDA events (``time_on_device``: whole calls, no phases)."""
+    if comm.placement().on_device:
+        return time_on_device(comm, on_device_form(name, allreduce), buf, cfg.iters,
+                              cfg.warmup_iters, cfg.blocking, cfg.sync_each, monitor), {}
+    return time_per_call(comm, allreduce, buf, cfg.iters, cfg.warmup_iters, cfg.sync_each,
+                         monitor)
+
+
 def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
               beside: dict | None = None) -> list[dict]:
     """Measure every (dtype, size, algo); rank 0 writes and prints rows as they come, each
@@ -524,8 +616,7 @@ def run_sweep(out: Output, cfg: MicroConfig, columns: list[Column],
                               device=comm.placement().comm_device)
             for name, allreduce in algos.items():
                 wd.begin_step(f"{size} B {dtype} {name}")
-                seconds, phases = time_per_call(comm, allreduce, buf, cfg.iters,
-                                                cfg.warmup_iters, cfg.sync_each, monitor)
+                seconds, phases = time_row(comm, cfg, name, allreduce, buf, monitor)
                 wrong = validate(comm, allreduce, buf)
                 per_rank = comm.gather_object((seconds, wrong, phases,
                                                monitor.result and monitor.result.as_dict()))

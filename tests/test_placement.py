@@ -1,6 +1,10 @@
 """Where a job's tensors live and which library reduces them (``commbench.comm.placement``):
 one answer per backend and device, decided before any library starts, on this CPU machine
 (CUDA's presence is a parameter of ``decide``, or torch's answers stood in for).
+
+Then the microbenchmark's device timing (``commbench.microbench.time_on_device``) with a
+stand-in for torch's CUDA events and stream: nccl-tests' back-to-back calls between two
+events, the per-call mode, and host buffers timed as before.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from commbench import allreduce, lifecycle, microbench
-from commbench.comm.base import Communicator
+from commbench.comm.base import DONE, Communicator, Handle
 from commbench.comm.placement import (
     TensorPlacement,
     decide,
@@ -168,3 +172,108 @@ def test_a_communicator_answers_host_memory_unless_its_backend_says_otherwise():
     comm = _Bare()
     assert comm.placement() == host("bare") == TensorPlacement("bare", CPU, CPU)
     assert comm.device_collectives is False  # the placement's, for callers before it
+
+
+# --- the microbenchmark on a device, with a stand-in for CUDA -----------------------------
+
+class _Events:
+    """Stand-ins for ``torch.cuda.Event`` and the current stream: a log of what the host
+    did, in order; every pair of events measures 2 ms."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        outer = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+
+            def record(self, stream: object) -> None:
+                outer.log.append("record")
+
+            def synchronize(self) -> None:
+                outer.log.append("host waits")
+
+            def elapsed_time(self, end: object) -> float:
+                return 2.0
+
+        class Stream:
+            def synchronize(self) -> None:
+                outer.log.append("drain")
+
+        self.Event, self.stream = Event, Stream()
+
+
+class _DeviceComm:
+    """A communicator on a GPU as ``time_on_device`` uses it: barriers and queued
+    all-reduces, logged."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def barrier(self) -> None:
+        self.log.append("barrier")
+
+    def iallreduce(self, buf: torch.Tensor) -> Handle:
+        outer = self
+
+        class Queued(Handle):
+            def test(self) -> bool:
+                return True
+
+            def wait(self) -> None:
+                outer.log.append("host wait")
+
+            def wait_on_device(self) -> None:
+                outer.log.append("call")
+
+        return Queued()
+
+
+@pytest.fixture
+def events(monkeypatch):
+    ev = _Events()
+    monkeypatch.setattr(torch.cuda, "Event", ev.Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ev.stream)
+    return ev
+
+
+def test_back_to_back_calls_between_two_events_with_no_host_wait_between(events):
+    comm = _DeviceComm(events.log)
+    seconds = microbench.time_on_device(comm, microbench.queued_native, torch.zeros(4),
+                                        iters=3, warmup=2)
+    assert events.log == ["call", "call", "drain", "barrier",
+                          "record", "call", "call", "call", "record", "host waits"]
+    assert seconds == pytest.approx(2e-3 / 3)
+
+
+@pytest.mark.parametrize("sync_each", [False, True])
+def test_per_call_mode_times_each_call_between_its_own_events(events, sync_each):
+    comm = _DeviceComm(events.log)
+    seconds = microbench.time_on_device(comm, microbench.queued_native, torch.zeros(4),
+                                        iters=2, warmup=0, per_call=not sync_each,
+                                        sync_each=sync_each)
+    each = ["barrier"] * sync_each + ["record", "call", "record", "host waits"]
+    assert events.log == ["drain", "barrier", *each, *each]
+    assert seconds == pytest.approx(2e-3)
+
+
+def test_the_native_algorithm_is_queued_on_a_device_and_others_run_as_they_are():
+    def ring(comm, buf, on_phase=None):
+        pass
+
+    assert microbench.on_device_form("native", microbench.ALGOS["native"]) is \
+        microbench.queued_native
+    assert microbench.on_device_form("ring", ring) is ring
+    assert DONE.wait_on_device() is None  # a host handle: its wait
+
+
+def test_host_buffers_are_timed_on_the_host_as_before(monkeypatch):
+    """A row on host memory goes to ``time_per_call`` with the flags as given."""
+    seen = []
+    monkeypatch.setattr(microbench, "time_per_call",
+                        lambda *a: seen.append(a[3:6]) or (1.0, {}))
+    monkeypatch.setattr(microbench, "time_on_device", pytest.fail)
+    cfg = microbench.MicroConfig(iters=4, warmup_iters=1, sync_each=True, blocking=True)
+    assert microbench.time_row(_Bare(), cfg, "native", None, torch.zeros(2), None) == (1.0, {})
+    assert seen == [(4, 1, True)]
