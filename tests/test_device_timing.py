@@ -311,6 +311,7 @@ class _Comm:
     def __init__(self, cuda: _Cuda) -> None:
         self.cuda = cuda
         self.ran_on: list[str] = []
+        self.host_waits = 0
 
     def dup(self) -> _Comm:
         return self
@@ -324,11 +325,17 @@ class _Comm:
 
 
 class _Handle:
+    """A device library's handle: ``wait_on_device`` queues the current stream behind the
+    work (4 ms on the device), ``wait`` is the host's."""
+
     def __init__(self, comm: _Comm) -> None:
         self.comm = comm
 
-    def wait(self) -> None:
+    def wait_on_device(self) -> None:
         self.comm.allreduce(torch.zeros(1))
+
+    def wait(self) -> None:
+        self.comm.host_waits += 1
 
 
 class _HandingOffComm(_Comm):
@@ -354,6 +361,8 @@ def test_the_engine_stamps_device_transfers_with_events_on_its_own_stream(comm_c
     assert cuda.calls[i_wait + 1] == ("record", "side1", t.start_mark.id)
     assert t.end_mark.stream == "side1" and comm.ran_on == ["side1"]
     assert t.seconds() == pytest.approx(0.004)
+    # a library's own work: its end is the engine stream's, then the host waits
+    assert comm.host_waits == (comm_class is _HandingOffComm)
     assert "device_synchronize" not in cuda.kinds()
 
 
@@ -403,3 +412,33 @@ def test_bucketed_times_its_device_buckets_by_the_engines_events():
     assert "device_synchronize" not in cuda.kinds()
     for i, g in enumerate(grads):
         assert torch.equal(g, torch.full_like(g, float(i)))  # the mean over one rank
+
+
+class _PollHandle(_Handle):
+    def test(self) -> bool:
+        return True
+
+
+class _PollComm(_BucketComm):
+    def iallreduce(self, tensor: torch.Tensor) -> _PollHandle:
+        return _PollHandle(self)
+
+
+def test_polled_device_buckets_end_on_an_event_queued_behind_their_collective():
+    cuda = _Cuda()
+    comm = _PollComm(cuda)
+    grads = [torch.full((4,), float(i)) for i in range(2)]
+    s = BucketedStrategy(comm, grads, BucketedSettings(bucket_mb=0, progress="poll"))
+    s.events = DeviceEvents("cuda", cuda)  # the seam: the buckets 'stay on the GPU'
+    timer = StepTimer()
+    timer.begin_step(0, False, events=s.events)
+    s.begin_step(timer)
+    for i in s.backward_order:
+        s.on_ready(i)
+    s.finish()
+    sample = timer.end_step()
+    # issued on the compute stream; each end queued on the strategy's own stream behind
+    # its collective (4 ms each on the device), never by the host's poll
+    assert comm.ran_on == ["side1", "side1"] and comm.host_waits == 0
+    assert sample.comm_calls == 2 and sample.collective_s == pytest.approx([0.004, 0.004])
+    assert "device_synchronize" not in cuda.kinds()

@@ -57,10 +57,9 @@ for the same reason.
    tensor have run: the gradient-ready stamp), ``start_mark`` and ``end_mark`` on
    the engine's own stream, which waits for ``ready`` before ``start_mark``, and
    for the collective before ``end_mark`` (the wait for a library's work is made
-   there, not on the compute stream). Events are read when the step ends
-   (``Transfer.seconds``, ``StepTimer.device_comm``). ``end_mark`` is recorded
-   once the host has seen the work complete (the torch backend's handle polls
-   NCCL's event), so it is late by that poll at most.
+   there, not on the compute stream: ``Handle.wait_on_device``, so ``end_mark``
+   completes when the library's work does, not when the host sees it). Events are
+   read when the step ends (``Transfer.seconds``, ``StepTimer.device_comm``).
 5. ``submit(tensor, after)`` runs ``after`` on the engine's thread once the
    sum is in (bucketed unpacks its bucket there), so the owner's thread
    need not poll to use a finished transfer.
@@ -271,15 +270,18 @@ class TransferEngine:
         """Run (or wait for) ``t`` with the engine's stream current, so that the library's
         wait orders the engine's stream after its work, not the compute stream; stamp it
         with events there: begun once its tensor is ready (and the transfer before it has
-        ended, the stream's order), ended after the library's wait."""
+        ended, the stream's order), ended behind the library's work on that stream; then
+        the host waits for it."""
         with self.events.using(self._stream):
             self._stream.wait_event(t.ready)
             t.start_mark = self.events.mark(self._stream)
             if t.handle is None:
                 (t.run or self._runs[self.path])(t.tensor)
             else:
-                t.handle.wait()
+                t.handle.wait_on_device()
             t.end_mark = self.events.mark(self._stream)
+            if t.handle is not None:
+                t.handle.wait()
 
     def _loop(self) -> None:
         last_end = 0.0

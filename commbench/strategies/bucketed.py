@@ -49,7 +49,8 @@ Where the buckets stay on a GPU (NCCL) both ends are device events, read when
 the step ends (``commbench.timing``): the issue is an event on the compute
 stream as the bucket is started (complete once its gradients are, not when
 the host queued them), the end an event on a stream of the strategy's own (or
-the engine's) recorded as the bucket is seen complete; the gradient-ready
+the engine's) queued behind the collective (``Handle.wait_on_device``), so it
+completes when the collective does, not when a poll sees it; the gradient-ready
 stamps of ``--bucket-mb auto`` are events too. Staged buckets (a GPU's
 gradients through pinned host memory) start when their copy to the host is
 done, which the host sees: host stamps are right there.
@@ -210,7 +211,7 @@ class _Bucket:
     """
 
     __slots__ = ("indices", "buffer", "dev", "views", "nbytes", "pending", "handle", "start",
-                 "staged", "path", "start_mark")
+                 "staged", "path", "start_mark", "end_mark")
 
     def __init__(self, indices: list[int], grads: Sequence[torch.Tensor],
                  dtype: torch.dtype | None = None, on_device: bool = False) -> None:
@@ -225,7 +226,8 @@ class _Bucket:
         self.pending: set[int] = set()
         self.handle: Handle | None = None
         self.start = 0.0
-        self.start_mark = None  # on a device, under --progress poll: the issue's event
+        #: on a device, under --progress poll: events at the issue and behind the collective
+        self.start_mark = self.end_mark = None
         self.staged = None  # torch.cuda.Event once the device-to-host copy is queued
         self.path: str | None = None  # by-size: its transfer path (None: the engine's)
 
@@ -274,10 +276,9 @@ class BucketedStrategy(Strategy):
         #: the device clock of the buffers the collectives take, where they stay on a GPU
         #: (NCCL); None where they are in host memory (staged or on a CPU)
         self.events = device_events(self.buckets[0].buffer.device) if self.buckets else None
-        #: under --progress poll on a device: where a bucket's end is marked as it is seen
-        #: complete (a stream of its own, idle: not behind the compute stream's queue)
-        self._seen = self.events.new_stream() \
-            if self.events is not None and progress == "poll" else None
+        #: under --progress poll on a device: the stream each bucket's end is marked on,
+        #: queued behind its collective (a stream of its own: not the compute stream)
+        self._seen = None
         self._next = 0  # first bucket not yet started; buckets start strictly in order
         self._in_flight: list[_Bucket] = []
         # The engine unpacks each bucket on its own thread, so nothing needs driving
@@ -414,14 +415,21 @@ class BucketedStrategy(Strategy):
                 return  # its copy from the GPU is still running; poll() comes back
             b.staged = None
             b.start = self.timer.clock()
-            if self._seen is not None and self.timer.events is not None:
+            if self.progress == "poll" and self.events is not None \
+                    and self.timer.events is not None:
                 b.start_mark = self.timer.mark()  # on the compute stream
+                if self._seen is None:
+                    self._seen = self.events.new_stream()
             if self.progress == "thread":
                 b.handle = self._open_engine().submit(
                     b.buffer, after=partial(self._unpack, b) if self._engine_unpacks(b) else None,
                     path=b.path)
             else:
                 b.handle = self.comm.iallreduce(b.buffer)
+                if b.start_mark is not None:  # its end: an event behind it, off the compute
+                    with self.events.using(self._seen):  # stream, which does not wait
+                        b.handle.wait_on_device()
+                        b.end_mark = self.events.mark(self._seen)
             self._in_flight.append(b)
             self._next += 1
 
@@ -454,8 +462,8 @@ class BucketedStrategy(Strategy):
             else:
                 self.timer.comm(h.start, h.end, b.nbytes)
         elif b.start_mark is not None:
-            self.timer.device_comm(b.start_mark, self.events.mark(self._seen), b.nbytes)
-            b.start_mark = None
+            self.timer.device_comm(b.start_mark, b.end_mark, b.nbytes)
+            b.start_mark = b.end_mark = None
         else:
             self.timer.comm(b.start, self.timer.clock(), b.nbytes)
 
