@@ -17,8 +17,10 @@ compared with.
 Where the buffer stays on a GPU (NCCL) the all-reduce is timed by events: one on
 the compute stream once the buffer is packed (complete when backward's tail and
 the packing have run, not when the host queued them), one there after the
-library's wait (the compute stream then waits for the collective), both read
-when the step ends (``commbench.timing``). Staged through host memory, the copy
+library's blocking call returns (the compute stream then waits for the
+collective; the torch backend's host sees NCCL's end by polling its event, so
+this end may be late by that poll), both read when the step ends
+(``commbench.timing``). Staged through host memory, the copy
 off the device waits for it, and the host's clock is right.
 """
 
