@@ -8,10 +8,11 @@ Run it from the repository root on a machine with an NVIDIA GPU and a CUDA build
 torch 2.11 or later (nothing here, nor on the paths it runs, needs a newer torch API).
 Open MPI, Horovod and network namespaces are not needed: a check that needs what the
 machine lacks is skipped, saying so. It prints the environment first (Python, torch,
-CUDA, cuDNN and NCCL versions, the GPUs, which launchers exist), then one line per
-check: ``OK``, ``FAIL`` and the cause, or ``SKIP`` and the reason. Exit 1 if any check
-failed (a wrong element always fails its check), 0 otherwise; 2 without a CUDA device,
-starting nothing.
+CUDA, cuDNN and NCCL versions, the GPUs, numpy, mpi4py and Horovod, which launchers
+exist), then one line per check: ``OK``, ``FAIL`` and the cause, or ``SKIP`` and the
+reason. Exit 1 if any check failed (a wrong element always fails its check), 0
+otherwise; 2 without a CUDA device or where the tools do not import (every one imports
+numpy, which torch does not need), starting nothing.
 
 1. **nccl** — ``torchrun`` with one rank per GPU (at most 2; NCCL refuses two ranks on
    one device, so one rank on a one-GPU machine) trains ResNet-18 (batch 64, 224 px) on
@@ -115,6 +116,26 @@ def _nccl_version() -> str | None:
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
+def tools_import() -> str:
+    """Why the tools the checks run cannot be imported here (empty: they can). Every one
+    imports numpy, for instance (``commbench.comm.mpi``), which torch does not need."""
+    try:
+        import commbench.allreduce  # noqa: F401 - what each job's ranks import first
+        import commbench.microbench  # noqa: F401
+    except ImportError as e:
+        return f"the tools do not import here ({e}): install what it names"
+    return ""
+
+
+def _version(module: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def environment(found: dict[str, str | None]) -> list[str]:
     """The lines that say what this machine is, before any check."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -125,6 +146,8 @@ def environment(found: dict[str, str | None]) -> list[str]:
             f"CUDA {torch.version.cuda or 'none'}, cuDNN {cudnn or 'none'}, "
             f"NCCL {_nccl_version() or 'none'}",
             *(gpus or ["no CUDA device"]),
+            f"numpy {_version('numpy')}, mpi4py {_version('mpi4py')}, "
+            f"horovod {_version('horovod')}",
             "launchers: " + ", ".join(f"{name} {where or 'not found'}"
                                       for name, where in found.items())]
 
@@ -523,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in environment(found):
         print(f"# {line}", flush=True)
+    why = tools_import()
+    if why:
+        print(f"{PROG}: error: {why}", file=sys.stderr)
+        return 2
     gpus = max(1, torch.cuda.device_count())
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.output or tmp)

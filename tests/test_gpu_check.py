@@ -212,3 +212,14 @@ def test_the_sync_off_reference_runs_the_tools_steps_without_sync(tmp_path):
     ref = json.loads(out.read_text())
     assert ref["measured_steps"] == 3
     assert 0 < ref["backward_s"] < ref["compute_s"] <= ref["step_s"]
+
+
+def test_tools_that_do_not_import_stop_the_check_before_it_starts(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "tools_import", lambda: "the tools do not import here "
+                        "(No module named 'numpy'): install what it names")
+    assert gpu_check.main(["--plan"]) == 2
+    assert "No module named 'numpy'" in capsys.readouterr().err
+
+
+def test_the_tools_import_here():
+    assert gpu_check.tools_import() == ""
