@@ -17,8 +17,9 @@ docstrings do not count) and finds each place that reads a host clock or sleeps:
 - ``datetime``'s ``now``/``utcnow``/``today``; ``os.times``;
 - timers and waits with a deadline on the wall: a ``timeout=`` keyword on any call,
   ``.wait(t)`` on a ``threading.Event``/``Condition`` and ``.join(t)`` on a
-  ``threading.Thread`` made in the same module, ``faulthandler.dump_traceback_later``,
-  ``signal.alarm``/``setitimer``.
+  ``threading.Thread`` made in the same module, ``threading.Timer``,
+  ``faulthandler.dump_traceback_later``, ``signal.alarm``/``setitimer``,
+  ``asyncio.sleep``.
 
 Each place must be named in ``ALLOWED`` by (file, enclosing function, what) with the
 reason its wall clock is meant; an entry that no longer matches anything fails too, so
@@ -59,6 +60,7 @@ CLOCKS = frozenset({
     "datetime.datetime.now", "datetime.datetime.utcnow", "datetime.datetime.today",
     "datetime.date.today", "os.times",
     "faulthandler.dump_traceback_later", "signal.alarm", "signal.setitimer",
+    "threading.Timer", "asyncio.sleep",
 })
 #: threading objects whose ``wait(t)`` / ``join(t)`` waits on the wall
 _WAITABLE = {"threading.Event": "Event.wait", "threading.Condition": "Condition.wait",
@@ -272,6 +274,8 @@ STRATEGY = "commbench/strategies/flat.py"
     ("import threading\n\nclass S:\n    def __init__(self):\n        self.ev = threading.Event()"
      "\n\n    def finish(self):\n        self.ev.wait(0.5)\n", "Event.wait"),
     ("def finish(self):\n    self.q.get(timeout=1.0)\n", "timeout="),
+    ("import threading\n\ndef start(f):\n    threading.Timer(0.1, f).start()\n",
+     "threading.Timer"),
 ])
 def test_a_planted_clock_in_a_strategy_breaks_the_rule(source, what):
     hits = scan(source, STRATEGY)
