@@ -480,9 +480,13 @@ class BucketedStrategy(Strategy):
             self._unpack(b)
 
     def _engine_unpacks(self, b: _Bucket) -> bool:
-        """Whether the engine's thread unpacks ``b`` as its sum arrives (a host bucket;
-        a GPU bucket's copy back is stream-ordered on this thread)."""
-        return self.progress == "thread" and b.dev is None
+        """Whether the engine's thread unpacks ``b`` as its sum arrives (a bucket in host
+        memory). A staged bucket's copy back is stream-ordered on this thread; one that
+        stays on the GPU is unpacked here in ``finish``, on the compute stream after
+        backward's end, not queued there from the engine's thread in the middle of
+        backward (its kernels would count as compute; DDP's copy-back also follows
+        backward)."""
+        return self.progress == "thread" and b.dev is None and self.events is None
 
     def _unpack(self, b: _Bucket) -> None:
         """Write the bucket's mean into its gradients (final: backward is done with them).
