@@ -39,7 +39,7 @@ from commbench.comm import (
 )
 from commbench.comm.placement import TensorPlacement, decide, launcher_local_size
 from commbench.cores import ThreadPlan, thread_plan
-from commbench.flags import RANK0_ONLY_FIELDS, ConfigError, ToolConfig
+from commbench.flags import RANK0_ONLY_FIELDS, ConfigError, ToolConfig, check_dilation
 from commbench.tables import rank0_print
 
 
@@ -163,6 +163,8 @@ def job_placement(cfg: ToolConfig, environ: Mapping[str, str] | None = None
                               "start it with torchrun, or give --backend torch")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    # every tool: a GPU under time dilation is refused (no emulated cluster has one)
+    check_dilation(placement.device.type)
     if backend != "torch":
         return backend, placement
     missing = [k for k in TORCHRUN_VARS if k not in env]

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commbench import allreduce, lifecycle, microbench
+from commbench import allreduce, dilation, lifecycle, microbench
 from commbench.comm.base import DONE, Communicator, Handle
 from commbench.comm.placement import (
     TensorPlacement,
@@ -159,6 +159,19 @@ def test_job_placement_is_the_one_answer_before_any_library(monkeypatch):
     assert lifecycle.job_placement(ToolConfig(), TORCHRUN_ENV) == ("torch", host("gloo"))
     with pytest.raises(ConfigError, match="in host memory \\(this tool keeps its tensors"):
         lifecycle.job_placement(ToolConfig(dist_backend="nccl"), TORCHRUN_ENV)
+
+
+def test_every_tool_refuses_a_gpu_under_time_dilation(monkeypatch):
+    # on this CPU machine decide refuses --device cuda itself: torch's answers stood in for
+    # a GPU node, the one decision then says cuda, and the dilation refuses it
+    monkeypatch.setattr(lifecycle, "decide",
+                        lambda *a, **kw: TensorPlacement("mpi", CUDA, CPU))
+    env = {"OMPI_COMM_WORLD_RANK": "0"}
+    assert dilation.factor() == 1.0
+    assert lifecycle.job_placement(ToolConfig(), env)[1].device == CUDA
+    monkeypatch.setattr(dilation, "_K", 4.0)  # what a rank reads from COMMBENCH_DILATION
+    with pytest.raises(ConfigError, match="--device cuda under --dilation 4"):
+        lifecycle.job_placement(microbench.parse_config([]), env)
 
 
 class _Bare(Communicator):
