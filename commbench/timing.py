@@ -201,17 +201,18 @@ class StepTimer:
         the transfer ran on (or waited on it), read when the step ends. ``within``: only
         the part between these two marks counts (async's in-step windows), and ``end``
         None means still in flight at ``within``'s end."""
-        if self.events is None:
-            raise RuntimeError("timer: a device interval in a step begun without a device "
-                               "clock (begin_step's events=)")
+        self._need_device_clock()
         self._marked.append(("comm", start, end, nbytes, calls, whole, within))
 
     def device_collective(self, start: Any, end: Any) -> None:
         """``collective`` between two device marks (async's whole flight)."""
+        self._need_device_clock()
+        self._marked.append(("collective", start, end))
+
+    def _need_device_clock(self) -> None:
         if self.events is None:
             raise RuntimeError("timer: a device interval in a step begun without a device "
                                "clock (begin_step's events=)")
-        self._marked.append(("collective", start, end))
 
     def _at(self, m: Any) -> float:
         """Where device mark ``m`` falls on this step's time line (this rank's clock)."""

@@ -392,11 +392,9 @@ class _BucketComm(_Comm):
     device_collectives = False  # the seam below says where the buckets are
 
 
-def test_bucketed_times_its_device_buckets_by_the_engines_events():
-    cuda = _Cuda()
-    grads = [torch.full((4,), float(i)) for i in range(3)]
-    s = BucketedStrategy(_BucketComm(cuda), grads,
-                         BucketedSettings(bucket_mb=0, progress="thread", transfer="thread"))
+def _device_step(s: BucketedStrategy, cuda: _Cuda):
+    """One step of ``s`` with its buckets on the (stand-in) GPU: every gradient announced in
+    backward's order, then ``finish``; the step's sample."""
     s.events = DeviceEvents("cuda", cuda)  # the seam: the buckets 'stay on the GPU'
     timer = StepTimer()
     timer.begin_step(0, False, events=s.events)
@@ -404,7 +402,15 @@ def test_bucketed_times_its_device_buckets_by_the_engines_events():
     for i in s.backward_order:
         s.on_ready(i)
     s.finish()
-    sample = timer.end_step()
+    return timer.end_step()
+
+
+def test_bucketed_times_its_device_buckets_by_the_engines_events():
+    cuda = _Cuda()
+    grads = [torch.full((4,), float(i)) for i in range(3)]
+    s = BucketedStrategy(_BucketComm(cuda), grads,
+                         BucketedSettings(bucket_mb=0, progress="thread", transfer="thread"))
+    sample = _device_step(s, cuda)
     s.close()
     # each bucket from the engine's start event to its end event: 4 ms each, one at a time
     assert sample.comm_calls == 3 and sample.comm_s == pytest.approx(0.012)
@@ -429,14 +435,7 @@ def test_polled_device_buckets_end_on_an_event_queued_behind_their_collective():
     comm = _PollComm(cuda)
     grads = [torch.full((4,), float(i)) for i in range(2)]
     s = BucketedStrategy(comm, grads, BucketedSettings(bucket_mb=0, progress="poll"))
-    s.events = DeviceEvents("cuda", cuda)  # the seam: the buckets 'stay on the GPU'
-    timer = StepTimer()
-    timer.begin_step(0, False, events=s.events)
-    s.begin_step(timer)
-    for i in s.backward_order:
-        s.on_ready(i)
-    s.finish()
-    sample = timer.end_step()
+    sample = _device_step(s, cuda)
     # issued on the compute stream; each end queued on the strategy's own stream behind
     # its collective (4 ms each on the device), never by the host's poll
     assert comm.ran_on == ["side1", "side1"] and comm.host_waits == 0

@@ -266,6 +266,10 @@ class TransferEngine:
         hierarchical_allreduce(self.comm, tensor, segment_bytes=HIER_SEGMENT,
                                ring_wait=self._wait)
 
+    def _execute(self, t: Transfer) -> None:
+        """Run ``t``'s all-reduce on this thread: its own run, else the engine's path."""
+        (t.run or self._runs[self.path])(t.tensor)
+
     def _run_on_device(self, t: Transfer) -> None:
         """Run (or wait for) ``t`` with the engine's stream current, so that the library's
         wait orders the engine's stream after its work, not the compute stream; stamp it
@@ -276,7 +280,7 @@ class TransferEngine:
             self._stream.wait_event(t.ready)
             t.start_mark = self.events.mark(self._stream)
             if t.handle is None:
-                (t.run or self._runs[self.path])(t.tensor)
+                self._execute(t)
             else:
                 t.handle.wait_on_device()
             t.end_mark = self.events.mark(self._stream)
@@ -294,7 +298,7 @@ class TransferEngine:
                 if t.ready is not None:
                     self._run_on_device(t)
                 elif t.handle is None:
-                    (t.run or self._runs[self.path])(t.tensor)
+                    self._execute(t)
                 else:
                     t.handle.wait()
                 t.end = last_end = now()
