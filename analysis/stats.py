@@ -335,16 +335,19 @@ def repeats_to_decide(spread: Spread, threshold: float, n: int | None = None) ->
     Needs ``half_width <= |value - threshold|``, so ``ceil(n * (half_width / |value -
     threshold|)^2)`` with the larger half ``max(value - lo, hi - value)``; never fewer
     than MIN_CI_SAMPLES (a "range" over fewer repeats is no confidence interval yet)
-    nor fewer than n + 1. ``n`` defaults to ``spread.n``. None when the spread does not
-    straddle the threshold (already decided, one run, no data) or when value ==
-    threshold (no number of repeats decides it)."""
-    if spread.kind in (SINGLE, NONE):
-        return None
-    if not spread.lo <= threshold <= spread.hi:
-        return None
-    if spread.value == threshold:
+    nor fewer than n + 1. ``n`` defaults to ``spread.n``. Below MIN_CI_SAMPLES a range
+    wholly on one side of the threshold, or one run off it, is not decided: it needs the
+    runs that give an interval (MIN_CI_SAMPLES, at least n + 1), whatever its width (a
+    range of 0.45-0.45 over 2 runs left ``--decide`` adding none). None with no data, when
+    a confidence interval does not straddle the threshold (already decided), or when
+    value == threshold (no number of repeats decides it)."""
+    if spread.kind == NONE or spread.value == threshold:
         return None
     n = spread.n if n is None else n
+    if spread.kind in (SINGLE, RANGE) and not spread.lo <= threshold <= spread.hi:
+        return max(MIN_CI_SAMPLES, n + 1)
+    if spread.kind == SINGLE or not spread.lo <= threshold <= spread.hi:
+        return None
     hw = spread.half_width()
     gap = abs(spread.value - threshold)
     if not math.isfinite(hw) or not math.isfinite(gap):

@@ -235,8 +235,17 @@ def test_repeats_to_decide_none():
     s = Spread(1.0, 0.8, 1.3, "95% CI", 8)
     assert repeats_to_decide(s, 1.0, 8) is None  # value == threshold
     assert repeats_to_decide(s, 2.0, 8) is None  # already decided
-    assert repeats_to_decide(spread_of([1.0]), 1.1, 1) is None  # one run
+    assert repeats_to_decide(spread_of([1.0]), 1.0, 1) is None  # one run on the threshold
     assert repeats_to_decide(spread_of([]), 1.0, 0) is None
+
+
+def test_repeats_to_decide_below_an_interval_wants_the_runs_that_give_one():
+    """A range over fewer than MIN_CI_SAMPLES runs is no interval, however narrow: wholly
+    on one side of the threshold it is still undecided (C3's overlap, 0.45-0.45 over 2
+    runs against 0.1, left --decide adding no run) and wants the runs that give one."""
+    assert repeats_to_decide(Spread(0.45, 0.45, 0.45, "range", 2), 0.1) == MIN_CI_SAMPLES
+    assert repeats_to_decide(spread_of([1.0]), 1.1, 1) == MIN_CI_SAMPLES  # one run
+    assert repeats_to_decide(Spread(0.45, 0.44, 0.46, "range", 7), 0.1) == 8  # n + 1
 
 
 def test_repeats_to_decide_then_decides():
