@@ -350,18 +350,21 @@ def check_output(cfg: ToolConfig) -> None:
     check_writable(out, "--output")
 
 
-def check_dilation(device: str, trace: str | None = None, k: float | None = None) -> None:
+def check_dilation(device: str, trace: str | None = None, k: float | None = None,
+                   under: str | None = None) -> None:
     """Refuse what time dilation (the launcher's ``--dilation K``, ``commbench.dilation``;
     ``k`` default this process's) cannot place: tensors on a GPU (no emulated cluster has
     one, and neither its kernels nor NCCL's transfers run K times slower) and
     ``--trace torch`` (torch.profiler's trace is on the wall clock, the records' intervals
-    on emulated time). Nothing to refuse at K = 1."""
+    on emulated time). Nothing to refuse at K = 1. ``under``: how the message names the
+    dilation (default ``--dilation K (COMMBENCH_DILATION=K)``)."""
     from commbench import dilation  # standard library only, as this module
 
     k = dilation.factor() if k is None else k
     if k == 1:
         return
-    under = f"--dilation {dilation.text(k)} ({dilation.DILATION_ENV}={dilation.text(k)})"
+    under = under or (f"--dilation {dilation.text(k)} "
+                      f"({dilation.DILATION_ENV}={dilation.text(k)})")
     if trace == "torch":
         raise ConfigError(f"--trace torch under {under}: torch.profiler's trace runs on the "
                           "wall clock and the collectives placed in it on emulated time "
@@ -371,6 +374,26 @@ def check_dilation(device: str, trace: str | None = None, k: float | None = None
         raise ConfigError(f"--device cuda under {under}: no emulated cluster has GPUs, and "
                           "neither a GPU's kernels nor NCCL's transfers run K times slower; "
                           "run on the GPU at --dilation 1")
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value the last ``flag V`` or ``flag=V`` in ``argv`` gives (argparse's rule: the
+    last one wins); None where the flag is not there."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1:]
+    return value
+
+
+def check_dilated_argv(argv: Sequence[str], k: float, under: str | None = None) -> None:
+    """``check_dilation``'s ``--trace torch`` on a tool's command line before it is launched
+    (a sweep's point, an experiment's job), so that a planned run refuses up front, not
+    when its first job starts. ``--device cuda`` is left to the tool: whether its tensors
+    reach the GPU depends on its workload (replayed compute keeps them in host memory)."""
+    check_dilation("cpu", flag_value(argv, "--trace"), k, under)
 
 
 @dataclass

@@ -128,6 +128,50 @@ class StepSample:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _ComputeMarks:
+    """A compute phase between two events on the stream that ran it."""
+
+    phase: str
+    start: Any
+    end: Any
+
+    def record(self, timer: StepTimer) -> None:
+        timer._compute_span(self.phase, self.start, self.end)
+
+
+@dataclass(frozen=True)
+class _CommMarks:
+    """A transfer between two events on its stream (``StepTimer.device_comm``)."""
+
+    start: Any
+    end: Any | None
+    nbytes: int
+    calls: int
+    whole: bool
+    within: tuple[Any, Any] | None
+
+    def record(self, timer: StepTimer) -> None:
+        lo = timer._at(self.start)
+        hi = None if self.end is None else timer._at(self.end)
+        if self.within is not None:
+            lo = max(lo, timer._at(self.within[0]))
+            w_hi = timer._at(self.within[1])
+            hi = w_hi if hi is None else min(hi, w_hi)
+        timer.comm(lo, max(lo, hi), self.nbytes, self.calls, self.whole)
+
+
+@dataclass(frozen=True)
+class _CollectiveMarks:
+    """One collective's whole flight between two events (async's)."""
+
+    start: Any
+    end: Any
+
+    def record(self, timer: StepTimer) -> None:
+        timer.collective(timer._at(self.start), timer._at(self.end))
+
+
 class StepTimer:
     """Collects one step's phases; ``end_step`` returns the sample."""
 
@@ -149,7 +193,8 @@ class StepTimer:
         #: the step's device clock (``begin_step``'s ``events``); None: the host's clock
         self.events: DeviceEvents | None = None
         self._origin_mark: Any = None  # the step's first event on the device
-        self._marked: list[tuple] = []  # device intervals, read at ``end_step``
+        #: device intervals, read at ``end_step``
+        self._marked: list[_ComputeMarks | _CommMarks | _CollectiveMarks] = []
 
     def begin_step(self, step: int, warmup: bool, wait_s: float = 0.0,
                    events: DeviceEvents | None = None) -> None:
@@ -193,7 +238,7 @@ class StepTimer:
     def device_compute(self, phase: str, start: Any, end: Any) -> None:
         """``phase`` ran on the device between marks ``start`` and ``end`` (events on the
         stream that ran it); its seconds are added when the step ends."""
-        self._marked.append(("compute", phase, start, end))
+        self._marked.append(_ComputeMarks(phase, start, end))
 
     def device_comm(self, start: Any, end: Any | None, nbytes: int = 0, calls: int = 1,
                     whole: bool = True, within: tuple[Any, Any] | None = None) -> None:
@@ -202,12 +247,12 @@ class StepTimer:
         the part between these two marks counts (async's in-step windows), and ``end``
         None means still in flight at ``within``'s end."""
         self._need_device_clock()
-        self._marked.append(("comm", start, end, nbytes, calls, whole, within))
+        self._marked.append(_CommMarks(start, end, nbytes, calls, whole, within))
 
     def device_collective(self, start: Any, end: Any) -> None:
         """``collective`` between two device marks (async's whole flight)."""
         self._need_device_clock()
-        self._marked.append(("collective", start, end))
+        self._marked.append(_CollectiveMarks(start, end))
 
     def _need_device_clock(self) -> None:
         if self.events is None:
@@ -220,23 +265,8 @@ class StepTimer:
 
     def _read_marks(self) -> None:
         """Turn the step's device intervals into the host path's records."""
-        for entry in self._marked:
-            kind = entry[0]
-            if kind == "compute":
-                _, phase, start, end = entry
-                self._compute_span(phase, start, end)
-            elif kind == "comm":
-                _, start, end, nbytes, calls, whole, within = entry
-                lo = self._at(start)
-                hi = None if end is None else self._at(end)
-                if within is not None:
-                    lo = max(lo, self._at(within[0]))
-                    w_hi = self._at(within[1])
-                    hi = w_hi if hi is None else min(hi, w_hi)
-                self.comm(lo, max(lo, hi), nbytes, calls, whole)
-            else:
-                _, start, end = entry
-                self.collective(self._at(start), self._at(end))
+        for interval in self._marked:
+            interval.record(self)
         self._marked = []
 
     def _compute_span(self, phase: str, start: Any, end: Any) -> None:

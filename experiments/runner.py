@@ -49,6 +49,7 @@ from pathlib import Path
 from analysis import stats
 from commbench import dilation as dil
 from commbench.cores import BUSY_LOAD_FRACTION, load_average
+from commbench.flags import ConfigError, check_dilated_argv
 from commbench.hostload import LINK_BOUND
 from commbench.results import read_records, write_atomic
 from experiments.job import CLUSTER_S, Job, fmt_s
@@ -225,6 +226,22 @@ def _start_k(job: Job, hints: dict) -> int:
     return next((k for k in AUTO_FACTORS if job.nranks <= cores * k), AUTO_FACTORS[-1])
 
 
+def _check_placeable(job: Job) -> None:
+    """What time dilation cannot place (``commbench.flags.check_dilation``: a GPU, a
+    torch.profiler trace), refused when the experiment is planned rather than when its
+    first probe starts: ``auto``'s ladder judges K against 2K, so its probes run at K >= 2
+    whatever it then picks."""
+    k = job.placement.dilation
+    if not job.placement.emulated or k in (None, 1, 1.0):
+        return
+    auto = k == "auto"
+    try:
+        check_dilated_argv(job.args, AUTO_FACTORS[1] if auto else float(k),
+                           "--dilation auto (its probes run at K >= 2)" if auto else None)
+    except ConfigError as e:
+        raise RunnerError(f"job {job.name}: {e}") from None
+
+
 @dataclass
 class Runner:
     """Runs ``jobs`` in ``outdir``; ``repeats``: jobs per point where a job does not say."""
@@ -242,6 +259,8 @@ class Runner:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise RunnerError(f"job names repeat: {', '.join(dup)}")
+        for job in self.jobs:
+            _check_placeable(job)
         self.outdir = Path(self.outdir)
         path = self.outdir / CHOICE_FILE
         if path.exists():

@@ -64,7 +64,7 @@ from pathlib import Path
 from commbench import dilation as dil
 from commbench.buckets import parse_bucket_mb
 from commbench.cores import LOADAVG_ENV, RUNNABLE_ENV, load_average, runnable_tasks
-from commbench.flags import MOVED_STRATEGIES
+from commbench.flags import MOVED_STRATEGIES, ConfigError, check_dilated_argv
 from commbench.results import REPEAT_ENV, write_atomic
 from launch import commands
 from launch.cluster import (
@@ -286,6 +286,10 @@ def make_sweep(sweep: dict, grid: dict, points: list[dict] | None = None) -> Swe
                                  "emulated links only (points with nodes/slots, on "
                                  "launch.cluster); this point runs on "
                                  f"{'the hosts ' + s.hosts if s.hosts else 'this host, unshaped'}")
+            try:  # what dilation cannot place, refused before any point runs
+                check_dilated_argv(point_args(p, s), p["dilation"])
+            except ConfigError as e:
+                raise SweepError(f"point {p.get('name') or point_id(p, s)}: {e}") from None
     if s.timeout <= 0 or any(p.get("timeout", 1) <= 0 for p in s.points()):
         raise SweepError("timeout: must be > 0")
     if s.repeats < 1 or any(p.get("repeats", 1) < 1 for p in s.points()):
@@ -354,12 +358,16 @@ def point_id(point: dict, sweep: Sweep) -> str:
     return f"{label}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
-def point_program(point: dict, sweep: Sweep, out: Path) -> list[str]:
+def point_args(point: dict, sweep: Sweep) -> list[str]:
+    """The program's flags at ``point``: the sweep's, the point's own, then its grid keys."""
     flags = [a for k, v in point.items() if k in PROGRAM_KEYS
              for a in ("--" + k.replace("_", "-"), str(v))]
+    return [*sweep.args, *point.get("args", []), *flags]
+
+
+def point_program(point: dict, sweep: Sweep, out: Path) -> list[str]:
     return commands.python_module(point.get("program", sweep.program),
-                                  [*sweep.args, *point.get("args", []), *flags,
-                                   "--output", str(out)])
+                                  [*point_args(point, sweep), "--output", str(out)])
 
 
 class _Clusters:

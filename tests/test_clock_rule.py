@@ -46,7 +46,7 @@ from pathlib import Path
 import pytest
 
 from commbench import allreduce, dilation
-from commbench.flags import ConfigError, check_dilation
+from commbench.flags import ConfigError, check_dilated_argv, check_dilation, flag_value
 from tests.conftest import PY, ROOT
 
 #: what reads a clock or sleeps, by its full dotted name
@@ -344,6 +344,45 @@ def test_allreduce_refuses_a_gpu_under_dilation(monkeypatch, tmp_path):
     synthetic = allreduce.parse_config(["--output", str(tmp_path / "r.jsonl")])
     synthetic.device = "cuda"  # replayed compute: its tensors stay in host memory
     allreduce.resolve_defaults(synthetic, cuda=True)
+
+
+def test_a_planned_command_line_is_checked_as_the_tool_would():
+    assert flag_value(["--trace", "commbench", "--trace=torch"], "--trace") == "torch"
+    assert flag_value(["--steps", "3"], "--trace") is None
+    check_dilated_argv(["--trace", "torch"], 1)
+    check_dilated_argv(["--trace", "commbench", "--device", "cuda"], 8)  # the tool's to judge
+    with pytest.raises(ConfigError, match=r"^--trace torch under --dilation 8 "):
+        check_dilated_argv(["--trace=torch"], 8)
+    with pytest.raises(ConfigError, match=r"^--trace torch under --dilation auto \(its "):
+        check_dilated_argv(["--trace", "torch"], 2, "--dilation auto (its probes run ...)")
+
+
+def test_a_sweep_refuses_a_torch_trace_under_dilation_before_any_point_runs():
+    from launch.sweep import SweepError, make_sweep
+
+    grid = {"nodes": [2], "slots": [1], "dilation": [1, 4]}
+    with pytest.raises(SweepError, match=r"^point .*: --trace torch under --dilation 4 "):
+        make_sweep({"args": ["--trace", "torch"]}, grid)
+    make_sweep({"args": ["--trace", "torch"]}, {**grid, "dilation": [1]})
+    make_sweep({"args": ["--steps", "3"]}, grid)
+
+
+def test_an_experiment_refuses_a_torch_trace_at_dilation_auto(tmp_path):
+    """``auto`` judges K against 2K: its probes run dilated whatever K it then picks, so a
+    job that cannot be dilated is refused when the runner is made, before any probe."""
+    from experiments.job import Job
+    from experiments.runner import Runner, RunnerError
+
+    def job(dilation, **kw):
+        return Job.place("traced", allreduce.Config(**kw), 2, 1, "1gbit", dilation=dilation)
+
+    with pytest.raises(RunnerError, match=r"^job traced: --trace torch under --dilation auto"):
+        Runner([job("auto", trace="torch")], tmp_path)
+    with pytest.raises(RunnerError, match=r"^job traced: --trace torch under --dilation 4 "):
+        Runner([job(4.0, trace="torch")], tmp_path)
+    Runner([job(1.0, trace="torch")], tmp_path)
+    Runner([job("auto")], tmp_path)
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_refusal_is_one_line_and_exit_2(tmp_path):

@@ -91,6 +91,8 @@ class BucketTuner:
         #: this step's gradient times, by gradient index (while choosing): this rank's
         #: clock, or on a device events on the compute stream (``ready_seconds``)
         self.ready: dict[int, Any] = {}
+        #: whether ``ready`` holds device events (a step timed on a device clock)
+        self.ready_on_device = False
         self.timed_steps = 0
         #: still collecting gradient times; False once ``choose`` has run
         self.choosing = True
@@ -148,7 +150,8 @@ class BucketTuner:
     def stamp(self, i: int, timer: StepTimer | NullTimer) -> None:
         """Gradient ``i`` was produced now (on a timer that times)."""
         if self.choosing and timer.enabled:
-            self.ready[i] = timer.clock() if timer.events is None else timer.mark()
+            self.ready_on_device = timer.events is not None
+            self.ready[i] = timer.mark() if self.ready_on_device else timer.clock()
 
     def end_step(self, timer: StepTimer | NullTimer) -> None:
         """A step ended: one more timed step where ``timer`` timed it."""
@@ -167,7 +170,7 @@ class BucketTuner:
     def ready_seconds(self) -> dict[int, float]:
         """The gradient times in seconds: as stamped on the host; on a device, each event's
         time after the first stamped (events on one stream complete in that order)."""
-        if not self.ready or all(isinstance(t, float) for t in self.ready.values()):
+        if not self.ready or not self.ready_on_device:
             return dict(self.ready)
         first = next(iter(self.ready.values()))
         return {i: mark_seconds(first, m) for i, m in self.ready.items()}
