@@ -71,7 +71,7 @@ class BucketTuner:
     """
 
     __slots__ = ("paths", "preferred", "wire_ratio", "probe_bytes", "probe_reps",
-                 "probe", "why", "ready", "timed_steps", "choosing", "choice",
+                 "probe", "why", "ready", "ready_on_device", "timed_steps", "choosing", "choice",
                  "chosen_after_steps")
 
     def __init__(self, paths: Sequence[str], preferred: str, wire_ratio: float = 1.0,
