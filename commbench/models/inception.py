@@ -19,14 +19,16 @@ of which the head (``AuxLogits.*``, 8 tensors) holds 3,326,696. With
 in 284 tensors, what a run that trains without the auxiliary loss
 synchronises. Which one applies:
 
-- the replayed workload (``parameter_shapes``) synchronises every parameter
-  that takes a gradient: all 27,161,264 with the default;
+- the replayed workload without a compute profile synchronises what
+  ``parameter_shapes`` lists, every parameter that takes a gradient: all
+  27,161,264 with the default;
 - the real workload learns which parameters backward reaches from one pass in
   eval mode (``commbench.workloads.real``), where Inception V3 runs no
-  auxiliary head (torchvision's behaviour, kept here), and its loss is taken
-  of the main logits only: it names the head's 8 tensors unused and
-  synchronises 23,834,568. Build it with ``aux_logits=False`` where the two
-  workloads are compared.
+  auxiliary head (torchvision's behaviour, kept here), and a loss is taken of
+  the main logits only (the first tensor of the output), so backward never
+  reaches the head: it names the head's 8 tensors unused and synchronises
+  23,834,568, as does a replay of a profile that recorded them unused. Build
+  it with ``aux_logits=False`` wherever two runs are compared.
 
 ``forward`` returns the logits; in training mode with the auxiliary head it
 returns ``InceptionOutputs(logits, aux_logits)`` as torchvision does (a
