@@ -13,8 +13,10 @@ from torch import nn
 
 from commbench.models.factory import ModelError, call_factory, is_factory
 from commbench.models.gpt import gpt2_small, gpt_tiny
+from commbench.models.inception import inception_v3
 from commbench.models.resnet import resnet18, resnet34, resnet50, resnet101, resnet152
 from commbench.models.small import smallcnn
+from commbench.models.vgg import vgg16
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": resnet18,
@@ -22,6 +24,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet50": resnet50,
     "resnet101": resnet101,
     "resnet152": resnet152,
+    "vgg16": vgg16,  # 138 M parameters, 89 % of them in the fully connected layers
+    "inception_v3": inception_v3,  # 27.2 M with the auxiliary head (torchvision's default)
     "smallcnn": smallcnn,  # digits convergence studies on CPU
     "gpt2-small": gpt2_small,  # 124 M parameters, tied embedding (replay)
     "gpt-tiny": gpt_tiny,  # trains for real on a CPU
