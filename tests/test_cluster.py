@@ -347,8 +347,8 @@ def test_not_root_is_refused_before_anything_is_made(monkeypatch):
 
 
 def _runs_at(tmp_path, k: int, layout: tuple[int, int], rate: str, launcher: str,
-             tool: list[str], run: int = 0) -> list[dict]:
-    out = tmp_path / f"{launcher}-k{k}-r{run}.jsonl"
+             tool: list[str], repeat: int = 0) -> list[dict]:
+    out = tmp_path / f"{launcher}-k{k}-r{repeat}.jsonl"
     run_job([PY, "-m", "launch.cluster", "run", "--name", NAME, "--nodes", str(layout[0]),
              "--slots", str(layout[1]), "--rate", rate, "--dilation", str(k), "--no-link-test",
              "--timeout", "240", "--launcher", launcher, "--", PY, "-m", *tool, "--output",
@@ -365,10 +365,10 @@ def _ladder_reading(tmp_path, layout: tuple[int, int], rate: str, launcher: str,
     otherwise decide the rung alone. Returns the reading, its figures and every record."""
     from experiments.runner import PROBE_RUNS, outcome
     at: dict[int, list[list[dict]]] = {1: [], 2: []}
-    for run in range(PROBE_RUNS):
+    for n in range(PROBE_RUNS):
         for k in at:
-            at[k].append(_runs_at(tmp_path, k, layout, rate, launcher, tool, run))
-        reading, figures = outcome(at[1], at[2], final=run == PROBE_RUNS - 1)
+            at[k].append(_runs_at(tmp_path, k, layout, rate, launcher, tool, n))
+        reading, figures = outcome(at[1], at[2], final=n == PROBE_RUNS - 1)
         if reading != "unresolved":
             break
     return reading, figures, [r for runs in at.values() for recs in runs for r in recs]
