@@ -62,14 +62,13 @@ from analysis.alphabeta import (
     LATENCY_FLAG,
     ModelError,
     Params,
-    emulated_alpha_us,
     latency_us,
     predict,
 )
 from analysis.cli import UsageError, entry, output_dir, parser, warn, writing
 from analysis.costmodel import analyse
 from analysis.figures import save
-from analysis.load import LoadError, load
+from analysis.load import LoadError, load, num
 from analysis.overlap import Profile, Step, bucketed_step, flat_step, load_profile
 from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB
 from commbench.profilefile import ProfileError
@@ -413,8 +412,10 @@ def fitted_params(paths: Sequence[str]) -> tuple[Params, bool, list[str]]:
             "runs of a known algorithm: python -m commbench.microbench --algo ring on one "
             "host (intra-node alpha, beta) and across nodes (inter-node)") from None
     inter = [pt for pt in res.fit_points if pt.nodes > 1]
-    emulated = bool(inter) and (emulated_alpha_us(loaded.records) is not None or any(
-        pt.dilation != 1 or not math.isnan(pt.alpha_us) for pt in inter))
+    # the emulated cluster shapes its links (tbf) and may dilate time; a real one does neither
+    shaped = any(r.get("link_shaping") for r in loaded.records
+                 if r.get("kind") == "microbench" and num(r.get("nodes")) > 1)
+    emulated = bool(inter) and (shaped or any(pt.dilation != 1 for pt in inter))
     return res.params, emulated, loaded.warnings
 
 
