@@ -552,31 +552,36 @@ STYLES = {"flat": ":", "hierarchical": "--", "bucketed": "-", "fp16": "-.",
 
 
 def figure(advices: Sequence[Advice], title: str):
-    """Predicted step (ms) and scaling efficiency vs ranks, one line per scheme."""
+    """Predicted step (ms, log scale) and scaling efficiency vs ranks, one line per scheme:
+    a colour each (20 before they repeat), a line style per family, one legend beside both."""
     import matplotlib.pyplot as plt  # analysis.figures chose the Agg backend at import
 
-    fig, (step_ax, eff_ax) = plt.subplots(2, 1, figsize=(9.5, 8), sharex=True,
+    fig, (step_ax, eff_ax) = plt.subplots(2, 1, figsize=(10, 8), sharex=True,
                                           layout="constrained")
     ranks = [a.ranks for a in advices]
     rows = [*advices[0].exact, *(advices[0].approximate if advices[0].allow_approximate
                                  else ())]
     by_scale = [{q.scheme: q for q in (*a.exact, *a.approximate)} for a in advices]
-    every = [p for p in rows if all(p.scheme in scale for scale in by_scale)]  # approximate
-    for p in sorted(every, key=lambda p: (SCHEMES.index(p.family), p.scheme)):  # rows vary
+    # an approximate row is on the best scheme of its family, which may change with scale
+    every = [p for p in rows if all(p.scheme in scale for scale in by_scale)]
+    colors = plt.get_cmap("tab20").colors
+    for i, p in enumerate(sorted(every, key=lambda p: (SCHEMES.index(p.family), p.scheme))):
         per = [scale[p.scheme] for scale in by_scale]
-        kw = {"ls": STYLES[p.family], "marker": "o", "ms": 3, "lw": 1, "label": p.scheme}
+        kw = {"ls": STYLES[p.family], "marker": "o", "ms": 3, "lw": 1.2,
+              "color": colors[i % len(colors)], "label": p.scheme}
         step_ax.plot(ranks, [q.step_s * 1e3 for q in per], **kw)
         eff_ax.plot(ranks, [q.efficiency for q in per], **kw)
     step_ax.set_ylabel("predicted step (ms)")
-    step_ax.set_ylim(bottom=0)
+    step_ax.set_yscale("log")
     eff_ax.set_ylabel("scaling efficiency (compute / step)")
     eff_ax.set_ylim(0, 1.02)
     eff_ax.set_xlabel("ranks (GPUs)")
     eff_ax.set_xscale("log", base=2)
     for ax in (step_ax, eff_ax):
         ax.grid(True, which="both", alpha=0.3)
-    step_ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
-    step_ax.set_title(title, fontsize=8)
+    fig.legend(*step_ax.get_legend_handles_labels(), loc="outside right upper", fontsize=7,
+               frameon=False)
+    fig.suptitle(title, fontsize=9)
     return fig
 
 
@@ -738,7 +743,10 @@ def body(argv: list[str]) -> int:
     lines.append(f"# {rows} predictions at {len(ranks)} scale{'s' if len(ranks) > 1 else ''} "
                  f"in {time.perf_counter() - started:.2f} s")
     text = "\n".join(lines)
-    fig = figure(advices, prof.name) if out is not None and len(advices) > 1 else None
+    title = (f"{prof.name}: {prof.compute_s * 1e3:.1f} ms compute;\n{cluster.local_size} GPUs "
+             f"per node, inter-node {gbit_s(cluster.params.beta_inter):g} Gbit/s and "
+             f"{cluster.params.alpha_inter * 1e6:g} us per message (predicted)")
+    fig = figure(advices, title) if out is not None and len(advices) > 1 else None
     if out is not None:
         output_dir(out)
         with writing(out):
