@@ -71,6 +71,7 @@ from analysis.figures import save
 from analysis.load import LoadError, load, num
 from analysis.overlap import Profile, Step, bucketed_step, flat_step, load_profile
 from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB
+from commbench.flags import csv_list, positive_float, positive_int
 from commbench.profilefile import ProfileError
 from commbench.profilefile import read as read_profile
 
@@ -311,13 +312,24 @@ def gradient_events(events: Sequence[dict]) -> list[dict]:
     return inner or [e for e in events if e.get("name") == ENGINE + ACCUMULATE]
 
 
+def _is_optimizer_step(e: dict) -> bool:
+    name = str(e.get("name", ""))
+    return name == "optimizer" or name.startswith(OPTIMIZER_PREFIX)
+
+
 def step_events(events: Sequence[dict]) -> tuple[list[dict], str]:
     """The events of the first traced step that accumulated gradients
-    (``ProfilerStep#k``), and its name; the whole trace where no step is marked."""
+    (``ProfilerStep#k``), and its name; where no step is marked (torch names steps only
+    under a profiler schedule), the trace up to the end of its first optimizer step; else
+    the whole trace."""
     for s in (e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)):
         inside = [e for e in events if s["ts"] <= e["ts"] and _end(e) <= _end(s) and e is not s]
         if gradient_events(inside):
             return [s, *inside], s["name"]
+    opt = next((e for e in events if _is_optimizer_step(e)), None)
+    if opt is not None and gradient_events([e for e in events if e["ts"] < opt["ts"]]):
+        return ([e for e in events if e["ts"] < _end(opt)],
+                "the trace up to its first optimizer step")
     return list(events), "the whole trace"
 
 
@@ -408,9 +420,9 @@ def fitted_params(paths: Sequence[str]) -> tuple[Params, bool, list[str]]:
         res = analyse(loaded.records)
     except ModelError as e:
         raise UsageError(
-            f"--fit-results {' '.join(paths)}: no fit ({e}); a fit needs microbenchmark "
-            "runs of a known algorithm: python -m commbench.microbench --algo ring on one "
-            "host (intra-node alpha, beta) and across nodes (inter-node)") from None
+            f"--fit-results {' '.join(paths)}: no fit: {e}. A fit is made from ring "
+            "microbenchmarks (python -m commbench.microbench --algo ring) on one host "
+            "(intra-node alpha, beta) and across nodes (inter-node)") from None
     inter = [pt for pt in res.fit_points if pt.nodes > 1]
     # the emulated cluster shapes its links (tbf) and may dilate time; a real one does neither
     shaped = any(r.get("link_shaping") for r in loaded.records
@@ -587,36 +599,14 @@ def figure(advices: Sequence[Advice], title: str):
 
 # --- command line ------------------------------------------------------------------------
 
-def _positive(kind: type, what: str) -> Callable[[str], float]:
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected {what}") from None
-        if not (math.isfinite(v) and v > 0):
-            raise argparse.ArgumentTypeError(f"{text}: must be above 0 ({what})")
-        return v
-    return parse
-
-
-def _list(kind: type, what: str) -> Callable[[str], list]:
-    one = _positive(kind, what)
-
+def _list(one: Callable[[str], float], what: str) -> Callable[[str], list]:
+    """A comma list of values, each read by ``one`` (``commbench.flags``' checked types)."""
     def parse(text: str) -> list:
         vals = [one(x.strip()) for x in text.split(",") if x.strip()]
         if not vals:
             raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of {what}")
         return vals
     return parse
-
-
-def _schemes(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in SCHEMES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r}: unknown scheme; choose "
-                                         f"from {', '.join(SCHEMES)}")
-    return names
 
 
 def _latency(text: str) -> float:
@@ -637,43 +627,43 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--compute-ms) its step spread over its layers by FLOPs; "
                                    "with --profile, checked against the profile")
     m.add_argument("--model-kwargs", default="", help="--model's keyword arguments")
-    m.add_argument("--batch-size", type=_positive(int, "a whole number"), default=None,
+    m.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"per-rank batch (with --model alone: default {DEFAULT_BATCH}; with "
                         "--profile: checked against the profile's)")
-    m.add_argument("--image-size", type=_positive(int, "pixels"), default=224,
+    m.add_argument("--image-size", type=positive_int, default=224,
                    help="with --model: image side in pixels")
-    m.add_argument("--compute-ms", type=_positive(float, "milliseconds"), default=None,
+    m.add_argument("--compute-ms", type=positive_float, default=None,
                    help="one step's compute (forward + backward + optimizer) on your device; "
                         "with --profile or --trace, scales theirs to it")
     c = p.add_argument_group("the cluster")
-    c.add_argument("--nodes", type=_positive(int, "a whole number of nodes"), default=1)
+    c.add_argument("--nodes", type=positive_int, default=1)
     c.add_argument("--local-size", "--gpus-per-node", dest="local_size",
-                   type=_positive(int, "a whole number of GPUs"),
+                   type=positive_int,
                    default=DEFAULT_NODE["local_size"], help="ranks (GPUs) per node")
-    c.add_argument("--ranks", type=_list(int, "whole numbers of ranks"), default=None,
+    c.add_argument("--ranks", type=_list(positive_int, "ranks"), default=None,
                    help="the scales to predict, comma list (multiples of --local-size); "
                         "default --nodes x --local-size")
-    c.add_argument("--link-gbps", type=_positive(float, "Gbit/s"), default=None,
+    c.add_argument("--link-gbps", type=positive_float, default=None,
                    help="inter-node link rate, Gbit/s (default: the fit's)")
     c.add_argument(LATENCY_FLAG, dest="latency_us", type=_latency, default=None,
                    help="your network's inter-node latency per message, us (default: the "
                         f"fit's, else {DEFAULT_ALPHA_INTER * 1e6:g}: an RDMA-class fabric)")
-    c.add_argument("--intra-gbps", type=_positive(float, "Gbit/s"), default=None,
+    c.add_argument("--intra-gbps", type=positive_float, default=None,
                    help="intra-node rate per GPU and direction, Gbit/s (default: the fit's, "
                         "else an H200 node's NVLink 4, 3600)")
-    c.add_argument("--intra-latency-us", type=_positive(float, "microseconds"), default=None,
+    c.add_argument("--intra-latency-us", type=positive_float, default=None,
                    help="intra-node latency per message, us (default: the fit's, else 2)")
     c.add_argument("--fit-results", nargs="+", metavar="RESULTS", default=None,
                    help="fit alpha and beta to these results' microbenchmarks "
                         "(analysis.costmodel); flags given replace fitted values")
     s = p.add_argument_group("the schemes")
-    s.add_argument("--schemes", type=_schemes, default=list(SCHEMES),
+    s.add_argument("--schemes", type=csv_list(SCHEMES, "--schemes"), default=list(SCHEMES),
                    help=f"families to rank, comma list of {', '.join(SCHEMES)}")
-    s.add_argument("--bucket-mb", type=_list(float, "MB"), default=list(CAPS_MB),
+    s.add_argument("--bucket-mb", type=_list(positive_float, "MB"), default=list(CAPS_MB),
                    help="bucket caps, MB (2**20 bytes), comma list")
-    s.add_argument("--accum", type=_list(int, "whole numbers of micro-batches"),
+    s.add_argument("--accum", type=_list(positive_int, "micro-batches"),
                    default=list(ACCUM_STEPS), help="gradient accumulation steps K")
-    s.add_argument("--staleness", type=_list(int, "whole numbers of steps"),
+    s.add_argument("--staleness", type=_list(positive_int, "steps"),
                    default=list(STALENESS), help="async staleness S")
     s.add_argument("--approximate", action="store_true",
                    help="let a scheme that changes the maths be the recommendation")

@@ -205,6 +205,17 @@ def test_a_plain_torch_profiler_trace_needs_no_commbench_ranges(tmp_path):
     assert len(prof.nbytes) == 6
 
 
+def test_an_unmarked_trace_of_two_steps_is_read_up_to_its_first_optimizer_step(tmp_path):
+    """torch names steps (``ProfilerStep#k``) only under a profiler schedule: two unmarked
+    steps are one trace, of which the first step (up to its Optimizer.step#) is read."""
+    ours = {"ProfilerStep#3", "forward", "backward", "sync", "optimizer", "commbench collective"}
+    one = [e for e in _events() if e.get("name") not in ours]
+    two = one + [{**e, "ts": e["ts"] + 40000} for e in one if e.get("ph") == "X"]
+    prof = advise.trace_profile(str(_trace_of(tmp_path / "two.json", two)))
+    assert len(prof.nbytes) == 6
+    assert prof.backward_s == pytest.approx(0.01784)
+
+
 def test_table_and_figure_from_a_committed_trace(tmp_path):
     out = tmp_path / "advice"
     res = run_advise("--trace", TRACE, "--local-size", 4, "--ranks", "4,8,32",
