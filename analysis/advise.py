@@ -14,7 +14,8 @@ One table per scale: every scheme the toolkit has, ranked by its predicted step 
   the library's own choice, is predicted as the cheapest of them);
 - ``hierarchical ALGO``: ``hier`` (reduce-scatter in the node, all-reduce across,
   all-gather in the node) and ``hier-leader``, after backward;
-- ``bucketed CAP MB on PATH``: DDP-style buckets of at most CAP MiB (the first 1 MiB),
+- ``bucketed CAP MB on PATH``: DDP-style buckets of at most CAP MiB (the first 1 MiB;
+  ``auto``: the cap ``--bucket-mb auto`` would choose, priced by this model; 0: one per tensor),
   each all-reduced as soon as its last gradient is ready, one at a time, on each transfer
   path of the bucketed strategy (``thread``: the library's all-reduce, priced as
   ``native``; ``ring``; ``hier``) —
@@ -45,6 +46,7 @@ Bad input exits 2 with one line naming the flag, before any output file is writt
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import subprocess
@@ -70,7 +72,14 @@ from analysis.costmodel import analyse
 from analysis.figures import save
 from analysis.load import LoadError, load, num
 from analysis.overlap import Profile, Step, bucketed_step, flat_step, load_profile
-from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB
+from commbench.buckets import (
+    AUTO,
+    DEFAULT_BUCKET_MB,
+    FIRST_BUCKET_MB,
+    MB,
+    choose_cap,
+    parse_bucket_mb,
+)
 from commbench.flags import csv_list, positive_float, positive_int
 from commbench.profilefile import ProfileError
 from commbench.profilefile import read as read_profile
@@ -82,7 +91,7 @@ HIER_ALGOS = ("hier", "hier-leader")
 PATHS = {"thread": "native", "ring": "ring", "hier": "hier"}
 #: the async strategy's transfer paths (it has no two-level one)
 ASYNC_PATHS = {"thread": "native", "ring": "ring"}
-CAPS_MB = (1.0, 5.0, DEFAULT_BUCKET_MB, 64.0, 128.0)
+CAPS_MB = (1.0, 5.0, DEFAULT_BUCKET_MB, 64.0, 128.0, AUTO)
 ACCUM_STEPS = (2, 4, 8)
 STALENESS = (1, 2, 4)
 EXACT = ("flat", "hierarchical", "bucketed")
@@ -129,16 +138,29 @@ class Scheme:
     name: str
     family: str
     algo: str
-    bucket_mb: float | None = None  # None: one all-reduce of the whole gradient
+    #: None: one all-reduce of the whole gradient; MB (0: one per tensor); or ``auto``
+    bucket_mb: float | str | None = None
 
     def step(self, prof: Profile, cluster: Cluster, ranks: int, wire: float = 1.0) -> Step:
         allreduce = cluster.allreduce(self.algo, ranks, wire)
         if self.bucket_mb is None:
             return flat_step(prof, allreduce)
-        return bucketed_step(prof, allreduce, self.bucket_mb, FIRST_BUCKET_MB)
+        cap = self.bucket_mb
+        if cap == AUTO:  # the cap --bucket-mb auto chooses, priced by this model, not a probe
+            allreduce = functools.lru_cache(maxsize=None)(allreduce)  # sizes recur over caps
+            cap, _ = choose_cap(prof.nbytes, prof.order, prof.ready_s, allreduce,
+                                FIRST_BUCKET_MB * MB)
+        return bucketed_step(prof, allreduce, cap, FIRST_BUCKET_MB)
 
 
-def exact_schemes(families: Sequence[str], caps_mb: Sequence[float]) -> list[Scheme]:
+def cap_words(cap: float | str) -> str:
+    """A bucket cap in a scheme's name: ``25 MB``, ``per-tensor`` (0), ``auto``."""
+    if cap == AUTO:
+        return AUTO
+    return "per-tensor" if cap == 0 else f"{cap:g} MB"
+
+
+def exact_schemes(families: Sequence[str], caps_mb: Sequence[float | str]) -> list[Scheme]:
     """The exact schemes of ``families``, in the table's order of listing (ties keep it)."""
     out = []
     if "flat" in families:
@@ -146,7 +168,7 @@ def exact_schemes(families: Sequence[str], caps_mb: Sequence[float]) -> list[Sch
     if "hierarchical" in families:
         out += [Scheme(f"hierarchical {a}", "hierarchical", a) for a in HIER_ALGOS]
     if "bucketed" in families:
-        out += [Scheme(f"bucketed {cap:g} MB on {path}", "bucketed", algo, cap)
+        out += [Scheme(f"bucketed {cap_words(cap)} on {path}", "bucketed", algo, cap)
                 for cap in caps_mb for path, algo in PATHS.items()]
     return out
 
@@ -241,7 +263,7 @@ class Advice:
 
 
 def advise(prof: Profile, cluster: Cluster, ranks: int, families: Sequence[str] = SCHEMES,
-           caps_mb: Sequence[float] = CAPS_MB, accum: Sequence[int] = ACCUM_STEPS,
+           caps_mb: Sequence[float | str] = CAPS_MB, accum: Sequence[int] = ACCUM_STEPS,
            staleness: Sequence[int] = STALENESS, allow_approximate: bool = False) -> Advice:
     """Every scheme of ``families`` predicted on ``ranks`` GPUs, ranked."""
     steps = [(s, s.step(prof, cluster, ranks)) for s in exact_schemes(families, caps_mb)]
@@ -599,7 +621,7 @@ def figure(advices: Sequence[Advice], title: str):
 
 # --- command line ------------------------------------------------------------------------
 
-def _list(one: Callable[[str], float], what: str) -> Callable[[str], list]:
+def _list(one: Callable[[str], object], what: str) -> Callable[[str], list]:
     """A comma list of values, each read by ``one`` (``commbench.flags``' checked types)."""
     def parse(text: str) -> list:
         vals = [one(x.strip()) for x in text.split(",") if x.strip()]
@@ -607,6 +629,14 @@ def _list(one: Callable[[str], float], what: str) -> Callable[[str], list]:
             raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of {what}")
         return vals
     return parse
+
+
+def _bucket_mb(text: str) -> float | str:
+    """One ``--bucket-mb`` cap as the bucketed strategy reads it (``parse_bucket_mb``)."""
+    try:
+        return parse_bucket_mb(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--bucket-mb").lstrip(": ")) from None
 
 
 def _latency(text: str) -> float:
@@ -659,8 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("the schemes")
     s.add_argument("--schemes", type=csv_list(SCHEMES, "--schemes"), default=list(SCHEMES),
                    help=f"families to rank, comma list of {', '.join(SCHEMES)}")
-    s.add_argument("--bucket-mb", type=_list(positive_float, "MB"), default=list(CAPS_MB),
-                   help="bucket caps, MB (2**20 bytes), comma list")
+    s.add_argument("--bucket-mb", type=_list(_bucket_mb, "MB"), default=list(CAPS_MB),
+                   help="bucket caps, MB (2**20 bytes), comma list; 0: one bucket per "
+                        "tensor; auto: the cap --bucket-mb auto chooses, by this model")
     s.add_argument("--accum", type=_list(positive_int, "micro-batches"),
                    default=list(ACCUM_STEPS), help="gradient accumulation steps K")
     s.add_argument("--staleness", type=_list(positive_int, "steps"),

@@ -159,6 +159,7 @@ def test_table_and_figure_from_a_committed_fit(tmp_path):
         assert src in text
     tables = exact_tables(text)
     assert sorted(tables) == [8, 16, 64]
+    assert {"bucketed auto on thread", "bucketed 25 MB on hier"} <= {s for s, _ in tables[64]}
     for ranks, rows in tables.items():
         assert len(rows) == 3 + 2 + 3 * len(advise.CAPS_MB)
         steps = [s for _, s in rows]
