@@ -282,7 +282,7 @@ REFUSED = {  # parser: {the flag its error names: command lines (shell words) it
         "--strategy": ["--strategy nope", "--strategy ''"],
         "--algo": ["--algo native,tree"],
         "--backend": ["--backend nccl"],
-        "--model": ["--model vgg16"],
+        "--model": ["--model vgg19"],
         "--workload": ["--workload bert"],
         "--steps": ["--steps 0", "--steps two"],
         "--warmup": ["--warmup -1"],
