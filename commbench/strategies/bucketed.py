@@ -292,7 +292,9 @@ class BucketedStrategy(Strategy):
         if self.settings.bucket_mb == AUTO:
             self.tuner = BucketTuner(self._tuner_paths(), PREFERRED_PATH,
                                      wire_ratio=self._wire_ratio())
-            self.tuner.measure(self._time_transfers, like=self.buckets[0].buffer)
+            self.tuner.measure(self._time_transfers, like=self.buckets[0].buffer,
+                               time_handoffs=self._time_handoffs
+                               if self.progress == "thread" else None)
         self.begin_step(self.timer)
 
     def _build(self, bucket_mb: float) -> None:
@@ -352,6 +354,25 @@ class BucketedStrategy(Strategy):
                 handles[-1].wait()
         handles[-1].wait()
         return [h.seconds() for h in handles]
+
+    def _time_handoffs(self, path: str, n: int) -> list[tuple[float, float]]:
+        """``(pickup_s, handback_s)`` of each of ``n`` one-element transfers on path
+        ``path``'s engine, each submitted while the engine idles and waited for: from the
+        submit to the engine's start (its thread woken from its queue), and from the
+        engine's end to this thread running again (woken by the transfer's event). A
+        transfer's own time (``_time_transfers``) leaves both out; a step pays the first
+        for every bucket handed to an idle engine and the second at its final wait
+        (``commbench.buckets.schedule``)."""
+        engine = self._open_engine(path)
+        like = self.buckets[0].buffer
+        t = torch.zeros(1, dtype=like.dtype, device=like.device)
+        pairs = []
+        for _ in range(n):
+            h = engine.submit(t)
+            h.wait()
+            back = now()
+            pairs.append((h.start - h.queued, back - h.end))
+        return pairs
 
     def _wire_ratio(self) -> float:
         """Bytes on the wire per byte of gradient (0.5 under fp16 or bf16 compression)."""
