@@ -197,8 +197,8 @@ def overlap_lines(records: list[dict], res) -> list[str]:
     against the bucketed runs of the folder (with the fitted parameters)."""
     lines = ["## Overlap model (bucketed sync during backward)", "",
              "Buckets formed as the bucketed strategy forms them, each started when its last "
-             "gradient is ready (the compute profile's ready times), served by the link in "
-             "order, each all-reduce priced by the alpha-beta-gamma model "
+             "gradient is ready (the compute profile's ready times), served by the transfer "
+             "engine one at a time in order, each all-reduce priced on the path it ran "
              "(`analysis/overlap.py`). Scaling efficiency = compute / step.", ""]
     try:
         dev = overlap.h200()
