@@ -462,3 +462,106 @@ def check_lines(checks: Sequence[OverlapCheck], skipped: Sequence[str]) -> list[
                    f"{ex:.1%}, step {st:.1%} (goal <= {GOAL:.0%}); judged on {which}")
     out += [f"left out: {s}" for s in skipped]
     return out
+
+
+# --- --bucket-mb auto's own prediction against its run --------------------------------
+
+#: the goal for ``--bucket-mb auto``'s predicted exposed sync (issue 48): the median over
+#: cells of |predicted / measured - 1| at most 15 %, no cell above 30 %, at least 6 cells
+AUTO_GOAL, AUTO_WORST, AUTO_CELLS = 0.15, 0.30, 6
+
+
+@dataclass
+class AutoCheck:
+    """One ``--bucket-mb auto`` run: the exposed sync its tuner predicted for the path and
+    cap it chose (``knobs.bucket_mb_auto.predicted_exposed_s``), and the run's measured one
+    (median over its measured steps)."""
+
+    run_id: str
+    #: the set-up it ran in: model, ranks as nodes x local, link, backend
+    cell: str
+    path: str
+    cap_mb: float
+    predicted_exposed_s: float
+    measured_exposed_s: float
+    link_bound: bool | None = None
+
+    @property
+    def exposed_err(self) -> float:
+        return self.predicted_exposed_s / self.measured_exposed_s - 1 \
+            if self.measured_exposed_s > 0 else math.nan
+
+
+def _cell(rec: dict) -> str:
+    layout = f"{rec.get('nodes')}x{rec.get('local_size')}"
+    return (f"{rec.get('model')} {layout} {get(rec, 'link_shaping') or 'no shaping'} "
+            f"{rec.get('backend')}")
+
+
+def auto_checks(records: Sequence[dict]) -> tuple[list[AutoCheck], list[str]]:
+    """Every bucketed summary whose cap ``--bucket-mb auto`` chose, its prediction for the
+    chosen path and cap beside its measured exposed sync; and why each other auto run was
+    left out (nothing chosen, or no prediction recorded for the choice)."""
+    checks, skipped = [], []
+    for r in records:
+        if r.get("kind") != "summary" or r.get("strategy") != "bucketed":
+            continue
+        auto = (r.get("knobs") or {}).get("bucket_mb_auto")
+        if not auto:
+            continue
+        rid = str(r.get("run_id"))
+        cap, path = auto.get("chosen"), auto.get("chosen_path")
+        if cap is None or path is None:
+            skipped.append(f"{rid}: auto chose nothing ({auto.get('why') or 'no choice'})")
+            continue
+        pred = num(((auto.get("predicted_exposed_s") or {}).get(path) or {}).get(f"{cap:g}"))
+        if math.isnan(pred):
+            skipped.append(f"{rid}: no prediction recorded for {path} at {cap:g} MB")
+            continue
+        checks.append(AutoCheck(rid, _cell(r), str(path), float(cap), pred,
+                                stat(r, "exposed_sync_s"), is_link_bound(r)))
+    return checks, skipped
+
+
+def auto_verdict(checks: Sequence[AutoCheck]) -> tuple[dict[str, float], str]:
+    """Per cell the median |error| of its runs, and the goal's verdict over the cells:
+    ``met``, ``NOT met`` or ``not decidable`` (fewer than ``AUTO_CELLS`` cells), in words."""
+    by_cell: dict[str, list[float]] = {}
+    for c in checks:
+        by_cell.setdefault(c.cell, []).append(c.exposed_err)
+    cells = {k: median_abs(v) for k, v in by_cell.items()}
+    vals = [v for v in cells.values() if not math.isnan(v)]
+    if not vals:
+        return cells, "not decidable: no cell with a measured exposed sync"
+    med, worst = float(np.median(vals)), max(vals)
+    said = (f"median over {len(vals)} cells {med:.1%} (goal <= {AUTO_GOAL:.0%}), worst "
+            f"{worst:.1%} (goal <= {AUTO_WORST:.0%})")
+    if len(vals) < AUTO_CELLS:
+        return cells, f"not decidable: {said}; {AUTO_CELLS} cells needed"
+    met = med <= AUTO_GOAL and worst <= AUTO_WORST
+    return cells, f"{'met' if met else 'NOT met'}: {said}"
+
+
+def auto_lines(checks: Sequence[AutoCheck], skipped: Sequence[str]) -> list[str]:
+    """The report's rows: per auto run its choice, predicted and measured exposed sync and
+    the error, with its host verdict; per cell the median error; the goal's verdict over
+    the cells of the runs ``judged_on`` picks (and which they were)."""
+    out = ["# --bucket-mb auto: the exposed sync its tuner predicted for the path and cap it "
+           "chose (knobs.bucket_mb_auto.predicted_exposed_s) vs the same run's measured "
+           "exposed sync (median over its measured steps)"]
+    if not checks:
+        out.append("no bucketed runs whose cap --bucket-mb auto chose")
+    else:
+        out.append(f"{'run':14s} {'cell':34s} {'path':>7s} {'cap MB':>7s} {'pred ms':>8s} "
+                   f"{'meas ms':>8s} {'error':>7s}  host")
+        for c in checks:
+            out.append(f"{c.run_id[:14]:14s} {c.cell[:34]:34s} {c.path:>7s} {c.cap_mb:7g} "
+                       f"{c.predicted_exposed_s * 1e3:8.2f} {c.measured_exposed_s * 1e3:8.2f} "
+                       f"{c.exposed_err:+7.1%}  {VERDICT_WORDS[c.link_bound]}")
+        used, which = judged_on(checks)
+        cells, verdict = auto_verdict(used)
+        out += [f"cell {k}: median |predicted/measured - 1| {v:.1%} over "
+                f"{sum(c.cell == k for c in used)} runs" for k, v in cells.items()]
+        out.append(f"auto's predicted exposed sync: {verdict}; judged on {which}")
+    out += [f"left out: {s}" for s in skipped]
+    return out

@@ -421,3 +421,59 @@ def test_an_auto_runs_probed_hand_offs_join_its_schedule(tmp_path):
     assert overlap.probed_handoffs(rec) == (0.001, 0.002)
     del rec["knobs"]["bucket_mb_auto"]  # a fixed cap: no probe, no hand-offs
     assert overlap.probed_handoffs(rec) == (0.0, 0.0)
+
+
+AUTO_RUNS = Path(__file__).parent / "data" / "auto-gpt-tiny-2x4.jsonl"
+
+
+def _auto_runs() -> list[dict]:
+    """Twelve bucketed summaries of ``benchmarks.peer_fairness --models gpt-tiny --layouts
+    2x4 --bucket-mb auto --dilation auto --repeats 6`` (2026-12-06, K = 16, 1 Gbit/s),
+    trimmed to the fields the checks read: six under mpirun, six under horovodrun."""
+    return [json.loads(ln) for ln in AUTO_RUNS.read_text().splitlines()]
+
+
+def test_autos_prediction_against_the_runs_that_made_it():
+    checks, skipped = overlap.auto_checks(_auto_runs())
+    assert skipped == [] and len(checks) == 12
+    first = checks[0]
+    assert (first.run_id, first.path, first.cap_mb) == ("18713004f507", "thread", 0.0625)
+    # predicted 0.475 ms for the thread path at 64 KiB, measured 0.762: 38 % low
+    assert first.predicted_exposed_s == pytest.approx(0.475e-3)
+    assert first.measured_exposed_s == pytest.approx(0.7615603510587789e-3)
+    assert first.exposed_err == pytest.approx(0.475 / 0.7615603510587789 - 1)
+    assert first.cell == "gpt-tiny 2x4 1gbit mpi" and first.link_bound is False
+    hvd = checks[6]
+    assert (hvd.path, hvd.cap_mb, hvd.cell) == ("ring", 256.0, "gpt-tiny 2x4 1gbit horovod")
+    assert hvd.exposed_err == pytest.approx(9.473 / 5.3800449135722374 - 1)  # 76 % high
+    # judged on the runs' own verdicts: the two link-bound by-size runs, 56 % and 38 % low
+    text = "\n".join(overlap.auto_lines(checks, skipped))
+    assert "cell gpt-tiny 2x4 1gbit mpi: median |predicted/measured - 1| 47.0% over 2 runs" \
+        in text
+    assert ("auto's predicted exposed sync: not decidable: median over 1 cells 47.0% (goal "
+            "<= 15%), worst 47.0% (goal <= 30%); 6 cells needed; judged on link-bound runs "
+            "only (10 host-bound left out)") in text
+    # every run, two cells: mpi 65.2 % (median of six), horovod 56.5 %
+    cells, verdict = overlap.auto_verdict(checks)
+    assert cells == pytest.approx({"gpt-tiny 2x4 1gbit mpi": (0.55702 + 0.74779) / 2,
+                                   "gpt-tiny 2x4 1gbit horovod": (0.54601 + 0.58445) / 2},
+                                  abs=1e-4)
+    assert verdict.startswith("not decidable: median over 2 cells")
+
+
+def test_autos_goal_is_judged_over_six_cells_or_more():
+    def one(cell: str, pred: float) -> overlap.AutoCheck:
+        return overlap.AutoCheck(cell, cell, "ring", 8.0, pred, 0.1, True)
+
+    six = [one(f"c{i}", 0.1 * (1 + e)) for i, e in enumerate([0.05, -0.1, 0.12, 0.2, -0.25, 0])]
+    assert overlap.auto_verdict(six)[1].startswith("met: median over 6 cells 11.0%")
+    worse = [*six[:4], one("c4", 0.1 * 1.31), six[5]]  # one cell 31 % high: above the worst
+    assert overlap.auto_verdict(worse)[1].startswith("NOT met: median over 6 cells 11.0%")
+    assert overlap.auto_verdict(six[:5])[1].startswith("not decidable")
+
+
+def test_the_report_compares_auto_with_its_runs_without_a_fit():
+    text = "\n".join(report.overlap_lines(_auto_runs(), None))
+    assert "not fitted" in text
+    assert "--bucket-mb auto: the exposed sync its tuner predicted" in text
+    assert "18713004f507" in text and "-37.6%" in text
