@@ -126,7 +126,7 @@ from commbench.flags import flag, nonneg_float
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, EngineSettings, check_choice
-from commbench.strategies.tuner import BY_SIZE, BucketTuner
+from commbench.strategies.tuner import BY_SIZE, HANDOFF_BYTES, BucketTuner
 from commbench.timing import NullTimer, StepTimer, device_events, now
 
 #: --transfer auto's path: back-to-back buckets on the project's ring (peer_fairness, 2 x 1 at
@@ -356,7 +356,7 @@ class BucketedStrategy(Strategy):
         return [h.seconds() for h in handles]
 
     def _time_handoffs(self, path: str, n: int) -> list[tuple[float, float]]:
-        """``(pickup_s, handback_s)`` of each of ``n`` one-element transfers on path
+        """``(pickup_s, handback_s)`` of each of ``n`` transfers of ``HANDOFF_BYTES`` on path
         ``path``'s engine, each submitted while the engine idles and waited for: from the
         submit to the engine's start (its thread woken from its queue), and from the
         engine's end to this thread running again (woken by the transfer's event). A
@@ -365,7 +365,8 @@ class BucketedStrategy(Strategy):
         (``commbench.buckets.schedule``)."""
         engine = self._open_engine(path)
         like = self.buckets[0].buffer
-        t = torch.zeros(1, dtype=like.dtype, device=like.device)
+        t = torch.zeros(max(1, HANDOFF_BYTES // like.element_size()), dtype=like.dtype,
+                        device=like.device)
         pairs = []
         for _ in range(n):
             h = engine.submit(t)

@@ -12,7 +12,7 @@ then the state (the probe, the gradient times of the step being timed, the choic
    the fastest of ``PROBE_REPS`` all-reduces at each of ``PROBE_BYTES``, queued behind
    one that warms the path, gives the transfer's cost by size
    (``commbench.buckets.ProbeCost``); on an engine path, also the engine's hand-offs
-   (``HANDOFF_REPS`` one-element transfers, each waited for: the engine thread's wake-up
+   (``HANDOFF_REPS`` small transfers, each waited for: the engine thread's wake-up
    to begin one submitted while it idles, ``pickup_s``, and the caller's wake-up once it
    has ended, ``handback_s``), which a transfer's own time leaves out and the schedule
    prices (``commbench.buckets.schedule``). Collectives: every rank builds its
@@ -56,14 +56,17 @@ PROBE_REPS = 2
 #: 2 x 2 at K = 4: 64 KiB buckets stepped 18 ms on the ring, 12 on Open MPI's; DDP 15).
 BY_SIZE = "by-size"
 
-#: the engine's hand-offs: one-element transfers timed on each engine path (the first warms)
-HANDOFF_REPS = 5
+#: the engine's hand-offs: small transfers timed on each engine path (the first warms), of
+#: the probe's smallest size (what is timed does not depend on it; one element would leave
+#: the two-level path's shards empty)
+HANDOFF_REPS, HANDOFF_BYTES = 5, PROBE_BYTES[0]
 
 #: ``time_transfers(t, path, n)``: the seconds each of ``n`` all-reduces of ``t`` takes on
 #: transfer path ``path``, queued back to back as a step's buckets are (the strategy's)
 TimeTransfers = Callable[[torch.Tensor, str, int], Sequence[float]]
-#: ``time_handoffs(path, n)``: ``(pickup_s, handback_s)`` of each of ``n`` one-element
-#: transfers submitted to path ``path``'s idle engine, each waited for (the strategy's)
+#: ``time_handoffs(path, n)``: ``(pickup_s, handback_s)`` of each of ``n`` small transfers
+#: (``HANDOFF_BYTES``) submitted to path ``path``'s idle engine, each waited for (the
+#: strategy's)
 TimeHandoffs = Callable[[str, int], Sequence[tuple[float, float]]]
 
 
