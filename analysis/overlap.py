@@ -14,14 +14,21 @@ replayed on a compute profile (``commbench.profile``; ``profiles/*.json``):
    in ``commbench.buckets`` (standard library only), which both use.
 2. Bucket ``k`` is full at ``r_k``: the latest profiled ready time of its
    gradients, times ``compute_scale``, counted from the start of backward.
-3. The link serves buckets one at a time, in order (the transfer engine's
-   single thread; every rank issues in the same order):
-   ``start_k = max(r_k, end_{k-1})``, ``end_k = start_k + T(bytes_k)``, with
-   ``T`` the fitted alpha-beta-gamma all-reduce time (``analysis.alphabeta.predict``).
-4. Backward ends at ``B = max_k r_k``. Exposed sync ``= max(0, end_last - B)``;
-   step ``= forward + B + optimizer + exposed``; compute ``= forward + B +
-   optimizer``. With no overlap (flat, hierarchical) exposed sync is
-   ``T(all bytes)``.
+3. The transfer engine serves buckets one at a time, in order, on one thread
+   (every rank issues in the same order; ``commbench.buckets.schedule``): a bucket
+   handed over while the engine is busy starts as the one before ends,
+   ``start_k = end_{k-1}``; one handed to an idle engine starts once its thread has
+   woken, ``start_k = r_k + pickup``; ``end_k = start_k + T_k(bytes_k)``, with
+   ``T_k`` the all-reduce time of the path bucket ``k`` ran on: at scale the fitted
+   alpha-beta-gamma model (``analysis.alphabeta.predict``; for a run here, the fitted
+   model's algorithm for the path it ran, ``PATH_ALGO``).
+4. Backward ends at ``B = max_k r_k``. Exposed sync ``= end_last + handback - B``
+   where the last transfer runs past ``B`` (the step's thread waits for it and is
+   woken ``handback`` after it ends), else 0; step ``= forward + B + optimizer +
+   exposed``; compute ``= forward + B + optimizer``. ``pickup`` and ``handback`` are
+   the host's hand-offs between the step's thread and the engine's: 0 at scale, the
+   run's probed ones (``knobs.bucket_mb_auto.probe``) where it has them. With no
+   overlap (flat, hierarchical) exposed sync is ``T(all bytes)``.
 
 Scaling efficiency = throughput(p) / (p * throughput(1)) = compute / step, as
 one rank has no sync (docs/metrics.md).
@@ -35,8 +42,9 @@ optimizer 1.1 ms, float32), 8 GPUs per node on NVLink 4.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -130,23 +138,29 @@ class Step:
         return self.compute_s / self.step_s if self.step_s > 0 else math.nan
 
 
-def schedule(full_s: Sequence[float], allreduce_s: Sequence[float], backward_s: float
-             ) -> tuple[list[float], float]:
-    """``commbench.buckets.schedule`` (the rule ``--bucket-mb auto`` chooses by); a length
-    mismatch is a ModelError."""
+def schedule(full_s: Sequence[float], allreduce_s: Sequence[float], backward_s: float, *,
+             pickup_s: float = 0.0, handback_s: float = 0.0) -> tuple[list[float], float]:
+    """``commbench.buckets.schedule`` (the rule ``--bucket-mb auto`` chooses by, with the
+    engine's hand-offs); a length mismatch is a ModelError."""
     try:
-        return _schedule(full_s, allreduce_s, backward_s)
+        return _schedule(full_s, allreduce_s, backward_s, pickup_s=pickup_s,
+                         handback_s=handback_s)
     except ValueError as e:
         raise ModelError(str(e)) from None
 
 
 def bucketed_step(prof: Profile, allreduce, bucket_mb: float = DEFAULT_BUCKET_MB,
                   first_bucket_mb: float = FIRST_BUCKET_MB,
-                  bucket_bytes: Sequence[float] | None = None) -> Step:
+                  bucket_bytes: Sequence[float] | None = None, *,
+                  per_bucket: Sequence[Callable[[float], float]] | None = None,
+                  pickup_s: float = 0.0, handback_s: float = 0.0) -> Step:
     """Predicted step of the bucketed strategy on ``prof``; ``allreduce(bytes)`` -> seconds.
 
     ``bucket_bytes`` (a run's reported wire bytes, e.g. after fp16 compression) replaces
     the profile's float32 bytes per bucket where given; it must have one entry per bucket.
+    ``per_bucket``, where given, prices each bucket on its own path (one cost per bucket:
+    ``--bucket-mb auto``'s ``by-size``) instead of ``allreduce``. ``pickup_s`` and
+    ``handback_s`` are the transfer engine's hand-offs (``commbench.buckets.schedule``).
     """
     groups = assign_buckets(prof.nbytes, prof.order, bucket_mb * MB, first_bucket_mb * MB)
     sizes = [sum(prof.nbytes[i] for i in g) for g in groups]
@@ -155,9 +169,13 @@ def bucketed_step(prof: Profile, allreduce, bucket_mb: float = DEFAULT_BUCKET_MB
             raise ModelError(f"the run reports {len(bucket_bytes)} buckets; the profile "
                              f"{prof.name} with these caps gives {len(groups)}")
         sizes = [float(b) for b in bucket_bytes]
+    if per_bucket is not None and len(per_bucket) != len(groups):
+        raise ModelError(f"{len(per_bucket)} bucket paths for {len(groups)} buckets")
     full = [max(prof.ready_s[i] for i in g) for g in groups]
-    times = [allreduce(n) for n in sizes]
-    _, exposed = schedule(full, times, prof.backward_s)
+    costs = per_bucket if per_bucket is not None else [allreduce] * len(groups)
+    times = [cost(n) for cost, n in zip(costs, sizes)]
+    _, exposed = schedule(full, times, prof.backward_s, pickup_s=pickup_s,
+                          handback_s=handback_s)
     return Step(prof.compute_s, exposed, float(sum(times)), len(groups))
 
 
@@ -284,14 +302,51 @@ def run_params(rec: dict, params: Params, fit_links: Sequence[float] = ()) -> Pa
     return params.with_inter(alpha, 8 / (link * 1e9))
 
 
+#: the transfer engine's paths (``knobs.transfer_path``) and the fitted model's algorithm for
+#: each: ``thread`` runs the backend's own blocking all-reduce (``native``, the cheapest flat
+#: algorithm), ``ring`` the project's ring, ``hier`` the two-level all-reduce
+PATH_ALGO = {"thread": "native", "ring": "ring", "hier": "hier"}
+#: ``--bucket-mb auto``'s path that sends each bucket on its own (``knobs.bucket_paths``)
+BY_SIZE = "by-size"
+
+
+def bucket_paths(rec: dict, buckets: int) -> list[str]:
+    """The engine path each of a run's ``buckets`` buckets ran on: its ``transfer_path``,
+    or under ``by-size`` its ``bucket_paths``; a ModelError where the record does not say."""
+    knobs = rec.get("knobs") or {}
+    path = knobs.get("transfer_path") or "thread"  # records before the paths: the thread's
+    if path == BY_SIZE:
+        paths = knobs.get("bucket_paths") or []
+        if len(paths) != buckets:
+            raise ModelError(f"by-size with {len(paths)} bucket paths for {buckets} buckets")
+        return [str(p) for p in paths]
+    return [str(path)] * buckets
+
+
+def probed_handoffs(rec: dict) -> tuple[float, float]:
+    """``(pickup_s, handback_s)`` of the engine a run's buckets ran on, where its tuner probed
+    them (``knobs.bucket_mb_auto.probe``): its path's, under ``by-size`` the first probed
+    path's (the preferred one, whose engine runs every bucket); 0 where not probed."""
+    knobs = rec.get("knobs") or {}
+    probe = (knobs.get("bucket_mb_auto") or {}).get("probe") or {}
+    path = knobs.get("transfer_path")
+    fit = probe.get(path) if path != BY_SIZE else next(iter(probe.values()), None)
+    fit = fit or {}
+    pickup, handback = num(fit.get("pickup_s")), num(fit.get("handback_s"))
+    return (pickup if pickup > 0 else 0.0), (handback if handback > 0 else 0.0)
+
+
 def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
                ) -> tuple[list[OverlapCheck], list[str]]:
     """Each bucketed summary with a compute profile, predicted and compared; and why each
     other bucketed summary was left out.
 
-    Per bucket the all-reduce is ``native`` (the cheapest flat algorithm) for the
-    engine's blocking all-reduce, ``ring`` for ``--transfer ring``; the compute is the
-    run's measured ``compute_s`` (median), the overlap the profile's ready times.
+    Each bucket is priced on the engine path it ran (``bucket_paths``) by the fitted model's
+    algorithm for that path (``PATH_ALGO``); the engine's hand-offs are the run's probed
+    ones where it has them (``probed_handoffs``: ``--bucket-mb auto``), else 0. Not by the
+    run's own probe of the path: that is what auto predicted with (``auto_checks``), and
+    the advisor prices a user's cluster by the fit. The compute is the run's
+    measured ``compute_s`` (median), the overlap the profile's ready times.
     """
     checks, skipped = [], []
     fit_links = [num(get(r, "link_gbps")) for r in records
@@ -324,18 +379,28 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         ranks = int(num(r.get("world_size")))
         nodes = int(num(r.get("nodes"))) if num(r.get("nodes")) >= 1 else 1
         local = int(num(r.get("local_size"))) if num(r.get("local_size")) >= 1 else ranks
-        if nodes > 1 and math.isnan(p.beta_inter):
-            skipped.append(f"{rid}: multi-node without a fitted or measured link")
-            continue
-        algo = "ring" if knobs.get("transfer_path") == "ring" else "native"
-
-        def allreduce(n: float, p=p, ranks=ranks, nodes=nodes, local=local, algo=algo):
-            return predict(algo, n, ranks, p, nodes, local)
-
+        bucket_bytes = knobs.get("bucket_bytes")
         bucket_mb = num(knob(r, "bucket_mb", DEFAULT_BUCKET_MB))
         first = num(knobs.get("first_bucket_mb", FIRST_BUCKET_MB))
         try:
-            st = bucketed_step(prof, allreduce, bucket_mb, first, knobs.get("bucket_bytes"))
+            buckets = len(bucket_bytes) if bucket_bytes else \
+                len(assign_buckets(prof.nbytes, prof.order, bucket_mb * MB, first * MB))
+            paths = bucket_paths(r, buckets)
+            unknown = sorted(set(paths) - set(PATH_ALGO))
+            if unknown:
+                raise ModelError(f"no model of transfer path {', '.join(unknown)}")
+        except ModelError as e:
+            skipped.append(f"{rid}: {e}")
+            continue
+        if nodes > 1 and math.isnan(p.beta_inter):
+            skipped.append(f"{rid}: multi-node without a fitted or measured link")
+            continue
+        costs = [partial(predict, PATH_ALGO[q], p=ranks, params=p, nodes=nodes, local=local)
+                 for q in paths]
+        pickup, handback = probed_handoffs(r)
+        try:
+            st = bucketed_step(prof, costs[0], bucket_mb, first, bucket_bytes,
+                               per_bucket=costs, pickup_s=pickup, handback_s=handback)
         except ModelError as e:
             skipped.append(f"{rid}: {e}")
             continue
@@ -346,11 +411,11 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     return checks, skipped
 
 
-def judged_on(checks: Sequence[OverlapCheck]) -> tuple[list[OverlapCheck], str]:
+def judged_on(checks: Sequence) -> tuple[list, str]:
     """The checks the model's error is judged on, and which in words (``judged on ...``):
     the link-bound runs' where there are some (a host-bound run's exposed sync holds this
     machine's scheduling and polling, which the model does not price: docs/fidelity.md),
-    else all."""
+    else all. Any check with a ``link_bound`` verdict (``OverlapCheck``, ``AutoCheck``)."""
     linked = [c for c in checks if c.link_bound]
     host = sum(c.link_bound is False for c in checks)
     unjudged = sum(c.link_bound is None for c in checks)
@@ -372,12 +437,15 @@ GOAL = 0.15  # median |predicted / measured - 1| on the emulated cluster (issue 
 
 
 def check_lines(checks: Sequence[OverlapCheck], skipped: Sequence[str]) -> list[str]:
-    """The report section: per run with its host verdict, then the medians against the 15 %
-    goal, over the runs ``judged_on`` picks (and which they were)."""
+    """The report section: per run with its host verdict, then
+    the medians against the 15 % goal, over the runs ``judged_on`` picks (and which they
+    were)."""
     out = ["# overlap model vs measured bucketed runs: inputs per run are its compute profile "
            "x compute_scale (ready times), its bucket caps and reported bucket bytes, its "
-           "measured compute_s, the fitted alpha-beta-gamma model (inter-node beta the fitted "
-           "one where fitted at the run's link_gbps, else from its link_gbps)"]
+           "measured compute_s, the engine's hand-offs where its auto probe timed them; each "
+           "bucket priced on the engine path it ran by the fitted alpha-beta-gamma model "
+           "(thread = native, ring, hier; inter-node beta the fitted one where fitted at the "
+           "run's link_gbps, else from its link_gbps)"]
     if not checks:
         out.append("no bucketed runs with a compute profile to check against")
     else:
@@ -392,5 +460,108 @@ def check_lines(checks: Sequence[OverlapCheck], skipped: Sequence[str]) -> list[
         st = median_abs([c.step_err for c in used])
         out.append(f"median |predicted/measured - 1| over {len(used)} runs: exposed sync "
                    f"{ex:.1%}, step {st:.1%} (goal <= {GOAL:.0%}); judged on {which}")
+    out += [f"left out: {s}" for s in skipped]
+    return out
+
+
+# --- --bucket-mb auto's own prediction against its run --------------------------------
+
+#: the goal for ``--bucket-mb auto``'s predicted exposed sync (issue 48): the median over
+#: cells of |predicted / measured - 1| at most 15 %, no cell above 30 %, at least 6 cells
+AUTO_GOAL, AUTO_WORST, AUTO_CELLS = 0.15, 0.30, 6
+
+
+@dataclass
+class AutoCheck:
+    """One ``--bucket-mb auto`` run: the exposed sync its tuner predicted for the path and
+    cap it chose (``knobs.bucket_mb_auto.predicted_exposed_s``), and the run's measured one
+    (median over its measured steps)."""
+
+    run_id: str
+    #: the set-up it ran in: model, ranks as nodes x local, link, backend
+    cell: str
+    path: str
+    cap_mb: float
+    predicted_exposed_s: float
+    measured_exposed_s: float
+    link_bound: bool | None = None
+
+    @property
+    def exposed_err(self) -> float:
+        return self.predicted_exposed_s / self.measured_exposed_s - 1 \
+            if self.measured_exposed_s > 0 else math.nan
+
+
+def _cell(rec: dict) -> str:
+    layout = f"{rec.get('nodes')}x{rec.get('local_size')}"
+    return (f"{rec.get('model')} {layout} {get(rec, 'link_shaping') or 'no shaping'} "
+            f"{rec.get('backend')}")
+
+
+def auto_checks(records: Sequence[dict]) -> tuple[list[AutoCheck], list[str]]:
+    """Every bucketed summary whose cap ``--bucket-mb auto`` chose, its prediction for the
+    chosen path and cap beside its measured exposed sync; and why each other auto run was
+    left out (nothing chosen, or no prediction recorded for the choice)."""
+    checks, skipped = [], []
+    for r in records:
+        if r.get("kind") != "summary" or r.get("strategy") != "bucketed":
+            continue
+        auto = (r.get("knobs") or {}).get("bucket_mb_auto")
+        if not auto:
+            continue
+        rid = str(r.get("run_id"))
+        cap, path = auto.get("chosen"), auto.get("chosen_path")
+        if cap is None or path is None:
+            skipped.append(f"{rid}: auto chose nothing ({auto.get('why') or 'no choice'})")
+            continue
+        pred = num(((auto.get("predicted_exposed_s") or {}).get(path) or {}).get(f"{cap:g}"))
+        if math.isnan(pred):
+            skipped.append(f"{rid}: no prediction recorded for {path} at {cap:g} MB")
+            continue
+        checks.append(AutoCheck(rid, _cell(r), str(path), float(cap), pred,
+                                stat(r, "exposed_sync_s"), is_link_bound(r)))
+    return checks, skipped
+
+
+def auto_verdict(checks: Sequence[AutoCheck]) -> tuple[dict[str, float], str]:
+    """Per cell the median |error| of its runs, and the goal's verdict over the cells:
+    ``met``, ``NOT met`` or ``not decidable`` (fewer than ``AUTO_CELLS`` cells), in words."""
+    by_cell: dict[str, list[float]] = {}
+    for c in checks:
+        by_cell.setdefault(c.cell, []).append(c.exposed_err)
+    cells = {k: median_abs(v) for k, v in by_cell.items()}
+    vals = [v for v in cells.values() if not math.isnan(v)]
+    if not vals:
+        return cells, "not decidable: no cell with a measured exposed sync"
+    med, worst = float(np.median(vals)), max(vals)
+    said = (f"median over {len(vals)} cells {med:.1%} (goal <= {AUTO_GOAL:.0%}), worst "
+            f"{worst:.1%} (goal <= {AUTO_WORST:.0%})")
+    if len(vals) < AUTO_CELLS:
+        return cells, f"not decidable: {said}; {AUTO_CELLS} cells needed"
+    met = med <= AUTO_GOAL and worst <= AUTO_WORST
+    return cells, f"{'met' if met else 'NOT met'}: {said}"
+
+
+def auto_lines(checks: Sequence[AutoCheck], skipped: Sequence[str]) -> list[str]:
+    """The report's rows: per auto run its choice, predicted and measured exposed sync and
+    the error, with its host verdict; per cell the median error; the goal's verdict over
+    the cells of the runs ``judged_on`` picks (and which they were)."""
+    out = ["# --bucket-mb auto: the exposed sync its tuner predicted for the path and cap it "
+           "chose (knobs.bucket_mb_auto.predicted_exposed_s) vs the same run's measured "
+           "exposed sync (median over its measured steps)"]
+    if not checks:
+        out.append("no bucketed runs whose cap --bucket-mb auto chose")
+    else:
+        out.append(f"{'run':14s} {'cell':34s} {'path':>7s} {'cap MB':>7s} {'pred ms':>8s} "
+                   f"{'meas ms':>8s} {'error':>7s}  host")
+        for c in checks:
+            out.append(f"{c.run_id[:14]:14s} {c.cell[:34]:34s} {c.path:>7s} {c.cap_mb:7g} "
+                       f"{c.predicted_exposed_s * 1e3:8.2f} {c.measured_exposed_s * 1e3:8.2f} "
+                       f"{c.exposed_err:+7.1%}  {VERDICT_WORDS[c.link_bound]}")
+        used, which = judged_on(checks)
+        cells, verdict = auto_verdict(used)
+        out += [f"cell {k}: median |predicted/measured - 1| {v:.1%} over "
+                f"{sum(c.cell == k for c in used)} runs" for k, v in cells.items()]
+        out.append(f"auto's predicted exposed sync: {verdict}; judged on {which}")
     out += [f"left out: {s}" for s in skipped]
     return out

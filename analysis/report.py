@@ -193,23 +193,25 @@ def model_error_lines(res) -> list[str]:
 
 
 def overlap_lines(records: list[dict], res) -> list[str]:
-    """The overlap model: its extrapolation on the one device scenario, and its check
-    against the bucketed runs of the folder (with the fitted parameters)."""
+    """The overlap model: its extrapolation on the one device scenario, its check against
+    the bucketed runs of the folder (with the fitted parameters), and ``--bucket-mb
+    auto``'s own predictions against the runs that made them (no fit needed)."""
     lines = ["## Overlap model (bucketed sync during backward)", "",
              "Buckets formed as the bucketed strategy forms them, each started when its last "
-             "gradient is ready (the compute profile's ready times), served by the link in "
-             "order, each all-reduce priced by the alpha-beta-gamma model "
+             "gradient is ready (the compute profile's ready times), served by the transfer "
+             "engine one at a time in order, each all-reduce priced on the path it ran "
              "(`analysis/overlap.py`). Scaling efficiency = compute / step.", ""]
+    auto = ["```", *overlap.auto_lines(*overlap.auto_checks(records)), "```", ""]
     try:
         dev = overlap.h200()
     except overlap.ModelError as e:
-        return [*lines, f"No device scenario: {e}.", ""]
+        return [*lines, f"No device scenario: {e}.", "", *auto]
     lines += ["```", *overlap.extrapolation_lines(dev), "```", ""]
     if res is None:
         return [*lines, "Not checked against measured bucketed runs: the model is not fitted "
-                "(no microbenchmark records).", ""]
+                "(no microbenchmark records).", "", *auto]
     checks, skipped = overlap.check_runs(records, res.params)
-    return [*lines, "```", *overlap.check_lines(checks, skipped), "```", ""]
+    return [*lines, "```", *overlap.check_lines(checks, skipped), "```", "", *auto]
 
 
 def user_latency(records: Sequence[dict], latency_us: float | None

@@ -6,6 +6,7 @@ forms buckets with the very rule the bucketed strategy runs, without torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 #: the unit of ``--bucket-mb``: DDP's ``bucket_cap_mb`` counts 2**20 bytes
@@ -71,31 +72,54 @@ def parse_bucket_mb(text: str | float) -> float | str:
     return mb
 
 
-def schedule(full_s: Sequence[float], allreduce_s: Sequence[float], backward_s: float
-             ) -> tuple[list[float], float]:
-    """Bucket end times and exposed sync: bucket ``k`` starts at ``max(full_k, end_{k-1})``
-    (one transfer at a time, in order, as the transfer engine runs them) and holds the link
-    ``allreduce_s[k]``; exposed = ``max(0, last end - backward_s)``."""
+def schedule(full_s: Sequence[float], allreduce_s: Sequence[float], backward_s: float, *,
+             pickup_s: float = 0.0, handback_s: float = 0.0) -> tuple[list[float], float]:
+    """Bucket end times and exposed sync, as the transfer engine serves the buckets.
+
+    The engine (``commbench.comm.engine``) runs one transfer at a time, in order, on one
+    thread that waits on its queue when it has nothing to do. Bucket ``k`` is handed to
+    it at ``full_s[k]`` and holds the link ``allreduce_s[k]``:
+
+    - submitted while the engine is busy (``full_k < end_{k-1}``), it starts as the one
+      before ends: ``start_k = end_{k-1}`` (it is waiting in the queue);
+    - submitted to an idle engine, it starts once that thread has woken:
+      ``start_k = full_k + pickup_s``;
+    - ``end_k = start_k + allreduce_s[k]``.
+
+    The step's thread waits for the last transfer at the end of backward (``finish``):
+    where that transfer is still running at ``backward_s``, the thread resumes
+    ``handback_s`` after it ends (it is woken by the transfer's event), and exposed sync is
+    ``end_last + handback_s - backward_s``; else 0. ``pickup_s`` and ``handback_s`` are the
+    host's hand-offs between the two threads, which the probe of a transfer's own time
+    (start to end on the engine's thread) leaves out: the tuner measures them
+    (``BucketTuner``); 0 gives the link-only schedule.
+    """
     if len(full_s) != len(allreduce_s):
         raise ValueError(f"{len(full_s)} bucket ready times but {len(allreduce_s)} durations")
-    ends, end = [], 0.0
+    ends: list[float] = []
+    end = -math.inf  # the engine is idle before the first bucket
     for r, t in zip(full_s, allreduce_s):
-        end = max(r, end) + t
+        end = (end if r < end else r + pickup_s) + t
         ends.append(end)
-    return ends, max(0.0, (ends[-1] if ends else 0.0) - backward_s)
+    if not ends or ends[-1] <= backward_s:
+        return ends, 0.0
+    return ends, ends[-1] + handback_s - backward_s
 
 
 def choose_cap(nbytes: Sequence[int], order: Sequence[int], ready_s: Sequence[float],
                cost: Callable[[float], float], first_cap_bytes: float | None = None,
                dtypes: Sequence[object] | None = None,
-               caps_mb: Sequence[float] = AUTO_CAPS_MB) -> tuple[float, dict[float, float]]:
+               caps_mb: Sequence[float] = AUTO_CAPS_MB, *,
+               pickup_s: float = 0.0, handback_s: float = 0.0
+               ) -> tuple[float, dict[float, float]]:
     """The cap (MB) whose buckets end the all-reduce soonest after backward, and each
     candidate's predicted exposed sync (s).
 
     Gradient ``i`` is ready at ``ready_s[i]`` (any common origin: one step's stamps); a
     bucket of ``b`` bytes holds the link ``cost(b)`` seconds (``ProbeCost``: measured on
-    this job's ranks); buckets run one at a time in order (``schedule``). Smaller caps
-    start the link earlier; each bucket pays the path's latency. Among caps whose
+    this job's ranks); buckets run one at a time in order, with the engine's hand-offs
+    ``pickup_s`` and ``handback_s`` (``schedule``). Smaller caps start the link earlier;
+    each bucket pays the path's latency. Among caps whose
     exposed sync is within ``AUTO_SLACK`` of the best (+ ``AUTO_SLACK_BACKWARD`` of
     backward) the largest wins: fewer collectives, less host work per step and less
     latency in the comm time, for a predicted loss below the model's own error
@@ -113,7 +137,8 @@ def choose_cap(nbytes: Sequence[int], order: Sequence[int], ready_s: Sequence[fl
         groups = assign_buckets(nbytes, order, cap * MB, dtypes, first_cap_bytes)
         full = [max(ready_s[i] for i in g) for g in groups]
         times = [cost(sum(nbytes[i] for i in g)) for g in groups]
-        exposed[cap] = schedule(full, times, backward)[1]
+        exposed[cap] = schedule(full, times, backward, pickup_s=pickup_s,
+                                handback_s=handback_s)[1]
     best = min(exposed.values())
     slack = AUTO_SLACK * best + AUTO_SLACK_BACKWARD * backward + 1e-9
     return max(c for c, e in exposed.items() if e <= best + slack), exposed

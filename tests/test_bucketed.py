@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from commbench.buckets import AUTO_CAPS_MB, MB, ProbeCost, choose_cap, parse_bucket_mb, schedule
+from commbench.comm.engine import TransferEngine
 from commbench.strategies import BucketedSettings, make_strategy
 from commbench.strategies.bucketed import BucketedStrategy, assign_buckets
 from commbench.strategies.tuner import BY_SIZE, PROBE_BYTES, PROBE_REPS, BucketTuner
@@ -336,6 +340,66 @@ def test_the_tuner_without_gradient_times_says_why_and_chooses_nothing():
     assert tuner.record["why"] == "no gradient times were recorded"
     assert list(tuner.record) == ["requested", "chosen", "probe", "why", "chosen_after_steps"]
     assert not tuner.due and not tuner.by_size
+
+
+
+def test_the_tuner_prices_the_engines_hand_offs():
+    # the engine path's probe: 1 ms + 1 ns per byte; its hand-offs 1 ms to pick up, 2 ms to
+    # hand back (the first pair warms and is dropped). Two 4 MiB gradients ready at 0 and
+    # 50 ms, the first bucket capped at 1 MiB: every cap gives a bucket each. b0: idle,
+    # 0 + 1 -> 6.194 ms (1 + 4.194 ms); b1: idle again at 50: 51 -> 56.194; backward ends at
+    # 50: exposed 56.194 + 2 - 50 = 8.194 ms, where the link alone gives 5.194.
+    tuner = BucketTuner(["ring"], "ring")
+    handoffs = [(9.0, 9.0), (0.0005, 0.003), (0.001, 0.002), (0.0015, 0.001),
+                (0.001, 0.002), (0.001, 0.002)]
+    tuner.measure(lambda t, path, n: [1e-3 + 1e-9 * t.numel() * t.element_size()] * n,
+                  torch.zeros(1), time_handoffs=lambda path, n: handoffs[:n])
+    probe = tuner.record["probe"]["ring"]
+    assert (probe["pickup_s"], probe["handback_s"]) == (0.001, 0.002)  # medians of five
+    assert tuner.handoffs("ring") == tuner.handoffs(BY_SIZE) == (0.001, 0.002)
+    assert tuner.handoffs("thread") == (0.0, 0.0)  # not probed
+    tuner.ready = {0: 0.0, 1: 0.05}
+    tuner.end_step(StepTimer())
+    choice = tuner.choose(_Comm(), [4 * MB, 4 * MB], [0, 1], [torch.float32] * 2, MB)
+    link = 1e-3 + 1e-9 * 4 * MB
+    assert choice["predicted_exposed_s"]["ring"]["25"] == pytest.approx(link + 0.003,
+                                                                         abs=1e-6)
+    # the iallreduce path (no engine) is probed without hand-offs
+    bare = BucketTuner(["iallreduce"], "ring")
+    bare.measure(lambda t, path, n: [1e-3 + 1e-9 * t.numel()] * n, torch.zeros(1),
+                 time_handoffs=lambda path, n: pytest.fail("no engine to hand off to"))
+    assert list(bare.record["probe"]["iallreduce"]) == ["bytes", "seconds", "cost"]
+
+
+class _OneRank:
+    """A one-rank stand-in for the engine: each all-reduce takes 20 ms."""
+
+    name = "stand-in"
+    supports_p2p = False
+    progresses_itself = False
+    size, rank = 1, 0
+
+    def dup(self):
+        return self
+
+    def allreduce(self, tensor):
+        time.sleep(0.02)
+
+    def close(self):
+        pass
+
+
+def test_hand_offs_leave_the_transfers_own_time_out():
+    engine = TransferEngine(_OneRank(), "thread")
+    fake = SimpleNamespace(_open_engine=lambda path: engine,
+                           buckets=[SimpleNamespace(buffer=torch.zeros(4))])
+    try:
+        pairs = BucketedStrategy._time_handoffs(fake, "thread", 3)
+    finally:
+        engine.close()
+    assert len(pairs) == 3
+    for pickup, handback in pairs:  # wake-ups on an idle machine: far below the 20 ms
+        assert 0 <= pickup < 0.015 and 0 <= handback < 0.015
 
 
 # --- real jobs ------------------------------------------------------------------

@@ -126,7 +126,7 @@ from commbench.flags import flag, nonneg_float
 from commbench.flatbuf import FlatBuffer
 from commbench.strategies.base import Strategy, unpack_mean
 from commbench.strategies.settings import COMPRESSIONS, EngineSettings, check_choice
-from commbench.strategies.tuner import BY_SIZE, BucketTuner
+from commbench.strategies.tuner import BY_SIZE, HANDOFF_BYTES, BucketTuner
 from commbench.timing import NullTimer, StepTimer, device_events, now
 
 #: --transfer auto's path: back-to-back buckets on the project's ring (peer_fairness, 2 x 1 at
@@ -292,7 +292,9 @@ class BucketedStrategy(Strategy):
         if self.settings.bucket_mb == AUTO:
             self.tuner = BucketTuner(self._tuner_paths(), PREFERRED_PATH,
                                      wire_ratio=self._wire_ratio())
-            self.tuner.measure(self._time_transfers, like=self.buckets[0].buffer)
+            self.tuner.measure(self._time_transfers, like=self.buckets[0].buffer,
+                               time_handoffs=self._time_handoffs
+                               if self.progress == "thread" else None)
         self.begin_step(self.timer)
 
     def _build(self, bucket_mb: float) -> None:
@@ -352,6 +354,26 @@ class BucketedStrategy(Strategy):
                 handles[-1].wait()
         handles[-1].wait()
         return [h.seconds() for h in handles]
+
+    def _time_handoffs(self, path: str, n: int) -> list[tuple[float, float]]:
+        """``(pickup_s, handback_s)`` of each of ``n`` transfers of ``HANDOFF_BYTES`` on path
+        ``path``'s engine, each submitted while the engine idles and waited for: from the
+        submit to the engine's start (its thread woken from its queue), and from the
+        engine's end to this thread running again (woken by the transfer's event). A
+        transfer's own time (``_time_transfers``) leaves both out; a step pays the first
+        for every bucket handed to an idle engine and the second at its final wait
+        (``commbench.buckets.schedule``)."""
+        engine = self._open_engine(path)
+        like = self.buckets[0].buffer
+        t = torch.zeros(max(1, HANDOFF_BYTES // like.element_size()), dtype=like.dtype,
+                        device=like.device)
+        pairs = []
+        for _ in range(n):
+            h = engine.submit(t)
+            h.wait()
+            back = now()
+            pairs.append((h.start - h.queued, back - h.end))
+        return pairs
 
     def _wire_ratio(self) -> float:
         """Bytes on the wire per byte of gradient (0.5 under fp16 or bf16 compression)."""

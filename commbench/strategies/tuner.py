@@ -11,8 +11,12 @@ then the state (the probe, the gradient times of the step being timed, the choic
 1. ``measure``, once its first buckets are built (DDP's default cap, 25 MB): per path,
    the fastest of ``PROBE_REPS`` all-reduces at each of ``PROBE_BYTES``, queued behind
    one that warms the path, gives the transfer's cost by size
-   (``commbench.buckets.ProbeCost``). Collectives: every rank builds its strategies, and
-   probes, in the same order.
+   (``commbench.buckets.ProbeCost``); on an engine path, also the engine's hand-offs
+   (``HANDOFF_REPS`` small transfers, each waited for: the engine thread's wake-up
+   to begin one submitted while it idles, ``pickup_s``, and the caller's wake-up once it
+   has ended, ``handback_s``), which a transfer's own time leaves out and the schedule
+   prices (``commbench.buckets.schedule``). Collectives: every rank builds its
+   strategies, and probes, in the same order.
 2. ``stamp(i, timer)`` as gradient ``i`` is produced, and ``end_step(timer)`` at the end
    of each step: the gradient times of the timed steps (warm-up steps count; steps under
    a ``NullTimer``, as a validation pass's, do not). On a GPU a stamp is an event
@@ -31,6 +35,7 @@ then the state (the probe, the gradient times of the step being timed, the choic
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,9 +56,18 @@ PROBE_REPS = 2
 #: 2 x 2 at K = 4: 64 KiB buckets stepped 18 ms on the ring, 12 on Open MPI's; DDP 15).
 BY_SIZE = "by-size"
 
+#: the engine's hand-offs: small transfers timed on each engine path (the first warms), of
+#: the probe's smallest size (what is timed does not depend on it; one element would leave
+#: the two-level path's shards empty)
+HANDOFF_REPS, HANDOFF_BYTES = 5, PROBE_BYTES[0]
+
 #: ``time_transfers(t, path, n)``: the seconds each of ``n`` all-reduces of ``t`` takes on
 #: transfer path ``path``, queued back to back as a step's buckets are (the strategy's)
 TimeTransfers = Callable[[torch.Tensor, str, int], Sequence[float]]
+#: ``time_handoffs(path, n)``: ``(pickup_s, handback_s)`` of each of ``n`` small transfers
+#: (``HANDOFF_BYTES``) submitted to path ``path``'s idle engine, each waited for (the
+#: strategy's)
+TimeHandoffs = Callable[[str, int], Sequence[tuple[float, float]]]
 
 
 class BucketTuner:
@@ -104,10 +118,13 @@ class BucketTuner:
 
     # -- the probe -------------------------------------------------------------------------
 
-    def measure(self, time_transfers: TimeTransfers, like: torch.Tensor) -> None:
+    def measure(self, time_transfers: TimeTransfers, like: torch.Tensor,
+                time_handoffs: TimeHandoffs | None = None) -> None:
         """Probe every path with ``time_transfers``, in tensors of ``like``'s dtype and
-        device (a bucket's buffer: the wire dtype). A path whose times give no cost keeps
-        them in the record, without one, and ``why`` says so."""
+        device (a bucket's buffer: the wire dtype), and every engine path's hand-offs with
+        ``time_handoffs`` where given (the median of ``HANDOFF_REPS`` after one that warms,
+        as ``pickup_s`` and ``handback_s`` beside the path's times). A path whose times give
+        no cost keeps them in the record, without one, and ``why`` says so."""
         fits: dict[str, dict[str, Any]] = {}
         why: dict[str, str] = {}
         for path in self.paths:
@@ -119,6 +136,10 @@ class BucketTuner:
                     sizes.append(t.numel() * t.element_size())
                     times.append(dt)
             fits[path] = {"bytes": sizes, "seconds": [round(x, 6) for x in times]}
+            if time_handoffs is not None and path in TRANSFER_PATHS:
+                pairs = list(time_handoffs(path, HANDOFF_REPS + 1))[1:]
+                for key, vals in zip(("pickup_s", "handback_s"), zip(*pairs)):
+                    fits[path][key] = round(statistics.median(vals), 6)
             try:
                 fits[path]["cost"] = ProbeCost(sizes, times).record()
             except ValueError as e:  # the times stay in the record, beside why
@@ -137,6 +158,13 @@ class BucketTuner:
         if len(engine) > 1:
             costs[BY_SIZE] = lambda b: min(costs[p](b) for p in engine)
         return costs
+
+    def handoffs(self, path: str) -> tuple[float, float]:
+        """``(pickup_s, handback_s)`` of the engine that runs path ``path`` (under ``BY_SIZE``
+        the preferred path's: its engine runs every bucket), as probed; 0 where not probed
+        (no engine: ``iallreduce``)."""
+        fit = self.probe.get(self.preferred if path == BY_SIZE else path) or {}
+        return fit.get("pickup_s", 0.0), fit.get("handback_s", 0.0)
 
     def paths_by_size(self, nbytes: Sequence[float]) -> list[str]:
         """Under ``BY_SIZE``, the engine path the probe prices cheapest for a bucket of each
@@ -195,10 +223,13 @@ class BucketTuner:
                 last = max(stamped.values())
                 ready = [stamped.get(i, last) for i in range(len(nbytes))]
                 origin = min(ready)
-                choices = {path: choose_cap(list(nbytes), list(order),
-                                            [t - origin for t in ready], cost,
-                                            first_cap_bytes, list(dtypes))
-                           for path, cost in costs.items()}
+                choices: dict[str, tuple[float, dict[float, float]]] = {}
+                for path, cost in costs.items():
+                    pickup, handback = self.handoffs(path)
+                    choices[path] = choose_cap(list(nbytes), list(order),
+                                               [t - origin for t in ready], cost,
+                                               first_cap_bytes, list(dtypes),
+                                               pickup_s=pickup, handback_s=handback)
                 path = min(choices, key=lambda p: choices[p][1][choices[p][0]])  # first: tie
                 choice = {"chosen": choices[path][0], "chosen_path": path,
                           "backward_s": last - origin,
@@ -221,7 +252,8 @@ class BucketTuner:
         """What result records carry under ``knobs.bucket_mb_auto`` (result files and
         ``analysis/`` read this shape): ``requested`` (``auto``), ``chosen`` (the cap in
         MB, None until chosen or where nothing could be), ``probe`` (per path: ``bytes``,
-        ``seconds`` and, where they give one, ``cost``), ``why`` (where a path's times or
+        ``seconds``, on an engine path ``pickup_s`` and ``handback_s``, and, where the times
+        give one, ``cost``), ``why`` (where a path's times or
         the choice gave nothing), the choice's ``chosen_path``, ``backward_s`` and
         ``predicted_exposed_s``, and ``chosen_after_steps`` once ``choose`` has run."""
         rec: dict[str, Any] = {"requested": AUTO,
