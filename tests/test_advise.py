@@ -14,7 +14,6 @@ import json
 import math
 import os
 import subprocess
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -106,14 +105,13 @@ def test_async_is_bounded_by_the_link_whatever_the_staleness():
     assert advise.async_exposed(0.010, 0.005, 1) == 0
 
 
-def test_every_scheme_every_cap_at_eight_scales_within_five_seconds():
+def test_every_scheme_every_cap_at_eight_scales():
+    """The full table at every scale (its speed is the command's last line, a figure, not a
+    timed test: docs/analysis.md)."""
     prof = advise.profile_input(str(PROFILE), "resnet50", 256)
     flags = advise.ClusterFlags(8, link_gbps=100.0, latency_us=10.0)
     cluster = advise.cluster_params(flags, None, multi_node=True)
-    start = time.perf_counter()
     tables = [advise.advise(prof, cluster, r) for r in (8, 16, 32, 64, 128, 256, 512, 1024)]
-    took = time.perf_counter() - start
-    assert took <= 5.0, f"{took:.2f} s"
     assert all(len(t.exact) == 3 + 2 + 3 * len(advise.CAPS_MB) for t in tables)
 
 
