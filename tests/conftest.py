@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,13 @@ from tests.tiers import (  # noqa: F401 - the suite's tiers' hooks (make check: 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 JOB_TIMEOUT = 240  # seconds; a job that takes longer has hung
+
+
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a process a test will Ctrl-C: SIGINT at its default, as a
+    terminal's shell leaves it. A suite started in the background (``cmd &``) inherits
+    SIGINT ignored, Python then keeps it ignored, and the Ctrl-C never arrives."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def need(binary: str) -> None:

@@ -23,7 +23,7 @@ from launch.cluster import (
     parse_rate,
 )
 from launch.execute import run
-from tests.conftest import PY, ROOT, read_jsonl
+from tests.conftest import PY, ROOT, ctrl_c_reaches_it, read_jsonl
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -299,7 +299,7 @@ def test_sigint_during_run_leaves_nothing():
            "--rate", "1gbit", "--no-link-test", "--",
            PY, "-c", "import time; time.sleep(300)"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.time() + 60
         while time.time() < deadline:  # wait until the sleepers run on the nodes

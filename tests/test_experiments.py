@@ -20,7 +20,7 @@ from experiments import study as st
 from experiments.job import CLUSTER_S, Job, Placement
 from experiments.runner import Runner, RunnerError, compared_sets
 from launch.execute import INTERRUPTED
-from tests.conftest import PY, ROOT, read_jsonl
+from tests.conftest import PY, ROOT, ctrl_c_reaches_it, read_jsonl
 
 DATA = Path(__file__).parent / "data"
 #: (program, sorted argv, placement) of every job the study and the benchmarks planned before
@@ -163,7 +163,7 @@ def test_ctrl_c_stops_a_sweep_with_one_line_and_the_same_command_resumes(tmp_pat
             "-o", str(out), "--", "--model", "smallcnn", "--steps", "4", "--warmup", "1",
             "--compute-ms", "200"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.time() + 300
         while not list(out.glob("*.done.json")) and time.time() < deadline:
