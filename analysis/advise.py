@@ -94,6 +94,11 @@ ASYNC_PATHS = {"thread": "native", "ring": "ring"}
 CAPS_MB = (1.0, 5.0, DEFAULT_BUCKET_MB, 64.0, 128.0, AUTO)
 ACCUM_STEPS = (2, 4, 8)
 STALENESS = (1, 2, 4)
+#: margins of predicted step below this share (%) are a tie: the overlap model's median
+#: step error on link-bound emulated runs was 6.0 % (GPT-tiny 2 x 4, 12 runs) and 21.5 %
+#: (the quick study's ResNet-18, 12 runs; docs/analysis.md). A stated margin, not a fit:
+#: the validation grid (experiments/advise_grid.toml) is what will measure it per cell
+TIE_PCT = 10.0
 EXACT = ("flat", "hierarchical", "bucketed")
 APPROXIMATE = ("fp16", "accumulate", "async")
 SCHEMES = EXACT + APPROXIMATE
@@ -248,6 +253,7 @@ class Advice:
     exact: list[Prediction]
     approximate: list[Prediction]
     allow_approximate: bool = False
+    tie_pct: float = TIE_PCT
 
     @property
     def candidates(self) -> list[Prediction]:
@@ -261,10 +267,21 @@ class Advice:
     def runner_up(self) -> Prediction | None:
         return self.candidates[1] if len(self.candidates) > 1 else None
 
+    @property
+    def tied(self) -> list[Prediction]:
+        """The other candidates whose predicted step is within ``tie_pct`` % of the pick's:
+        the model cannot rank them apart (its step error on measured runs: ``TIE_PCT``)."""
+        best = self.pick
+        if best is None:
+            return []
+        return [p for p in self.candidates[1:]
+                if p.step_s - best.step_s < self.tie_pct / 100 * p.step_s]
+
 
 def advise(prof: Profile, cluster: Cluster, ranks: int, families: Sequence[str] = SCHEMES,
            caps_mb: Sequence[float | str] = CAPS_MB, accum: Sequence[int] = ACCUM_STEPS,
-           staleness: Sequence[int] = STALENESS, allow_approximate: bool = False) -> Advice:
+           staleness: Sequence[int] = STALENESS, allow_approximate: bool = False,
+           tie_pct: float = TIE_PCT) -> Advice:
     """Every scheme of ``families`` predicted on ``ranks`` GPUs, ranked."""
     steps = [(s, s.step(prof, cluster, ranks)) for s in exact_schemes(families, caps_mb)]
     best: dict[str, tuple[Scheme, Step]] = {}
@@ -274,7 +291,7 @@ def advise(prof: Profile, cluster: Cluster, ranks: int, families: Sequence[str] 
     exact = ranked([predicted(s, st) for s, st in steps])
     approx = ranked(approximate_predictions(prof, cluster, ranks, best, families, accum,
                                             staleness))
-    return Advice(ranks, exact, approx, allow_approximate)
+    return Advice(ranks, exact, approx, allow_approximate, tie_pct)
 
 
 # --- the model: a profile, a trace, or a registered model and a step time ------------------
@@ -537,9 +554,16 @@ def pick_lines(a: Advice) -> list[str]:
     if second is None:
         return [line]
     margin = second.step_s - best.step_s
-    word = "a tie with" if margin <= 1e-9 * second.step_s else \
-        f"{margin * 1e3:.2f} ms ({margin / second.step_s:.1%}) faster than"
-    return [line, f"#   {word} the runner-up, {second.scheme} ({second.step_s * 1e3:.2f} ms)"]
+    out = [line, f"#   {margin * 1e3:.2f} ms ({margin / second.step_s:.1%}) faster than the "
+                 f"runner-up, {second.scheme} ({second.step_s * 1e3:.2f} ms)"]
+    tied = a.tied
+    if tied:
+        names = ", ".join(p.scheme for p in tied[:3]) + (
+            f" and {len(tied) - 3} more" if len(tied) > 3 else "")
+        out.append(f"#   a tie: {len(tied)} other scheme{'s' if len(tied) > 1 else ''} within "
+                   f"--tie-pct {a.tie_pct:g} % of its step, inside the model's error: "
+                   f"{names}; measure them on your cluster before choosing")
+    return out
 
 
 APPROX_NOTE = ("# schemes that change the maths, each on the best exact scheme of its family "
@@ -646,6 +670,16 @@ def _latency(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e).removeprefix(f"{LATENCY_FLAG} ")) from None
 
 
+def _tie_pct(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: a percentage in [0, 100)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = parser(PROG, "Rank the toolkit's gradient-sync schemes for your model on your cluster, "
                      "predicted by the alpha-beta-gamma and overlap models.")
@@ -698,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=list(STALENESS), help="async staleness S")
     s.add_argument("--approximate", action="store_true",
                    help="let a scheme that changes the maths be the recommendation")
+    s.add_argument("--tie-pct", type=_tie_pct, default=TIE_PCT, metavar="PCT",
+                   help="schemes whose predicted step is within PCT %% of the pick's are "
+                        "called a tie with it (default: %(default)g, between the model's "
+                        "median step errors measured: docs/analysis.md)")
     p.add_argument("-o", "--output", default=None,
                    help="directory for advise.txt and, with several --ranks, advise.png/.svg")
     return p
@@ -754,7 +792,7 @@ def body(argv: list[str]) -> int:
     prof = model_input(args)
     try:
         advices = [advise(prof, cluster, r, args.schemes, args.bucket_mb, args.accum,
-                          args.staleness, args.approximate) for r in ranks]
+                          args.staleness, args.approximate, args.tie_pct) for r in ranks]
     except ModelError as e:
         raise UsageError(str(e)) from None
     lines = describe(prof, cluster) + [""]

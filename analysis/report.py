@@ -430,6 +430,9 @@ def decide_lines(paths: Sequence[str]) -> list[str]:
             lines.append(f"| {c['claim']} | {c['verdict']} | {_cell(c.get('figure') or '—')} | "
                          f"{c.get('runs') if c.get('runs') is not None else '—'} | "
                          + (f"{at / 60:.0f} min" if at is not None else "not decided") + " |")
+    for c in d.get("left_out", []):
+        lines.append(f"| {c['claim']} | undecided: not run | one round of its jobs needs "
+                     f"~{c['one_round_s'] / 3600:.1f} h, beyond the budget | 0 | not decided |")
     return lines + [""]
 
 

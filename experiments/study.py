@@ -438,6 +438,38 @@ def verdict_lines(runner: Runner, claims: Sequence[cl.SeedClaim], out: Path) -> 
     return lines
 
 
+def fit_budget(runner: Runner, claims: Sequence[cl.SeedClaim], budget_s: float
+               ) -> tuple[list[cl.SeedClaim], list[tuple[cl.SeedClaim, float]]]:
+    """The claims whose first round fits ``budget_s`` together, taken in the order asked
+    (a job two claims share is counted once), and each claim left out with the seconds one
+    round of its own jobs needs. A claim that does not fit is named, not run: a budget
+    spent on part of its first round would decide nothing (the full study's C1 alone
+    needs about 12 h here), while the claims that fit can still be decided."""
+    kept: list[cl.SeedClaim] = []
+    left: list[tuple[cl.SeedClaim, float]] = []
+    for claim in claims:
+        ids = {c.id for c in kept} | {claim.id}
+        if runner.estimate_s({j.name for j in runner.jobs if j.sets & ids}) <= budget_s:
+            kept.append(claim)
+        else:
+            left.append((claim, runner.estimate_s(
+                {j.name for j in runner.jobs if claim.id in j.sets})))
+    return kept, left
+
+
+def left_out_lines(left_out: Sequence[tuple[cl.SeedClaim, float]], budget: str | None
+                   ) -> list[str]:
+    """A line per claim the budget left out: undecided, not run, and what it would need."""
+    return [f"# {c.id}: undecided, not run: one round of its jobs needs ~{fmt_s(need)}, "
+            f"more than --budget {budget} leaves beside the claims before it; run it with "
+            f"--claims {c.id} and a budget of at least that" for c, need in left_out]
+
+
+def left_out_records(left_out: Sequence[tuple[cl.SeedClaim, float]]) -> list[dict]:
+    """``left_out`` as the study's decide/until file keeps it (``analysis.report``)."""
+    return [{"claim": c.id, "one_round_s": round(need, 1)} for c, need in left_out]
+
+
 def _auto_words(runner: Runner, guess: float, k: float | str) -> str:
     """What the expected time assumes of ``--dilation auto``: the K the probes start at, from
     the last choice; on a machine without one, also the time two rungs up (the probes
@@ -472,17 +504,19 @@ def main(argv: list[str] | None = None) -> int:
                              "compared set): its jobs cannot resume here; give a new folder")
         runner = Runner(cl.plan(scale, cluster, claims, ranks), out, scale.repeats)
         k = cluster.placement.dilation
+        left_out: list[tuple[cl.SeedClaim, float]] = []
+        if until is not None:
+            kept, left_out = fit_budget(runner, claims, until[1])
+            if not kept:
+                claim, need = min(left_out, key=lambda cn: cn[1])
+                raise StudyError(f"--budget {a.budget}: {claim.id}'s jobs need ~{fmt_s(need)} "
+                                 "for one round, the least of any claim asked for; give at "
+                                 "least that")
+            if left_out:
+                claims = kept
+                runner = Runner(cl.plan(scale, cluster, claims, ranks), out, scale.repeats)
         total = runner.estimate_s()
         guess = max((j.placement.k for j in runner.priced()), default=1.0)
-        if until is not None:
-            for claim in claims:  # one round of each claim's set must fit
-                need = runner.estimate_s({j.name for j in runner.jobs if claim.id in j.sets})
-                if need > until[1]:
-                    raise StudyError(f"--budget {a.budget}: {claim.id}'s jobs need ~"
-                                     f"{fmt_s(need)} for one round; give at least that")
-            if total > until[1]:
-                raise StudyError(f"--budget {a.budget}: the study's first round needs ~"
-                                 f"{fmt_s(total)}; give at least that")
     except (StudyError, RunnerError, ValueError) as e:
         print(f"experiments.study: error: {e}", file=sys.stderr)
         return 2
@@ -490,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(c.id for c in claims)}, "
           f"{sum(j.repeats or scale.repeats for j in runner.jobs)} jobs with repeats; expected "
           f"~{fmt_s(total)}" + _auto_words(runner, guess, k), flush=True)
+    for line in left_out_lines(left_out, a.budget):
+        print(line, flush=True)
     if a.dry_run:
         runner.dry_run()
         return 0
@@ -505,20 +541,22 @@ def main(argv: list[str] | None = None) -> int:
             d = runner.repeat_until(
                 lambda: judge_decisions(runner, claims, out, judged, fixed, started,
                                         decided_at), until[1], started)
-            (out / DECIDE_FILE).write_text(json.dumps({**d, "claims": judged}, indent=1))
+            (out / DECIDE_FILE).write_text(json.dumps(
+                {**d, "claims": judged, "left_out": left_out_records(left_out)}, indent=1))
             counts = {"failed": runner.failed}
         else:
             fixed = {j.name for j in runner.jobs if j.repeats is not None}
             d = runner.repeat_until(
                 lambda: judge_claims(runner, claims, out, until[0], judged, fixed), until[1],
                 started)
-            (out / UNTIL_FILE).write_text(json.dumps({**d, "pct": until[0], "claims": judged},
-                                                     indent=1))
+            (out / UNTIL_FILE).write_text(json.dumps(
+                {**d, "pct": until[0], "claims": judged,
+                 "left_out": left_out_records(left_out)}, indent=1))
             counts = {"failed": runner.failed}
         res = subprocess.run([sys.executable, "-m", "analysis.report", str(out), "-o",
                               str(out / "report"),
                               *([LATENCY_FLAG, f"{user_us:g}"] if user_us else [])], cwd=ROOT)
-        for line in verdict_lines(runner, claims, out):
+        for line in verdict_lines(runner, claims, out) + left_out_lines(left_out, a.budget):
             print(line, flush=True)
         print(f"# the study took {fmt_s(time.time() - started)}; results in {out}", flush=True)
         if res.returncode != 0:

@@ -80,6 +80,26 @@ def test_the_ranking_is_the_closed_form_one():
     assert all(p.exposed_s == pytest.approx(2 * A + 2 * S * B) for p in got.exact[4:])
 
 
+def test_a_margin_inside_the_models_error_is_called_a_tie():
+    """On the closed-form scenario the pick beats bucketed on ring and on hier by a alone
+    (0.1 ms of a 33.5 ms step, 0.3 %) and flat rd by s b (9 %), the other four by 2a + s b (9.4 %): at --tie-pct 1 the first
+    two tie with it, at 10 every exact scheme does, at 0 none; the tie line names them
+    and asks for a measurement."""
+    def tied(pct: float) -> list[str]:
+        return [p.scheme for p in advise.advise(two_gradients(), two_nodes_of_one(), 2,
+                                                caps_mb=[25], tie_pct=pct).tied]
+
+    assert sorted(tied(1)) == ["bucketed 25 MB on hier", "bucketed 25 MB on ring"]
+    assert len(tied(10)) == 7 and tied(0) == []
+    lines = advise.pick_lines(advise.advise(two_gradients(), two_nodes_of_one(), 2,
+                                            caps_mb=[25], tie_pct=1))
+    assert "0.10 ms (0.3%) faster than the runner-up" in lines[1]
+    assert lines[2].startswith("#   a tie: 2 other schemes within --tie-pct 1 % of its step")
+    assert lines[2].endswith("measure them on your cluster before choosing")
+    assert len(advise.pick_lines(advise.advise(two_gradients(), two_nodes_of_one(), 2,
+                                               caps_mb=[25], tie_pct=0))) == 2
+
+
 def test_schemes_that_change_the_maths_are_apart_unless_asked_for():
     """On the same scenario: fp16 halves the bytes (a + s b / 2 on the best bucketed);
     accumulation over K divides the exposed sync by K; async at any S hides the whole
@@ -280,6 +300,8 @@ BAD = [
     (["--model", "nosuchnet", "--compute-ms", "10"], "--model nosuchnet"),
     (["--trace", "{tmp}/noshapes.json"], "--trace", "record_shapes=True"),
     (["--trace", "{tmp}/nograds.json"], "--trace", "no gradient-ready events"),
+    (["--profile", "{profile}", "--tie-pct", "-1"], "--tie-pct"),
+    (["--profile", "{profile}", "--tie-pct", "much"], "--tie-pct"),
 ]
 
 

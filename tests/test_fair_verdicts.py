@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,8 @@ from experiments import study as st
 from experiments.job import Job, Placement
 from experiments.runner import Runner, outcome, probe_figures
 from tests.dilation_probe import ProbeConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _summary(step_s: float, bound: str = "link-bound", **kw) -> dict:
@@ -204,6 +209,46 @@ def test_decide_needs_a_budget_and_excludes_repeat_until(tmp_path, capsys):
     assert "give one" in capsys.readouterr().err
 
 
+def test_a_budget_runs_the_claims_that_fit_and_names_those_it_leaves_out():
+    """Claims are taken in the order asked while their first rounds fit together (a shared
+    job counted once); one that does not fit is left out with its own round's seconds."""
+    from experiments import claims as cl
+
+    class Jobs:  # the runner's jobs and its estimate, by job name
+        secs = {"shared": 600.0, "c1-only": 40000.0, "c2-only": 300.0, "c7-only": 900.0}
+
+        def __init__(self) -> None:
+            sets = {"shared": {"C1", "C2", "C7"}, "c1-only": {"C1"}, "c2-only": {"C2"},
+                    "c7-only": {"C7"}}
+            self.jobs = [type("J", (), {"name": n, "sets": frozenset(s)})()
+                         for n, s in sets.items()]
+
+        def estimate_s(self, names):
+            return sum(self.secs[n] for n in names)
+
+    claims = [cl.BY_ID[i] for i in ("C1", "C2", "C7")]
+    kept, left = st.fit_budget(Jobs(), claims, 1800.0)
+    assert [c.id for c in kept] == ["C2", "C7"]  # 600 + 300 + 900 = 1800 fits
+    assert [(c.id, s) for c, s in left] == [("C1", 40600.0)]
+    kept, left = st.fit_budget(Jobs(), claims, 1000.0)
+    assert [c.id for c in kept] == ["C2"] and [c.id for c, _ in left] == ["C1", "C7"]
+    line = st.left_out_lines(left[:1], "3h")[0]
+    assert line.startswith("# C1: undecided, not run: one round of its jobs needs ~")
+    assert "--claims C1" in line
+
+
+def test_the_full_study_under_a_3h_budget_plans_what_fits_and_names_c1(tmp_path):
+    """The full study's C1 needs about 12 h for one round: under --decide --budget 3h it is
+    named as not run, and the claims that fit are planned (a dry run: nothing runs)."""
+    res = subprocess.run([sys.executable, "-m", "experiments.study", "--decide", "--budget",
+                          "3h", "--dry-run", "-o", str(tmp_path / "s")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "# C1: undecided, not run: one round of its jobs needs ~" in res.stdout
+    header = next(x for x in res.stdout.splitlines() if x.startswith("# experiments.study"))
+    assert "C1" not in header.split(" points for ")[1].split(";")[0]
+
+
 def test_decide_wants_the_next_look_for_an_undecided_ratio_claim(tmp_path, monkeypatch):
     """The judge of ``--decide`` on C7's records with 2 runs a side: the claim is undecided
     and wants its first look, 3 runs a side, on the jobs behind its figure; a decided claim
@@ -249,6 +294,12 @@ def test_the_report_gives_each_claims_runs_and_time_to_its_verdict(tmp_path):
     lines = report.decide_lines([str(tmp_path)])
     assert "| C7 | reproduced | 0.50 (95% CI ...) | 3 | 30 min |" in lines
     assert "| C2 | undecided | — | — | not decided |" in lines
+    assert not any("not run" in x for x in lines)
+    d = json.loads((tmp_path / st.DECIDE_FILE).read_text())
+    (tmp_path / st.DECIDE_FILE).write_text(json.dumps(
+        {**d, "left_out": [{"claim": "C1", "one_round_s": 43200.0}]}))
+    assert ("| C1 | undecided: not run | one round of its jobs needs ~12.0 h, beyond the "
+            "budget | 0 | not decided |") in report.decide_lines([str(tmp_path)])
     assert any("round 1: accum-k4 +1" in x for x in lines)
 
 
