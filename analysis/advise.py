@@ -81,6 +81,7 @@ from commbench.buckets import (
     parse_bucket_mb,
 )
 from commbench.flags import csv_list, positive_float, positive_int
+from commbench.polling import polled_ring_s
 from commbench.profilefile import ProfileError
 from commbench.profilefile import read as read_profile
 
@@ -136,6 +137,13 @@ class Cluster:
 
 # --- the schemes ---------------------------------------------------------------------
 
+def polled(blocking: Callable[[float], float], ranks: int, wire: float = 1.0
+           ) -> Callable[[float], float]:
+    """The engine's ring path from the blocking ring's cost: each single-message step seen
+    when the engine's poll sees it (``commbench.polling.polled_ring_s``)."""
+    return lambda nbytes: polled_ring_s(blocking(nbytes), nbytes * wire, ranks)
+
+
 @dataclass(frozen=True)
 class Scheme:
     """One exact scheme: an all-reduce algorithm, after backward or per bucket."""
@@ -145,11 +153,16 @@ class Scheme:
     algo: str
     #: None: one all-reduce of the whole gradient; MB (0: one per tensor); or ``auto``
     bucket_mb: float | str | None = None
+    #: the bucketed strategy's transfer path (``PATHS``); None after backward
+    path: str | None = None
 
     def step(self, prof: Profile, cluster: Cluster, ranks: int, wire: float = 1.0) -> Step:
         allreduce = cluster.allreduce(self.algo, ranks, wire)
         if self.bucket_mb is None:
             return flat_step(prof, allreduce)
+        if self.path == "ring":  # the engine waits for the ring's messages by polling
+            allreduce = polled(allreduce, ranks, wire)
+
         cap = self.bucket_mb
         if cap == AUTO:  # the cap --bucket-mb auto chooses, priced by this model, not a probe
             allreduce = functools.lru_cache(maxsize=None)(allreduce)  # sizes recur over caps
@@ -173,7 +186,7 @@ def exact_schemes(families: Sequence[str], caps_mb: Sequence[float | str]) -> li
     if "hierarchical" in families:
         out += [Scheme(f"hierarchical {a}", "hierarchical", a) for a in HIER_ALGOS]
     if "bucketed" in families:
-        out += [Scheme(f"bucketed {cap_words(cap)} on {path}", "bucketed", algo, cap)
+        out += [Scheme(f"bucketed {cap_words(cap)} on {path}", "bucketed", algo, cap, path)
                 for cap in caps_mb for path, algo in PATHS.items()]
     return out
 

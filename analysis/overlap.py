@@ -56,6 +56,7 @@ from commbench.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, MB
 from commbench.buckets import assign_buckets as _assign_buckets
 from commbench.buckets import schedule as _schedule
 from commbench.hostload import is_link_bound
+from commbench.polling import polled_ring_s
 from commbench.profilefile import ProfileError
 from commbench.profilefile import read as read_profile
 
@@ -323,6 +324,18 @@ def bucket_paths(rec: dict, buckets: int) -> list[str]:
     return [str(path)] * buckets
 
 
+def path_cost(path: str, ranks: int, params: Params, nodes: int, local: int
+              ) -> Callable[[float], float]:
+    """Seconds of one bucket of n bytes on the engine's ``path``: the fitted model's
+    algorithm for it (``PATH_ALGO``), and on ``ring`` as the engine waits for the ring's
+    messages, by polling (``commbench.polling.polled_ring_s``); the fit is made of the
+    microbenchmark's blocking ring."""
+    cost = partial(predict, PATH_ALGO[path], p=ranks, params=params, nodes=nodes, local=local)
+    if path != "ring":
+        return cost
+    return lambda n: polled_ring_s(cost(n), n, ranks)
+
+
 def probed_handoffs(rec: dict) -> tuple[float, float]:
     """``(pickup_s, handback_s)`` of the engine a run's buckets ran on, where its tuner probed
     them (``knobs.bucket_mb_auto.probe``): its path's, under ``by-size`` the first probed
@@ -342,7 +355,7 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     other bucketed summary was left out.
 
     Each bucket is priced on the engine path it ran (``bucket_paths``) by the fitted model's
-    algorithm for that path (``PATH_ALGO``); the engine's hand-offs are the run's probed
+    algorithm for that path (``path_cost``: on ``ring``, polled); the engine's hand-offs are the run's probed
     ones where it has them (``probed_handoffs``: ``--bucket-mb auto``), else 0. Not by the
     run's own probe of the path: that is what auto predicted with (``auto_checks``), and
     the advisor prices a user's cluster by the fit. The compute is the run's
@@ -395,8 +408,7 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         if nodes > 1 and math.isnan(p.beta_inter):
             skipped.append(f"{rid}: multi-node without a fitted or measured link")
             continue
-        costs = [partial(predict, PATH_ALGO[q], p=ranks, params=p, nodes=nodes, local=local)
-                 for q in paths]
+        costs = [path_cost(q, ranks, p, nodes, local) for q in paths]
         pickup, handback = probed_handoffs(r)
         try:
             st = bucketed_step(prof, costs[0], bucket_mb, first, bucket_bytes,

@@ -14,6 +14,7 @@ import pytest
 
 from analysis import costmodel, overlap, report
 from analysis.alphabeta import Params, predict
+from commbench.polling import polled_ring_s, seen_s
 
 MIB = 2**20
 
@@ -381,9 +382,12 @@ def test_each_bucket_is_priced_on_the_path_it_ran(tmp_path):
     p = overlap.run_params(hier, FIT22)
     sizes, full = [1e6, 4e6, 2e6], [0.001, 0.004, 0.006]  # the tiny profile's buckets
 
+    def cost(algo, n):  # the ring path as the engine waits for it: polled
+        t = predict(algo, n, 4, p, 2, 2)
+        return polled_ring_s(t, n, 4) if algo == "ring" else t
+
     def exposed(algos):
-        return overlap.schedule(full, [predict(a, n, 4, p, 2, 2) for a, n in zip(algos, sizes)],
-                                0.006)[1]
+        return overlap.schedule(full, [cost(a, n) for a, n in zip(algos, sizes)], 0.006)[1]
 
     assert checks[0].predicted_exposed_s == pytest.approx(exposed(["hier"] * 3))
     assert checks[1].predicted_exposed_s == pytest.approx(exposed(["native", "ring", "hier"]))
@@ -394,6 +398,20 @@ def test_each_bucket_is_priced_on_the_path_it_ran(tmp_path):
     _, skipped = overlap.check_runs([by_size, bad], FIT22, base=tmp_path)
     assert skipped == ["by-size: by-size with 1 bucket paths for 3 buckets",
                        "odd: no model of transfer path carrier-pigeon"]
+
+
+def test_the_engines_ring_is_priced_as_its_poll_sees_each_step():
+    """The poll tests at once, then after sleeps of 31.25 us doubling to 0.5 ms: a message
+    done at 10 us is seen at 31.25, at 40 us at 93.75, at 1 ms at 1468.75 (31.25 + 62.5 +
+    125 + 250 + 500 + 500). A 14-step ring (8 ranks) of 0.7 ms has 50 us steps, each seen
+    at 93.75 us: 1.3125 ms. A ring whose chunks exceed a segment pipelines: unchanged."""
+    assert seen_s(10e-6) == pytest.approx(31.25e-6)
+    assert seen_s(40e-6) == pytest.approx(93.75e-6)
+    assert seen_s(1e-3) == pytest.approx(1468.75e-6)
+    assert seen_s(0.0) == 0.0
+    assert polled_ring_s(0.7e-3, 1000, 8) == pytest.approx(14 * 93.75e-6)
+    assert polled_ring_s(0.7e-3, 8 * 2 * MIB, 8, segment_bytes=MIB) == 0.7e-3
+    assert polled_ring_s(0.7e-3, 1000, 1) == 0.7e-3
 
 
 def test_an_auto_runs_probed_hand_offs_join_its_schedule(tmp_path):

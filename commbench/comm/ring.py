@@ -52,10 +52,8 @@ import torch
 from commbench import dilation
 from commbench.comm.base import Communicator, Handle
 from commbench.comm.phases import PhaseHook, Phases
+from commbench.polling import POLL_FIRST_S, POLL_S, SEGMENT_BYTES
 
-# 1 MiB: large enough for the link, small enough to pipeline. Tunable like
-# NCCL_BUFFSIZE, through COMMBENCH_RING_SEGMENT_BYTES.
-SEGMENT_BYTES = int(os.environ.get("COMMBENCH_RING_SEGMENT_BYTES", 1 << 20))
 
 
 def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
@@ -78,15 +76,6 @@ def offsets(counts: list[int]) -> list[int]:
 RING_PHASES = ("reduce_scatter", "allgather")
 
 
-#: the longest sleep between tests of a message when the ring polls: a 1 MiB segment takes
-#: ~8 ms at 1 Gbit/s, and socket buffers keep the link busy meanwhile
-POLL_S = 0.0005
-#: the first sleep of a wait; each next one doubles, up to POLL_S. A message that lands soon
-#: (a small bucket's: 64 KiB take 0.5 ms at 1 Gbit/s) is seen soon, a long one costs four
-#: more tests. With a flat 0.5 ms every message waited up to 0.5 ms: a 64 KiB all-reduce
-#: on the ring over 2 x 4 ranks (14 steps) took 5.3 ms against 0.34 ms for Open MPI's
-#: (peer_fairness's probe at K = 4), and --bucket-mb auto could not afford small buckets.
-POLL_FIRST_S = POLL_S / 16
 
 
 def block(h: Handle) -> None:
