@@ -121,7 +121,11 @@ def _cluster_key(job: Job) -> str:
 
 
 def _hint_key(job: Job) -> str:
-    return f"{job.program}:{_cluster_key(job)}:{job.nranks}"
+    """Whose last K a ladder starts from: the program on its cluster and ranks, and the model
+    where the job names one. Without the model, GPT-tiny's K = 16 (latency-bound) started
+    ResNet-50's ladder on the same 2 x 4 at 16, 7 min a probe, where 8 was its rung."""
+    model = getattr(job.config, "model", None)
+    return f"{job.program}:{_cluster_key(job)}:{job.nranks}" + (f":{model}" if model else "")
 
 
 def _hints() -> dict:

@@ -280,7 +280,7 @@ def test_the_expected_time_names_the_k_it_assumes(tmp_path):
     assert fresh.returncode == 0, fresh.stderr
     head = fresh.stdout.splitlines()[0]
     assert "the probes' first rung, to ~" in head, head
-    hint = {"commbench.allreduce:mpirun:2x4@4gbit:8": 16.0}
+    hint = {"commbench.allreduce:mpirun:2x4@4gbit:8:resnet18": 16.0}
     (tmp_path / "dilation-hints.json").write_text(json.dumps(hint))
     known = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert "at K = 16, the last K chosen here" in known.stdout.splitlines()[0]
