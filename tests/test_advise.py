@@ -82,9 +82,9 @@ def test_the_ranking_is_the_closed_form_one():
 
 def test_a_margin_inside_the_models_error_is_called_a_tie():
     """On the closed-form scenario the pick beats bucketed on ring and on hier by a alone
-    (0.1 ms of a 33.5 ms step, 0.3 %) and flat rd by s b (9 %), the other four by 2a + s b (9.4 %): at --tie-pct 1 the first
-    two tie with it, at 10 every exact scheme does, at 0 none; the tie line names them
-    and asks for a measurement."""
+    (0.1 ms of a 33.5 ms step, 0.3 %), flat rd by s b (9 %) and the other four by a + s b
+    (9.4 %): at --tie-pct 1 the first two tie with it, at 10 every exact scheme does, at 0
+    none; the tie line names them and asks for a measurement."""
     def tied(pct: float) -> list[str]:
         return [p.scheme for p in advise.advise(two_gradients(), two_nodes_of_one(), 2,
                                                 caps_mb=[25], tie_pct=pct).tied]

@@ -55,7 +55,6 @@ from commbench.comm.phases import PhaseHook, Phases
 from commbench.polling import POLL_FIRST_S, POLL_S, SEGMENT_BYTES
 
 
-
 def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     """Split ``n`` elements into ``p`` contiguous chunks whose sizes differ by at most one."""
     base, extra = divmod(n, p)
