@@ -357,9 +357,9 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     Each bucket is priced on the engine path it ran (``bucket_paths``) by the fitted model's
     algorithm for that path (``path_cost``: on ``ring``, polled); the engine's hand-offs are
     the run's probed ones where it has them (``probed_handoffs``: ``--bucket-mb auto``),
-    else 0. Not by the run's own probe of the path: that is what auto predicted with (``auto_checks``), and
-    the advisor prices a user's cluster by the fit. The compute is the run's
-    measured ``compute_s`` (median), the overlap the profile's ready times.
+    else 0. Not by the run's own probe of the path: that is what auto predicted with
+    (``auto_checks``), and the advisor prices a user's cluster by the fit. The compute is
+    the run's measured ``compute_s`` (median), the overlap the profile's ready times.
     """
     checks, skipped = [], []
     fit_links = [num(get(r, "link_gbps")) for r in records
