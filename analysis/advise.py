@@ -96,7 +96,7 @@ CAPS_MB = (1.0, 5.0, DEFAULT_BUCKET_MB, 64.0, 128.0, AUTO)
 ACCUM_STEPS = (2, 4, 8)
 STALENESS = (1, 2, 4)
 #: margins of predicted step below this share (%) are a tie: the overlap model's median
-#: step error on link-bound emulated runs was 6.0 % (GPT-tiny 2 x 4, 12 runs) and 21.5 %
+#: step error on link-bound emulated runs was 6.0 % (GPT-tiny 2 x 4, 12 runs) and 14.7 %
 #: (the quick study's ResNet-18, 12 runs; docs/analysis.md). A stated margin, not a fit:
 #: the validation grid (experiments/advise_grid.toml) is what will measure it per cell
 TIE_PCT = 10.0
