@@ -444,7 +444,7 @@ def fit_budget(runner: Runner, claims: Sequence[cl.SeedClaim], budget_s: float
     (a job two claims share is counted once), and each claim left out with the seconds one
     round of its own jobs needs. A claim that does not fit is named, not run: a budget
     spent on part of its first round would decide nothing (the full study's C1 alone
-    needs about 12 h here), while the claims that fit can still be decided."""
+    needs about 3 h here at K = 4), while the claims that fit can still be decided."""
     kept: list[cl.SeedClaim] = []
     left: list[tuple[cl.SeedClaim, float]] = []
     for claim in claims:
