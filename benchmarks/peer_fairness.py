@@ -77,10 +77,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis import sequential, stats
-from analysis.costmodel import link_bytes
 from analysis.load import mark_setup_verdicts
 from analysis.overlap import Profile, load_profile
-from commbench.allreduce import Config
 from commbench.buckets import DEFAULT_BUCKET_MB, parse_bucket_mb
 from commbench.comm.engine import TRANSFER_CHOICES
 from commbench.hostload import is_link_bound
@@ -97,13 +95,11 @@ from experiments.bench import (
     records,
 )
 from experiments.job import Job
+from experiments.replay import balanced_scale, measured_steps, replay_config, ring_bound_bytes
 from experiments.runner import Runner
 from launch.cluster import ClusterError, parse_rate
 
 JOB_TIMEOUT_S = 900.0
-#: emulated seconds of measured steps per run at least (a latency-bound model's steps last
-#: milliseconds: 4 of them are noise), in at most MAX_STEPS steps
-MEASURED_S, MAX_STEPS = 3.0, 200
 #: each model's committed profile and the batch it was recorded at
 PROFILES = {"resnet18": ("profiles/h200-resnet18-b64.json", 64),
             "resnet50": ("profiles/h200-resnet50-b256.json", 256),
@@ -142,13 +138,9 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     for model in args.models:
         prof = load_profile(ROOT / PROFILES[model][0])
         for nodes, slots in args.layouts:
-            p = nodes * slots
-            b = link_bytes("ring", prof.grad_bytes, p, nodes, slots)
-            bound_s = b * 8 / (gbit * 1e9)
-            scale = args.balance * bound_s / prof.backward_s
-            # a step is about compute + the bound; at least MEASURED_S of measured steps
-            step_s = prof.compute_s * scale + bound_s
-            steps = max(args.steps, min(MAX_STEPS, math.ceil(MEASURED_S / step_s)))
+            b = ring_bound_bytes(prof, nodes, slots)
+            scale = balanced_scale(prof, nodes, slots, gbit, args.balance)
+            steps = measured_steps(prof, scale, b * 8 / (gbit * 1e9), args.steps)
             out.append(Cell(model, nodes, slots, prof, round(scale, 4), b, steps))
     return out
 
@@ -165,10 +157,8 @@ def plan(args: argparse.Namespace) -> list[Job]:
         transfer = transfer or args.transfer
         sync = BucketedSettings(bucket_mb=args.bucket_mb if bucket_mb is None else bucket_mb,
                                 **({"transfer": transfer} if transfer else {}))
-        cfg = Config(model=cell.model, compute_profile=str(ROOT / path),
-                     compute_scale=cell.scale, batch_size=batch, strategies=strategies,
-                     algos=["native"], sync=sync, slow_rank=straggler, steps=cell.steps,
-                     warmup=args.warmup, quiet=True)
+        cfg = replay_config(cell.model, ROOT / path, batch, cell.scale, cell.steps,
+                            args.warmup, strategies, sync=sync, slow_rank=straggler)
         return Job.place(f"{cell.name} {name}", cfg, cell.nodes, cell.slots, args.rate,
                          launcher, timeout_s=JOB_TIMEOUT_S, repeats=args.repeats,
                          sets={cell.name})
