@@ -614,7 +614,8 @@ def describe(prof: Profile, cluster: Cluster) -> list[str]:
             f"{gbit_s(p.beta_intra):g} Gbit/s{inter}, gamma {p.gamma * 1e12:g} ps/B "
             f"({'; '.join(cluster.sources)})",
             "# flat native (the library's own all-reduce) is predicted as the cheapest flat "
-            "algorithm, the thread path's buckets likewise; exposed sync = step - compute"]
+            "algorithm, the thread path's buckets likewise; exposed sync = step - compute",
+            *(f"# note: the profile has {note}" for note in prof.lacks)]
 
 
 #: line styles per family in the figure

@@ -57,7 +57,7 @@ from commbench.buckets import assign_buckets as _assign_buckets
 from commbench.buckets import schedule as _schedule
 from commbench.hostload import is_link_bound
 from commbench.polling import polled_ring_s
-from commbench.profilefile import ProfileError
+from commbench.profilefile import ProfileError, Unit
 from commbench.profilefile import read as read_profile
 
 FLOAT32_BYTES = 4  # profiles are recorded in float32
@@ -83,7 +83,8 @@ def assign_buckets(nbytes: Sequence[float], order: Sequence[int], cap_bytes: flo
 @dataclass
 class Profile:
     """A compute profile: phase times and each gradient's bytes and ready time (seconds
-    after backward starts), in parameter order; ``order`` is backward's."""
+    after backward starts), in parameter order; ``order`` is backward's; from a
+    profile file, its units' forward times and what the file lacks."""
 
     name: str
     forward_s: float
@@ -92,6 +93,11 @@ class Profile:
     nbytes: list[float]
     ready_s: list[float]
     order: list[int]
+    #: each unit's forward (seconds after forward starts), the root unit first; empty where
+    #: the file times none
+    units: tuple[Unit, ...] = ()
+    #: what the file lacks (``commbench.profilefile.lacks``), one sentence each
+    lacks: tuple[str, ...] = ()
 
     @property
     def compute_s(self) -> float:
@@ -104,7 +110,9 @@ class Profile:
     def scaled(self, scale: float) -> Profile:
         return Profile(self.name, self.forward_s * scale, self.backward_s * scale,
                        self.optimizer_s * scale, self.nbytes,
-                       [t * scale for t in self.ready_s], self.order)
+                       [t * scale for t in self.ready_s], self.order,
+                       tuple(Unit(u.name, u.start_s * scale, u.end_s * scale)
+                             for u in self.units), self.lacks)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -117,7 +125,8 @@ def load_profile(path: str | Path) -> Profile:
     index = {g.name: i for i, g in enumerate(p.grads)}
     return Profile(Path(path).name, p.forward_s, max((g.ready_s for g in p.grads), default=0.0),
                    p.optimizer_s, [g.numel * FLOAT32_BYTES for g in p.grads],
-                   [g.ready_s for g in p.grads], [index[n] for n in p.backward_order])
+                   [g.ready_s for g in p.grads], [index[n] for n in p.backward_order],
+                   p.units or (), tuple(p.lacks))
 
 
 @dataclass

@@ -43,7 +43,8 @@ numpy, which torch does not need), starting nothing.
 6. **profile** — ``commbench.profile --device cuda`` records ResNet-18 at batch 64, 224 px,
    the procedure that made ``profiles/h200-*.json`` (``profiles/README.md``), and sets its
    forward and backward beside the shipped H200 profile's (a ratio, printed, not a pass
-   mark: another GPU may be slower).
+   mark: another GPU may be slower); it must time forward unit by unit (``forward_units``),
+   which the shipped profiles, recorded before, do not.
 
 The whole run has a budget (``--budget-s``, default 300 s): each check runs under the
 smaller of its own limit and what is left, a check that runs over FAILs as timed out,
@@ -300,7 +301,8 @@ def judge_bench(rows: list[dict]) -> Verdict:
 
 def judge_profile(path: Path) -> Verdict:
     """The recorded profile: loads for its model, ready times within backward, peak CUDA
-    memory; its times set beside the shipped H200 profile's."""
+    memory, units timed; its times set beside the shipped H200 profile's."""
+    from commbench.profilefile import lacks
     from commbench.profilefile import read as read_profile
     from commbench.workloads import compute_profile
 
@@ -313,6 +315,7 @@ def judge_profile(path: Path) -> Verdict:
         problems.append("no peak_cuda_mb")
     if not all(0 <= g["ready_s"] <= prof["backward_s"] * 1.01 for g in prof["grads"]):
         problems.append("gradient ready times outside backward")
+    problems += lacks(prof)  # this commbench records all it reads
     if problems:
         return Verdict(FAIL, "; ".join(problems))
     shipped = read_profile(SHIPPED)
@@ -321,7 +324,8 @@ def judge_profile(path: Path) -> Verdict:
                    f"backward {_ms(prof['backward_s'])} "
                    f"(x{prof['backward_s'] / shipped.backward_s:.2f}), "
                    f"peak {prof['peak_cuda_mb']:.0f} MiB "
-                   f"(shipped {shipped.raw['peak_cuda_mb']:.0f})")
+                   f"(shipped {shipped.raw['peak_cuda_mb']:.0f}), "
+                   f"forward in {len(prof['forward_units']) - 1} units and the root")
 
 
 # -- the checks --------------------------------------------------------------------------

@@ -24,6 +24,11 @@ cuda``) has the same format: there each gradient's ready time comes from a
 CUDA event recorded on the stream when its hook runs (the time the device
 finished accumulating it, without stalling the pipeline), and the profile
 also holds the peak device memory of a step (``peak_cuda_mb``).
+
+It also holds when each unit's forward began and ended (``forward_units``, from
+forward hooks on the root and on each unit, ``commbench.models.units``: a ResNet
+bottleneck, a transformer block), so the replay runs forward unit by unit and
+whatever hooks a unit's forward (a sharded strategy's parameter gather) fires there.
 """
 
 from __future__ import annotations
@@ -42,11 +47,88 @@ from commbench import __version__, flags
 from commbench.flags import ConfigError, flag, nonneg_int, positive_int
 from commbench.jobtime import Seconds, Where, real_pass_s
 from commbench.models.registry import parameter_shapes
+from commbench.models.units import ROOT, unit_names
+from commbench.profilefile import lacks
 from commbench.results import write_atomic
 from commbench.timing import NullTimer, now
 from commbench.workloads.compute_profile import PROFILE_SCHEMA
 from commbench.workloads.real import RealWorkload
 from commbench.workloads.spec import WorkloadSpec, check_model
+
+
+class UnitTimes:
+    """When each unit's forward began and ended (``commbench.models.units``), from a forward
+    pre-hook and a forward hook on the root and on each unit.
+
+    Times are seconds after the step's forward began (``begin``): this host's clock in
+    host memory; on a GPU, CUDA events the hooks record on the stream, read against one
+    recorded at ``begin`` once the device has settled (as the gradients' ready times). The
+    profile holds the medians over the recorded forwards; medians keep the order of times
+    that every forward kept, so the units still lie one after another inside the root.
+    Units are profiled as the replay runs them, each once per forward in one order: where
+    a forward ran a unit twice (a block called again) or the order changed, ``result`` is
+    None and ``why`` says what happened.
+    """
+
+    def __init__(self, net: torch.nn.Module, cuda: bool) -> None:
+        self.cuda = cuda
+        self.why: str | None = None
+        self._marks: list[tuple[str, object]] = []  # (unit, clock or event): start, then end
+        self._start: object = 0.0
+        self._forwards: list[dict[str, list[float]]] = []
+        self._handles = []
+        for name in [ROOT, *unit_names(net)]:
+            module = net.get_submodule(name)
+            self._handles += [module.register_forward_pre_hook(self._mark(name)),
+                              module.register_forward_hook(self._mark(name))]
+
+    def _mark(self, name: str):
+        def hook(*_) -> None:
+            if self.cuda:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                self._marks.append((name, ev))
+            else:
+                self._marks.append((name, now()))
+        return hook
+
+    def begin(self, t: float) -> None:
+        """A forward begins at ``t`` (this host's clock)."""
+        self._marks = []
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = t
+
+    def end(self, keep: bool) -> None:
+        """The forward ended and the device settled; ``keep`` it for the profile."""
+        if not keep or self.why is not None:
+            return
+        seen: dict[str, list[float]] = {}  # in the order the units began
+        for name, mark in self._marks:
+            s = self._start.elapsed_time(mark) / 1e3 if self.cuda else mark - self._start
+            seen.setdefault(name, []).append(s)
+        twice = [n for n, v in seen.items() if len(v) != 2]
+        if twice:
+            self.why = (f"unit {twice[0] or 'root'!r} ran {len(seen[twice[0]]) // 2} times in "
+                        "one forward; the replay runs each unit once")
+        elif self._forwards and list(seen) != list(self._forwards[0]):
+            self.why = "the units ran in another order in another forward"
+        else:
+            self._forwards.append(seen)
+
+    def result(self) -> list[dict] | None:
+        """``forward_units`` of the profile: the root unit first, then the units in the
+        order they ran; None where they cannot be replayed (``why``). Removes the hooks."""
+        for h in self._handles:
+            h.remove()
+        if self.why is not None or not self._forwards:
+            return None
+        return [{"name": name,
+                 "start_s": statistics.median(f[name][0] for f in self._forwards),
+                 "end_s": statistics.median(f[name][1] for f in self._forwards)}
+                for name in self._forwards[0]]
 
 
 def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000,
@@ -66,13 +148,16 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
     # One process, no collective: the device is synchronised around each phase so that
     # the host's clock times it (the workload's own phases are events on the stream).
     settle = (lambda: torch.cuda.synchronize(wl.device)) if cuda else (lambda: None)
+    units = UnitTimes(wl.net, cuda)
     for it in range(warmup + iters):
+        keep = it >= warmup
         t = now()
+        units.begin(t)
         wl.forward(timer)
         settle()
         f = now() - t
+        units.end(keep)
         t0 = now()
-        keep = it >= warmup
         events: dict[int, torch.cuda.Event] = {}
         if cuda:
             start = torch.cuda.Event(enable_timing=True)
@@ -94,11 +179,12 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
         wl.optimizer_step(timer)
         settle()
         o = now() - t
-        if it >= warmup:
+        if keep:
             forward.append(f)
             optimizer.append(o)
             order = wl.backward_order
     names = wl.param_names
+    forward_units = units.result()
     return {
         "schema": PROFILE_SCHEMA,
         "kind": "compute_profile",
@@ -121,6 +207,8 @@ def record(model: str, batch_size: int, image_size: int, num_classes: int = 1000
         "optimizer_s": statistics.median(optimizer),
         "backward_s": max(statistics.median(v) for v in ready.values()),
         "backward_order": [names[i] for i in order],
+        **({"forward_units": forward_units} if forward_units is not None
+           else {"forward_units_missing": units.why}),
         **({"peak_cuda_mb": torch.cuda.max_memory_allocated(wl.device) / 2**20} if cuda else {}),
         "grads": [{"name": names[i], "shape": list(wl.params[i].shape),
                    "ready_s": statistics.median(ready[i])} for i in range(len(names))],
@@ -201,7 +289,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{prof['forward_s'] * 1e3:.1f} ms, backward {prof['backward_s'] * 1e3:.1f} ms, "
           f"optimizer {prof['optimizer_s'] * 1e3:.1f} ms"
           + (f", peak {prof['peak_cuda_mb']:.0f} MiB" if "peak_cuda_mb" in prof else "")
+          + (f", forward in {len(prof['forward_units']) - 1} units and the root"
+             if "forward_units" in prof else "")
           + f" -> {a.output}")
+    for note in lacks(prof):
+        print(f"commbench.profile: note: {note}", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,15 @@ and the time from the start of backward until its gradient was ready (``grads``)
 ``unused`` (optional) the parameters backward never reaches. Other fields (``tokens``,
 ``peak_cuda_mb``, ``versions``, ...) are kept in ``raw``.
 
+``forward_units`` (optional: profiles recorded before it have none) times forward unit
+by unit (``commbench.models.units``): one object per unit whose forward ran, in the
+order they began, the root unit (``name`` ``""``, the model itself) first, each with
+``start_s`` and ``end_s``, seconds after the step's forward began (its forward pre- and
+post-hook); the units lie one after another inside the root's span, and the root's own
+work (stem, head) is what lies between them. A profile whose writer could not time its
+units says why in ``forward_units_missing``. What a readable profile lacks, each in a
+sentence for its readers to show: ``lacks``.
+
 Standard library only: ``analysis/`` and ``launch/`` read profiles where torch is absent.
 """
 
@@ -47,6 +56,31 @@ class Grad:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """One unit's forward (``commbench.models.units``): its module path (``""``: the root
+    unit) and when its forward began and ended, seconds after the step's forward began."""
+
+    name: str
+    start_s: float
+    end_s: float
+
+    @property
+    def forward_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+def lacks(raw: dict) -> list[str]:
+    """What the profile ``raw`` (a read profile's JSON object) lacks, one sentence each;
+    empty where it has everything this commbench reads."""
+    if raw.get("forward_units") is not None:
+        return []
+    why = raw.get("forward_units_missing") or \
+        "recorded before commbench.profile timed units; record the profile again to have them"
+    return [f"no per-unit forward times (forward_units: {why}): forward is one span, so its "
+            "replay fires no unit's forward hooks"]
+
+
+@dataclass(frozen=True)
 class ComputeProfile:
     """One compute profile file, read and checked for form (not against a model)."""
 
@@ -63,6 +97,8 @@ class ComputeProfile:
     backward_order: tuple[str, ...]
     unused: tuple[str, ...]
     raw: dict  #: the whole JSON object, for fields not named here
+    #: each unit's forward, the root unit first; None where the profile has none
+    units: tuple[Unit, ...] | None = None
 
     @property
     def params(self) -> int:
@@ -73,6 +109,11 @@ class ComputeProfile:
     def step_s(self) -> float:
         """Forward, backward and optimizer: one step's compute."""
         return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def lacks(self) -> list[str]:
+        """What this profile lacks (``lacks``), one sentence each."""
+        return lacks(self.raw)
 
 
 def read(path: str | Path) -> ComputeProfile:
@@ -133,6 +174,7 @@ def read(path: str | Path) -> ComputeProfile:
         if "ready_s" not in g:
             raise bad(f"{g['name']}: no ready_s")
         grads.append(Grad(g["name"], tuple(shape), seconds(g["ready_s"], f"{g['name']}: ready_s")))
+    optional("forward_units_missing", str)
     order = names("backward_order")
     if sorted(order) != sorted(g.name for g in grads) or len(set(order)) != len(order):
         raise ProfileError(f"{path} has a broken backward_order (not its grads' names, "
@@ -142,4 +184,41 @@ def read(path: str | Path) -> ComputeProfile:
         batch_size=optional("batch_size", int), image_size=optional("image_size", int),
         device=optional("device", str), forward_s=times["forward_s"],
         backward_s=times["backward_s"], optimizer_s=times["optimizer_s"], grads=tuple(grads),
-        backward_order=order, unused=names("unused", []), raw=d)
+        backward_order=order, unused=names("unused", []), raw=d,
+        units=None if d.get("forward_units") is None
+        else _units(d["forward_units"], bad, seconds))
+
+
+def _units(value: object, bad, seconds) -> tuple[Unit, ...]:
+    """``forward_units``, checked: the root unit first, each unit once, the others one
+    after another inside the root's span."""
+    if not isinstance(value, list) or not value:
+        raise bad("forward_units is not a list of units")
+    units = []
+    for i, u in enumerate(value):
+        if not isinstance(u, dict) or not isinstance(u.get("name"), str):
+            raise bad(f"forward_units[{i}] has no name")
+        what = f"unit {u['name']!r}"
+        for key in ("start_s", "end_s"):
+            if key not in u:
+                raise bad(f"{what}: no {key}")
+        unit = Unit(u["name"], seconds(u["start_s"], f"{what}: start_s"),
+                    seconds(u["end_s"], f"{what}: end_s"))
+        if unit.end_s < unit.start_s:
+            raise bad(f"{what} ends before it starts")
+        units.append(unit)
+    root, *rest = units
+    if root.name != "":
+        raise bad("forward_units does not start with the root unit (name \"\")")
+    names = [u.name for u in rest]
+    if "" in names or len(set(names)) != len(names):
+        raise bad("forward_units names a unit twice")
+    before, ended = "the root unit", root.start_s
+    for u in rest:
+        if u.start_s < ended:
+            raise bad(f"unit {u.name!r} starts before {before} (units run one after another "
+                      "inside the root unit's span)")
+        before, ended = f"unit {u.name!r} ends", u.end_s
+    if ended > root.end_s:
+        raise bad(f"{before} after the root unit (units run inside its span)")
+    return tuple(units)

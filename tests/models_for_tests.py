@@ -74,3 +74,23 @@ def not_a_module() -> int:
 
 
 NOT_CALLABLE = 3
+
+
+class Reused(nn.Module):
+    """Two blocks in a list, the first called again after the second (weights shared
+    across depth): a unit that runs twice in one forward."""
+
+    def __init__(self, width: int = 8, classes: int = 10) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.ReLU())
+                                    for _ in range(2))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in (self.blocks[0], self.blocks[1], self.blocks[0]):
+            x = block(x)
+        return self.head(x)
+
+
+def reused(width: int = 8, classes: int = 10) -> Reused:
+    return Reused(width, classes)

@@ -183,6 +183,8 @@ def test_table_and_figure_from_a_committed_fit(tmp_path):
         steps = [s for _, s in rows]
         assert steps == sorted(steps)
         assert f"# recommended at {ranks} ranks: {rows[0][0]}," in text
+    # a profile recorded before units says what it lacks
+    assert "# note: the profile has no per-unit forward times (forward_units: recorded " in text
     assert (out / "advise.txt").read_text() == text
     assert (out / "advise.png").stat().st_size > 10_000
     assert (out / "advise.svg").exists()
@@ -271,6 +273,8 @@ def test_model_and_compute_ms_on_the_command_line():
                      "--schemes", "flat,bucketed", "--bucket-mb", 25)
     assert res.returncode == 0, res.stderr
     assert "# model: resnet18 batch 8, 90 ms spread by FLOPs" in res.stdout
+    assert "# note: the profile has no per-unit forward times (forward_units: spread by FLOPs" \
+        in res.stdout
     assert "# recommended at 8 ranks:" in res.stdout
 
 

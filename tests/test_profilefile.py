@@ -62,6 +62,7 @@ def test_a_minimal_profile(tmp_path):
     assert p.params == 7 and p.step_s == pytest.approx(0.010)
     assert (p.num_classes, p.batch_size, p.image_size, p.device) == (None,) * 4
     assert p.unused == () and p.backward_order == ("b", "a")
+    assert p.units is None and p.lacks[0].startswith("no per-unit forward times")
     with pytest.raises(AttributeError):
         p.model = "other"  # frozen
 
@@ -135,3 +136,50 @@ def test_the_reader_imports_only_the_standard_library():
     mods |= {n.module.split(".")[0] for n in ast.walk(tree)
              if isinstance(n, ast.ImportFrom) and n.module}
     assert mods <= {"__future__", "json", "math", "dataclasses", "pathlib"}, mods
+
+
+UNITS = [{"name": "", "start_s": 0.0, "end_s": 0.003},
+         {"name": "h.0", "start_s": 0.001, "end_s": 0.0015},
+         {"name": "h.1", "start_s": 0.0015, "end_s": 0.0025}]
+
+
+def test_a_profile_with_units(tmp_path):
+    p = read(_bad(tmp_path, "units.json", _change(forward_units=UNITS)))
+    assert p.units == (profilefile.Unit("", 0.0, 0.003), profilefile.Unit("h.0", 0.001, 0.0015),
+                       profilefile.Unit("h.1", 0.0015, 0.0025))
+    assert p.units[1].forward_s == pytest.approx(0.0005) and p.lacks == []
+    why = read(_bad(tmp_path, "why.json", _change(forward_units_missing="a unit ran twice")))
+    assert why.units is None
+    assert why.lacks == ["no per-unit forward times (forward_units: a unit ran twice): forward "
+                         "is one span, so its replay fires no unit's forward hooks"]
+    with pytest.raises(ProfileError, match="forward_units_missing is 3"):
+        read(_bad(tmp_path, "bad.json", _change(forward_units_missing=3)))
+
+
+def _units(*changes: tuple[int, str, object]) -> list[dict]:
+    units = [dict(u) for u in UNITS]
+    for i, key, value in changes:
+        if value is None:
+            units[i].pop(key)
+        else:
+            units[i][key] = value
+    return units
+
+
+@pytest.mark.parametrize("units,match", [
+    ("all", "forward_units is not a list of units"),
+    ([], "forward_units is not a list of units"),
+    (UNITS[1:], "forward_units does not start with the root unit"),
+    (_units((1, "name", 7)), r"forward_units\[1\] has no name"),
+    (_units((1, "name", "")), "forward_units names a unit twice"),
+    (_units((2, "name", "h.0")), "forward_units names a unit twice"),
+    (_units((1, "end_s", None)), "unit 'h.0': no end_s"),
+    (_units((1, "start_s", -1)), "unit 'h.0': start_s is -1"),
+    (_units((1, "end_s", 0.0005)), "unit 'h.0' ends before it starts"),
+    (_units((2, "start_s", 0.0012)), "unit 'h.1' starts before unit 'h.0' ends"),
+    (_units((0, "start_s", 0.0012), (0, "end_s", 0.003)), "unit 'h.0' starts before the root"),
+    (_units((2, "end_s", 0.004)), "unit 'h.1' ends after the root unit"),
+])
+def test_bad_units_raise_profile_error_naming_the_file(tmp_path, units, match):
+    with pytest.raises(ProfileError, match=f"units.json is not a compute profile: {match}"):
+        read(_bad(tmp_path, "units.json", _change(forward_units=units)))

@@ -73,6 +73,25 @@ def test_replay_follows_the_profile(profile_file, one_torch_thread):
             assert t >= ready[wl.param_names[i]] - 1e-3  # never before its profiled time
 
 
+def test_profile_times_each_unit_and_the_replay_calls_it(profile_file, one_torch_thread):
+    """Recorded on this CPU: each basic block's forward, after the stem, one after
+    another; the replay calls each block's module once, in that order."""
+    prof = load(profile_file, "resnet18", 10)
+    blocks = [f"layer{s}.{b}" for s in range(1, 5) for b in range(2)]
+    units = prof["forward_units"]
+    assert [u["name"] for u in units] == ["", *blocks]
+    assert all(0 <= u["start_s"] < u["end_s"] <= prof["forward_s"] for u in units)
+    assert units[1]["start_s"] > units[0]["start_s"]  # the stem ran first
+    wl = SyntheticWorkload("resnet18", 0, rank=0, num_classes=10, profile=prof)
+    fired: list[str] = []
+    for n in blocks:
+        wl.net.get_submodule(n).register_forward_pre_hook(lambda _m, _a, n=n: fired.append(n))
+    timer = StepTimer()
+    timer.begin_step(0, False)
+    wl.forward(timer)
+    assert fired == blocks
+
+
 def test_replay_job_total_time(tmp_path, profile_file):
     prof = json.loads(profile_file.read_text())
     s = run_tool("mpirun", 1, "commbench.allreduce", [

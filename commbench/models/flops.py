@@ -110,6 +110,7 @@ def flop_profile(model: str, batch_size: int, compute_s: float, image_size: int 
         "spread": SPREAD, "forward_flops": total,
         "forward_s": forward_s, "backward_s": backward_s, "optimizer_s": 0.0,
         "backward_order": order,
+        "forward_units_missing": "spread by FLOPs, no unit's forward is timed",
         "unused": [n for n, _ in params if n not in before],
         "grads": [{"name": n, "shape": list(p.shape), "ready_s": ready[n]}
                   for n, p in params if n in ready],

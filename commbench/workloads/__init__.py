@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from commbench.profilefile import lacks
 from commbench.tables import rank0_print
 from commbench.workloads.base import Workload
 from commbench.workloads.compute_profile import load
@@ -37,6 +38,9 @@ def make_workload(cfg: WorkloadSpec, rank: int, world_size: int = 1,
         profile = None
         if cfg.compute_profile:
             profile = load(cfg.compute_profile, cfg.model, cfg.num_classes, cfg.model_kwargs)
+            for note in lacks(profile):  # a profile recorded before what it lacks
+                rank0_print(job_rank, f"commbench: note: {cfg.compute_profile}: {note}",
+                            file=sys.stderr)
         wl = SyntheticWorkload(cfg.model, cfg.compute_ms, rank, seed=cfg.seed,
                                batch_size=cfg.batch_size, num_classes=cfg.num_classes,
                                profile=profile, compute_scale=cfg.compute_scale, lr=cfg.lr,

@@ -25,6 +25,17 @@ after the start of backward, in the profiled order, all scaled by
 ``compute_scale`` (0.02 models a device 50x faster than where the profile
 was recorded).
 
+Forward runs unit by unit where the profile times its units (``forward_units``;
+a unit is a top-level block, ``commbench.models.units``): the replayed model has
+a module at each unit's path, and its forward calls each unit's module when the
+unit's profiled forward began, and that call returns when it ended. So a forward
+pre-hook on a unit's module (a sharded strategy's parameter gather, FSDP's) fires
+once per unit, in the profiled order, at the unit's time, and the root's own work
+(stem, head) fills the gaps. Each unit's module applies its own parameters' part of
+the chain where backward keeps them together (``forward_plan``); the chain, and so
+backward's order, is the same either way. A profile without units (recorded before
+they were), and ``--compute-ms``, replay forward as one wait, as before.
+
 The replay models a device that computes independently of the host: layer
 ``i`` of backward is done at ``t0 + ready_i`` whatever the host did in
 between, so host-side work in gradient hooks is hidden while there is slack
@@ -41,13 +52,15 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
 from commbench import dilation
 from commbench.models import parameter_shapes
 from commbench.models.factory import is_factory
+from commbench.models.units import ROOT, model_units
+from commbench.profilefile import Unit
 from commbench.timing import now
 from commbench.workloads.base import Workload
 from commbench.workloads.objective import probe_spec
@@ -68,7 +81,8 @@ def _wait_until(deadline: float, poll: Callable[[], None] | None) -> None:
 
 
 class ReplayClock:
-    """Backward's schedule for one step: when each gradient is due, and what the host slept."""
+    """One step's schedule: when each gradient is due in backward (and each unit's forward
+    in forward, ``until``), and what the host slept."""
 
     def __init__(self, ready_s: list[float], values: list[float]) -> None:
         self.ready_s = ready_s
@@ -87,6 +101,11 @@ class ReplayClock:
 
     def deadline(self, i: int) -> float:
         return self.t0 + self.ready_s[i] * self.factor
+
+    def until(self, s: float) -> None:
+        """Wait until ``s`` replayed seconds after ``t0`` (forward: a unit's start or end),
+        driving ``poll``."""
+        _wait_until(self.t0 + s * self.factor, self.poll)
 
     def attach(self, stores: list[torch.Tensor]) -> None:
         self.stores = stores
@@ -130,35 +149,125 @@ class _ReplayLayer(torch.autograd.Function):
         return grad_h, ctx.clock.wait_for(ctx.i), None, None
 
 
+def _replay(h: torch.Tensor, chain: list[int], params: list[torch.nn.Parameter],
+            clock: ReplayClock) -> torch.Tensor:
+    for i in chain:
+        h = _ReplayLayer.apply(h, params[i], clock, i)
+    return h
+
+
+class _ReplayUnit(torch.nn.Module):
+    """One unit of the replayed model (``commbench.models.units``): called when the unit's
+    profiled forward begins, it applies its share of the chain and waits until the unit's
+    profiled end, so what hooks the unit's forward fires then."""
+
+    def __init__(self, clock: ReplayClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.start_s = self.end_s = 0.0
+        self.chain: list[int] = []
+        self.all_params: list[torch.nn.Parameter] = []  # the model's, indexed by ``chain``
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = _replay(h, self.chain, self.all_params, self.clock)
+        self.clock.until(self.end_s)
+        return h
+
+
+def forward_plan(chain: list[int], unit_of: list[str], units: list[str]
+                 ) -> list[tuple[str, list[int]]]:
+    """Cut the replay's chain (parameter indices, forward first) into the root's and each
+    unit's part: ``[(unit, indices)]`` in the order forward runs them, ROOT for the root's
+    own work between units, every unit of ``units`` once and in its order.
+
+    Backward walks the chain from its end, so its order is the chain's whatever the cut.
+    Where backward does not leave each unit's parameters together, in the reverse of the
+    units' order (a unit's gradient ready between two of another's), no cut keeps both
+    orders: then the root applies the whole chain before the first unit, and the units
+    only wait out their time.
+    """
+    position = {name: k for k, name in enumerate(units)}
+    plan: list[tuple[str, list[int]]] = [(ROOT, [])]
+    entered = -1  # the last unit entered
+    for i in chain:
+        k = position.get(unit_of[i])  # a unit the profile does not time: the root's part
+        if k is None:
+            if plan[-1][0] != ROOT:
+                plan.append((ROOT, []))
+        elif k > entered:
+            plan += [(name, []) for name in units[entered + 1:k + 1]]
+            entered = k
+        elif k < entered or plan[-1][0] != units[k]:
+            return [(ROOT, list(chain))] + [(name, []) for name in units]
+        plan[-1][1].append(i)
+    return plan + [(name, []) for name in units[entered + 1:]]
+
+
 class ReplayNet(torch.nn.Module):
     """A model's parameters (names, shapes, registration order) without its layers.
 
     Parameters start at zero (the same on every rank without a broadcast; the
     replay's loss does not depend on their values). ``forward`` chains one
     ``_ReplayLayer`` per parameter so that backward reaches them in ``order``.
+
+    Given the profile's ``units`` (the root unit first, then the units in the order
+    their forward ran; times from the start of forward) and each parameter's unit
+    (``unit_of``), each unit's module is a ``_ReplayUnit``: forward waits until a unit's
+    start, calls it (its forward hooks fire, once, in order) and, after the last, waits
+    until the root's end; the chain is cut between the root and the units
+    (``forward_plan``). Without units the whole chain runs at once and the workload
+    waits out forward.
     """
 
     def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], order: list[int],
-                 clock: ReplayClock) -> None:
+                 clock: ReplayClock, units: Sequence[Unit] = (),
+                 unit_of: Sequence[str] = ()) -> None:
         super().__init__()
+        self.clock = clock
+        spans = {u.name: u for u in units}
         self._params: list[torch.nn.Parameter] = []
         for name, shape in shapes:
             *path, leaf = name.split(".")
-            owner: torch.nn.Module = self
-            for part in path:
-                if not hasattr(owner, part):
-                    owner.add_module(part, torch.nn.Module())
-                owner = getattr(owner, part)
             p = torch.nn.Parameter(torch.zeros(shape))
-            owner.register_parameter(leaf, p)
+            self._module_at(path, spans).register_parameter(leaf, p)
             self._params.append(p)
-        self._chain = list(reversed(order))  # applied last-first: backward walks ``order``
-        self.clock = clock
+        chain = list(reversed(order))  # applied last-first: backward walks ``order``
+        self._units: dict[str, _ReplayUnit] = {}
+        for u in units[1:]:  # units without a parameter are made here
+            unit = self._module_at(u.name.split("."), spans)
+            unit.start_s, unit.end_s, unit.all_params = u.start_s, u.end_s, self._params
+            self._units[u.name] = unit
+        self._root_end_s = units[0].end_s if units else 0.0
+        self._plan = forward_plan(chain, list(unit_of), list(self._units)) if units \
+            else [(ROOT, chain)]
+        for name, part in self._plan:
+            if name != ROOT:
+                self._units[name].chain = part
+
+    def _module_at(self, path: list[str], units: Collection[str]) -> torch.nn.Module:
+        """The module at ``path`` (module names), made where missing: a ``_ReplayUnit`` at a
+        unit's path, else an empty module."""
+        owner: torch.nn.Module = self
+        for k, part in enumerate(path):
+            child = owner._modules.get(part)
+            if child is None:
+                child = _ReplayUnit(self.clock) if ".".join(path[:k + 1]) in units \
+                    else torch.nn.Module()
+                owner.add_module(part, child)
+            owner = child
+        return owner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x
-        for i in self._chain:
-            h = _ReplayLayer.apply(h, self._params[i], self.clock, i)
+        for name, part in self._plan:
+            if name == ROOT:
+                h = _replay(h, part, self._params, self.clock)
+            else:
+                unit = self._units[name]
+                self.clock.until(unit.start_s)
+                h = unit(h)
+        if self._units:
+            self.clock.until(self._root_end_s)
         return h
 
 
@@ -207,6 +316,9 @@ class SyntheticWorkload(Workload):
         sizes = [math.prod(s) for _, s in shapes]
         numel = sum(sizes)
         self.optimizer_s = 0.0
+        #: each unit's forward, the root unit first (empty: forward is replayed as one wait)
+        self.forward_units: list[Unit] = []
+        unit_of: list[str] = []
         if profile is None:
             total = compute_ms / 1000.0
             self.forward_s = total * FORWARD_FRACTION
@@ -223,13 +335,19 @@ class SyntheticWorkload(Workload):
             order = [index[n] for n in profile["backward_order"]]
             ready = {g["name"]: g["ready_s"] for g in profile["grads"]}
             ready_s = [ready[n] * compute_scale for n, _ in shapes]
+            if profile.get("forward_units") is not None:
+                self.forward_units = [
+                    Unit(u["name"], u["start_s"] * compute_scale, u["end_s"] * compute_scale)
+                    for u in profile["forward_units"]]
+                home = model_units(model, num_classes, model_kwargs)[1]
+                unit_of = [home[n] for n, _ in shapes]
         # One value per (seed, rank, tensor): cheap to write, differs between ranks.
         gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
         values = (torch.rand(len(shapes), generator=gen) + 0.5).tolist()
         #: each tensor's gradient on this rank (every element of tensor ``i`` holds ``[i]``)
         self.grad_values = values
         self.clock = ReplayClock(ready_s, values)
-        net = ReplayNet(shapes, order, self.clock)
+        net = ReplayNet(shapes, order, self.clock, self.forward_units, unit_of)
         super().__init__(model, net, torch.optim.SGD(net.parameters(), lr=lr), batch_size)
         self.unused = list(unused)
         self.clock.attach(self.grads)
@@ -247,8 +365,11 @@ class SyntheticWorkload(Workload):
             self.factor = compute_factor(self.slow, self.jitter, self._rng)
             for p in self.params:  # backward sets each gradient (ReplayClock.wait_for)
                 p.grad = None
-        self.clock.fresh = not accumulate
+        c = self.clock
+        c.fresh = not accumulate
+        c.t0, c.factor, c.poll = t0, self.factor, poll  # units' times count from here
         self.loss = self.net(self._input).sum()
+        c.poll = None
         _wait_until(t0 + self.forward_s * self.factor, poll)
         timer.add_compute(now() - t0, "forward")
 
