@@ -61,12 +61,12 @@ def launch(launcher: str, np: int, program: list[str], timeout: float = JOB_TIME
 
 def run_check(launcher: str, np: int, script: str, backend: str, ok_line: str,
               env: dict[str, str] | None = None, nodes: str | None = None,
-              args: tuple[str, ...] = ()) -> None:
+              args: tuple[str, ...] = (), timeout: float = JOB_TIMEOUT) -> None:
     """Run the check script ``tests/mpi/<script> <backend> <args>`` and require its OK line
     (see verdict.py); ``nodes``: every rank's node name (``tests.fakes``), None for the real
-    host's."""
+    host's; ``timeout``: seconds before the job counts as hung."""
     res = launch(launcher, np, [PY, str(ROOT / "tests" / "mpi" / script), backend, *args],
-                 env=env, nodes=nodes)
+                 timeout=timeout, env=env, nodes=nodes)
     assert res.returncode == 0, res.stdout + res.stderr
     assert ok_line in res.stdout, res.stdout
 

@@ -93,6 +93,17 @@ BAD = [
     case(A, ["--compression", "int8"], "--compression"),
     case(A, ["--strategy", "horovod", "--workload", "real", "--compression", "bf16"],
          "bfloat16"),
+    # the ZeRO stages: what they cannot honour names the pair (zero1 honours --accum-steps)
+    case(A, ["--strategy", "flat,zero2", "--accum-steps", "2"],
+         "--strategy zero2", "--accum-steps 2"),
+    case(A, ["--strategy", "zero1", "--compression", "fp16"],
+         "--strategy zero1", "--compression fp16"),
+    case(A, ["--strategy", "zero2", "--compression", "bf16"],
+         "--strategy zero2", "--compression bf16"),
+    case(A, ["--strategy", "bucketed,zero1", "--bucket-mb", "auto"],
+         "--strategy zero1", "--bucket-mb auto"),
+    case(A, ["--strategy", "zero2", "--accum-steps", "2"], "--strategy zero2",
+         "--accum-steps 2", ranks=2),
     # -- every rank of a launched job -------------------------------------------------
     case(A, ["--strategy", "nope"], "--strategy", ranks=3),
     case(A, ["--backend", "nccl2"], "--backend", ranks=3),

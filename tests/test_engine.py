@@ -171,6 +171,31 @@ def test_a_transfer_may_run_on_another_path_than_its_engines():
         engine.submit(torch.ones(2), path="ring")
 
 
+def test_a_transfer_may_run_another_collective_in_order_on_the_engines_thread():
+    """``run``: the owner's collective in place of the all-reduce (ZeRO's reduce-scatters),
+    in issue order and stamped, on the engine's thread also where the library would take
+    the all-reduces itself (Horovod's)."""
+    seen: list[tuple[str, float]] = []
+
+    def double(t: torch.Tensor) -> None:
+        seen.append((threading.current_thread().name, float(t[0])))
+        t.mul_(2)
+
+    for comm in (_SlowComm(), _SelfProgressingComm()):
+        seen.clear()
+        with TransferEngine(comm, "thread") as engine:
+            x = torch.full((2,), 3.0)
+            ts = [engine.submit(torch.ones(1)), engine.submit(x, run=double),
+                  engine.submit(torch.full((1,), 4.0))]
+            for t in ts:
+                t.wait()
+            assert x.tolist() == [6.0, 6.0] and seen == [(engine.thread.name, 3.0)]
+            assert sorted(engine.comm.order) == [1.0, 4.0]  # the others: all-reduces
+            assert ts[1].start <= ts[1].end <= ts[2].end
+            with pytest.raises(ValueError, match="a path or a run, not both"):
+                engine.submit(x, run=double, path="thread")
+
+
 def test_hier_runs_where_the_engines_thread_is_the_librarys_only_caller_and_differs():
     def comm(hosts: str, p2p=True, itself=False):
         c = _SlowComm()

@@ -16,6 +16,8 @@ from commbench.strategies import (
     FlatSettings,
     HorovodSettings,
     Sync,
+    Zero1Settings,
+    Zero2Settings,
     make_strategy,
     settings_for,
 )
@@ -36,7 +38,8 @@ class _Comm:
 def test_the_registry_holds_each_strategys_settings_class_beside_it():
     assert SETTINGS == {"flat": FlatSettings, "bucketed": BucketedSettings,
                         "hierarchical": FlatSettings, "horovod": HorovodSettings,
-                        "ddp": DDPSettings, "async": AsyncSettings}
+                        "ddp": DDPSettings, "async": AsyncSettings, "zero1": Zero1Settings,
+                        "zero2": Zero2Settings}
     for name, cls in STRATEGIES.items():
         assert cls.settings_class is SETTINGS[name] and issubclass(SETTINGS[name], CommonSettings)
     # what is common to all, and what each adds
@@ -47,6 +50,8 @@ def test_the_registry_holds_each_strategys_settings_class_beside_it():
         "compression", "accum_steps", "transfer", "staleness", "staleness_lr",
         "staleness_warmup"}
     assert set(DDPSettings.flag_fields()) == {"compression", "accum_steps", "bucket_mb"}
+    assert set(Zero1Settings.flag_fields()) == set(Zero2Settings.flag_fields()) == {
+        "compression", "accum_steps", "bucket_mb", "first_bucket_mb"}
     assert settings_for("bucketed", bucket_mb=5) == BucketedSettings(bucket_mb=5)
     with pytest.raises(ValueError, match="unknown strategy 'flatt'"):
         settings_for("flatt")

@@ -321,6 +321,18 @@ class Communicator(abc.ABC):
         in the same order of calls.
         """
 
+    def world_group(self) -> Group:
+        """Every rank of the job as a ``Group``: its reduce-scatter and all-gather, v-forms
+        included (the ZeRO strategies'). The communicator itself where it is one (mpi,
+        torch); else a backend's own (Horovod's), or by default the group of all its ranks
+        made by ``subgroup``, collective then: every rank asks at the same point."""
+        if isinstance(self, Group):
+            return self
+        group = self.subgroup(list(range(self.size)))
+        if group is None:  # every rank is in it
+            raise RuntimeError(f"{self.name}: rank {self.rank} is not in the group of all ranks")
+        return group
+
     @abc.abstractmethod
     def barrier(self) -> None:
         """Wait until every rank has arrived."""

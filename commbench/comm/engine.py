@@ -62,7 +62,10 @@ for the same reason.
    read when the step ends (``Transfer.seconds``, ``StepTimer.device_comm``).
 5. ``submit(tensor, after)`` runs ``after`` on the engine's thread once the
    sum is in (bucketed unpacks its bucket there), so the owner's thread
-   need not poll to use a finished transfer.
+   need not poll to use a finished transfer. ``submit(tensor, run=op)`` runs
+   ``op(tensor)`` there instead of the all-reduce, in the same order and with
+   the same stamps: the ZeRO strategies' reduce-scatters and all-gathers on
+   the engine communicator's world group (``Communicator.world_group``).
 6. ``Transfer.test``/``wait`` re-raise a transfer's error on the caller's
    thread. ``close`` runs what is queued, stops the thread and frees the
    communicator; whoever opens an engine closes it (it is also a context
@@ -160,7 +163,8 @@ class Transfer(Handle):
         self.tensor = tensor
         self.after = after
         self.handle: Handle | None = None  # the library's own, where it runs the op itself
-        self.run: Callable[[torch.Tensor], None] | None = None  # another path than the engine's
+        #: another path than the engine's, or the owner's own collective (``submit``'s ``run``)
+        self.run: Callable[[torch.Tensor], None] | None = None
         self.queued = now()
         self.start: float | None = None
         self.end: float | None = None
@@ -235,7 +239,8 @@ class TransferEngine:
         return self._thread
 
     def submit(self, tensor: torch.Tensor, after: Callable[[], None] | None = None,
-               path: str | None = None) -> Transfer:
+               path: str | None = None,
+               run: Callable[[torch.Tensor], None] | None = None) -> Transfer:
         """Queue an in-place sum of ``tensor`` over all ranks; do not touch it until done.
 
         ``after`` runs on the engine's thread once the sum is in (after ``end`` is
@@ -244,17 +249,25 @@ class TransferEngine:
         ``path`` runs this one transfer on another of ``TRANSFER_PATHS`` (same thread,
         communicator and order): bucketed's ``by-size`` sends each bucket on the path
         its probe priced cheapest for its size.
+        ``run`` runs this one transfer as ``run(tensor)`` in place of an all-reduce (same
+        thread, order and stamps; on this thread also where the library runs the
+        engine's all-reduces itself): a collective of the engine communicator's, such as
+        a reduce-scatter on ``self.comm.world_group()`` (the ZeRO strategies).
         """
         if self._closed:
             raise RuntimeError("transfer engine: submit after close")
+        if run is not None and path is not None:
+            raise ValueError("transfer engine: a transfer takes a path or a run, not both")
         t = Transfer(tensor, after, self.events.mark() if self.events is not None else None)
-        if path is not None and path != self.path:
+        if run is not None:
+            t.run = run
+        elif path is not None and path != self.path:
             if self._handoff:
                 raise ValueError(f"transfer engine: the library runs this engine's "
                                  f"transfers itself; no {path} path beside it")
             check_transfer_path(self.comm, path)
             t.run = self._runs[path]
-        if self._handoff:
+        if self._handoff and t.run is None:
             t.handle = self.comm.iallreduce(tensor)
         self._queue.put(t)
         return t

@@ -263,6 +263,16 @@ class HorovodCommunicator(Communicator):
         return MpiCommunicator(twin, topo=topology_from_hostnames(
             members.index(self.rank), [self.topo.hostnames[m] for m in members]))
 
+    def world_group(self) -> Group:
+        """Every rank as a group, the same for the job and each dup: under the MPI controller
+        this communicator's own MPI communicator (``MPI_COMM_WORLD``, a dup's duplicate of
+        it), whose collectives are MPI's as ``subgroup``'s twins' are; under Gloo Horovod's
+        global process set. Not collective. (``subgroup`` of every rank would give a dup
+        made after the job's first all-rank group the process set, not a twin.)"""
+        if self._p2p_comm is not None:
+            return MpiCommunicator(self._p2p_comm, topo=self.topo)
+        return _HorovodGroup(self, self.hvd.global_process_set, tuple(range(self.size)))
+
     def iallreduce(self, tensor: torch.Tensor) -> Handle:
         wire = self.allreduce_dtype(tensor.dtype)
         name = self.op_name("allreduce", self.hvd.global_process_set)

@@ -35,6 +35,13 @@ from commbench.strategies.hierarchical import HierarchicalStrategy
 from commbench.strategies.peers import DDPSettings, DDPStrategy, HorovodSettings, HorovodStrategy
 from commbench.strategies.settings import CommonSettings, EngineSettings
 from commbench.strategies.tuner import BucketTuner
+from commbench.strategies.zero import (
+    Zero1Settings,
+    Zero1Strategy,
+    Zero2Settings,
+    Zero2Strategy,
+    ZeroSettings,
+)
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "flat": FlatStrategy,
@@ -43,6 +50,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "horovod": HorovodStrategy,  # hvd.DistributedOptimizer on the workload's model
     "ddp": DDPStrategy,  # torch DistributedDataParallel on Gloo
     "async": AsyncStrategy,  # bounded staleness s (module asynchronous: async is a keyword)
+    "zero1": Zero1Strategy,  # ZeRO-1: optimizer state sharded (module zero)
+    "zero2": Zero2Strategy,  # ZeRO-2: gradients sharded too
 }
 
 #: each strategy's settings class, beside it (its ``settings_class``)
@@ -193,4 +202,5 @@ def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
 __all__ = ["FLAG_OWNERS", "SETTINGS", "STRATEGIES", "SYNC_FLAGS", "AsyncSettings",
            "BucketTuner", "BucketedSettings", "CommonSettings", "DDPSettings",
            "EngineSettings", "FlatSettings", "HorovodSettings", "Strategy", "Sync",
-           "make_strategy", "settings_class", "settings_for"]
+           "Zero1Settings", "Zero2Settings", "ZeroSettings", "make_strategy", "settings_class",
+           "settings_for"]

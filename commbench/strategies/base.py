@@ -4,11 +4,13 @@ A strategy is built once per run from the communicator, the gradient tensors
 (in parameter order) and its settings (an instance of its own frozen
 ``settings_class``, a ``CommonSettings``: ``BucketedSettings`` for bucketed),
 plus the order backward produces the gradients and, for the peers that wrap a
-model, the workload. Each step the runner calls
-``begin_step(timer)``; the workload calls ``on_ready(i)`` as gradient ``i``
-is produced (backward order) and ``poll()`` while it computes; then the
+model and the ZeRO strategies that step it, the workload. Each step the runner
+calls ``begin_step(timer)``; the workload calls ``on_ready(i)`` as gradient
+``i`` is produced (backward order) and ``poll()`` while it computes; then the
 runner calls ``finish()``, after which every gradient holds the mean over
-ranks. Strategies time their collectives on the timer they were given.
+ranks (the ZeRO strategies have instead stepped the parameters by then, each
+rank its shard, and gathered them: the workload's optimizer step is theirs).
+Strategies time their collectives on the timer they were given.
 After the run (and its validation pass) whoever built the strategy closes it
 (``close()``, or ``with make_strategy(...) as strategy:``).
 """

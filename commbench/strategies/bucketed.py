@@ -167,14 +167,14 @@ class BucketedSettings(EngineSettings):
 
     bucket_mb: float | str = flag(
         "--bucket-mb", default=DEFAULT_BUCKET_MB, metavar="MB|auto", type=bucket_mb_arg,
-        help="--strategy bucketed and ddp: bucket cap in MB (2**20 bytes, as DDP's "
-             "bucket_cap_mb); 0 = one all-reduce per tensor; auto (bucketed): the cap a "
+        help="--strategy bucketed, ddp, zero1 and zero2: bucket cap in MB (2**20 bytes, as "
+             "DDP's bucket_cap_mb); 0 = one collective per tensor; auto (bucketed): the cap a "
              "probe of the transfer path and the first step's gradient times predict ends "
-             "sync soonest (DDP then keeps its default, 25)")
+             "sync soonest (DDP then keeps its default, 25; zero1 and zero2 refuse it)")
     first_bucket_mb: float = flag(
         "--first-bucket-mb", default=FIRST_BUCKET_MB, metavar="MB", type=nonneg_float,
-        help="--strategy bucketed: the first bucket's cap, DDP's 1 MiB by default, so the "
-             "first all-reduce starts early in backward")
+        help="--strategy bucketed, zero1 and zero2: the first bucket's cap, DDP's 1 MiB by "
+             "default, so the first collective starts early in backward")
     progress: str = flag(
         "--progress", default="thread", choices=PROGRESS,
         help="--strategy bucketed: how buckets' all-reduces advance during backward: poll = "
