@@ -151,6 +151,15 @@ def bucket_cap_mb(bucket_mb: float | str) -> float:
     return DEFAULT_BUCKET_MB if bucket_mb == AUTO else float(bucket_mb)
 
 
+def check_bucket_flags(bucket_mb: float | str, first_bucket_mb: float) -> None:
+    """``--bucket-mb`` (MB >= 0 or auto) and ``--first-bucket-mb`` (finite, >= 0), for every
+    strategy that groups gradients into buckets; a ValueError naming the flag."""
+    parse_bucket_mb(bucket_mb)
+    if not 0 <= first_bucket_mb < math.inf:
+        raise ValueError(f"--first-bucket-mb must be a finite number >= 0, "
+                         f"got {first_bucket_mb}")
+
+
 @dataclass(frozen=True)
 class BucketedSettings(EngineSettings):
     """``bucketed``'s settings: the common ones, the engine's ``transfer``, and its buckets.
@@ -183,10 +192,7 @@ class BucketedSettings(EngineSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        parse_bucket_mb(self.bucket_mb)  # MB >= 0 or auto
-        if not 0 <= self.first_bucket_mb < math.inf:
-            raise ValueError(f"--first-bucket-mb must be a finite number >= 0, "
-                             f"got {self.first_bucket_mb}")
+        check_bucket_flags(self.bucket_mb, self.first_bucket_mb)
         check_choice("progress", self.progress, PROGRESS)
 
     @property

@@ -60,7 +60,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import queue
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -69,14 +68,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from commbench.buckets import AUTO, MB, assign_buckets, parse_bucket_mb
+from commbench.buckets import AUTO, MB, assign_buckets
 from commbench.comm.base import Communicator
 from commbench.comm.engine import Transfer, TransferEngine
 from commbench.comm.ring import chunk_bounds
 from commbench.flags import same_flag
 from commbench.flatbuf import FlatBuffer, flat_views
 from commbench.strategies.base import Strategy
-from commbench.strategies.bucketed import BucketedSettings
+from commbench.strategies.bucketed import BucketedSettings, check_bucket_flags
 from commbench.strategies.settings import CommonSettings
 from commbench.timing import NullTimer, StepTimer
 
@@ -173,10 +172,7 @@ class ZeroSettings(CommonSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        parse_bucket_mb(self.bucket_mb)  # MB >= 0 or auto
-        if not 0 <= self.first_bucket_mb < math.inf:
-            raise ValueError(f"--first-bucket-mb must be a finite number >= 0, "
-                             f"got {self.first_bucket_mb}")
+        check_bucket_flags(self.bucket_mb, self.first_bucket_mb)
         what = f"--strategy {self.strategy}"
         if self.compression != "none":
             raise ValueError(f"{what} with --compression {self.compression}: not built (its "
