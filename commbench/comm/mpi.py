@@ -26,7 +26,7 @@ import torch
 from commbench.comm import base
 from commbench.comm.base import Communicator, Group, Handle, Topology, topology_from_hostnames
 from commbench.comm.placement import TensorPlacement, host, launcher_local_rank
-from commbench.comm.ring import chunk_bounds, offsets
+from commbench.comm.ring import chunk_counts, offsets
 from commbench.hostload import polled
 
 _NUMPY_OK = {torch.float32, torch.float64, torch.int32, torch.int64}
@@ -286,7 +286,7 @@ class MpiCommunicator(Communicator, Group):
         """
         flat = tensor.view(-1)
         p = self.comm.Get_size()
-        counts = [b - a for a, b in chunk_bounds(flat.numel(), p)]
+        counts = chunk_counts(flat.numel(), p)
         part, scatter = self.ireduce_scatter_v(flat, counts)
         displs = offsets(counts)
 

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import torch
 
 from commbench.comm.base import Group, Handle
-from commbench.comm.ring import chunk_bounds, offsets
+from commbench.comm.ring import chunk_counts, offsets
 
 #: each collective's tag (the ring's are 7 and 8)
 RS_TAG, AG_TAG, GATHER_TAG, SCATTER_TAG = 11, 12, 13, 14
@@ -81,7 +81,7 @@ def reduce_steps(g: Group, flat: torch.Tensor, root: int = 0) -> Iterator[Handle
     """The group's sum of ``flat`` into ``flat`` on ``root`` (the others' ``flat`` is left
     as it was): a reduce-scatter, then every part sent to the root."""
     r, p = g.rank, g.size
-    counts = [b - a for a, b in chunk_bounds(flat.numel(), p)]
+    counts = chunk_counts(flat.numel(), p)
     off = offsets(counts)
     part = torch.empty(counts[r], dtype=flat.dtype)
     yield from reduce_scatter_steps(g, flat, counts, part)
@@ -97,7 +97,7 @@ def bcast_steps(g: Group, flat: torch.Tensor, root: int = 0) -> Iterator[Handle]
     """``root``'s ``flat`` into every rank's: the root scatters the parts, then an
     all-gather."""
     r, p = g.rank, g.size
-    counts = [b - a for a, b in chunk_bounds(flat.numel(), p)]
+    counts = chunk_counts(flat.numel(), p)
     off = offsets(counts)
     mine = flat[off[r]:off[r] + counts[r]]
     if r == root:

@@ -66,6 +66,12 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def chunk_counts(n: int, p: int) -> list[int]:
+    """The sizes of ``chunk_bounds(n, p)``'s chunks: a v-collective's counts (the first
+    ``n % p`` one larger, the last ones empty where ``n < p``)."""
+    return [b - a for a, b in chunk_bounds(n, p)]
+
+
 def offsets(counts: list[int]) -> list[int]:
     """Where each part starts in a tensor of consecutive parts of ``counts`` elements (an
     MPI v-collective's displacements)."""
@@ -73,8 +79,6 @@ def offsets(counts: list[int]) -> list[int]:
 
 
 RING_PHASES = ("reduce_scatter", "allgather")
-
-
 
 
 def block(h: Handle) -> None:

@@ -67,11 +67,12 @@ from functools import partial
 from typing import Any, ClassVar
 
 import torch
+from torch.optim.sgd import sgd as torch_sgd
 
 from commbench.buckets import AUTO, MB, assign_buckets
 from commbench.comm.base import Communicator
 from commbench.comm.engine import Transfer, TransferEngine
-from commbench.comm.ring import chunk_bounds
+from commbench.comm.ring import chunk_counts
 from commbench.flags import same_flag
 from commbench.flatbuf import FlatBuffer, flat_views
 from commbench.strategies.base import Strategy
@@ -84,11 +85,10 @@ from commbench.timing import NullTimer, StepTimer
 ZERO2_BUFFERS = 2
 
 
-def shard_counts(numel: int, ranks: int) -> list[int]:
-    """Each rank's part of a bucket of ``numel`` elements, in rank order: contiguous, sizes
-    differing by at most one (the first ``numel % ranks`` ranks hold one more), so with
-    fewer elements than ranks the last ranks hold none."""
-    return [b - a for a, b in chunk_bounds(numel, ranks)]
+#: each rank's part of a bucket of ``numel`` elements, in rank order: contiguous, sizes
+#: differing by at most one (the first ``numel % ranks`` ranks hold one more), so with fewer
+#: elements than ranks the last ranks hold none (the ring's chunks)
+shard_counts = chunk_counts
 
 
 def library_bytes(bucket_numels: Sequence[int], ranks: int, rank: int, itemsize: int) -> int:
@@ -129,21 +129,16 @@ class SGDHyper:
 
 def sgd_step(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None,
              hp: SGDHyper) -> torch.Tensor | None:
-    """``torch.optim.SGD``'s update of one tensor, in place: its single-tensor form, which
-    it runs on the CPU, so a shard steps as its elements step under SGD on the whole
-    parameter. Returns the momentum buffer (made from the first step's gradient, as SGD
-    makes it; None without momentum)."""
-    d_p = -grad if hp.maximize else grad
-    if hp.weight_decay != 0:
-        d_p = d_p.add(param, alpha=hp.weight_decay)
-    if hp.momentum != 0:
-        if buf is None:
-            buf = torch.clone(d_p).detach()
-        else:
-            buf.mul_(hp.momentum).add_(d_p, alpha=1 - hp.dampening)
-        d_p = d_p.add(buf, alpha=hp.momentum) if hp.nesterov else buf
-    param.add_(d_p, alpha=-hp.lr)
-    return buf
+    """``torch.optim.SGD``'s update of one tensor, in place, by torch's own functional
+    form (``torch.optim.sgd.sgd``, single-tensor: what ``SGD.step`` runs on the CPU), so a
+    shard steps as its elements step under SGD on the whole parameter. Returns the
+    momentum buffer (made from the first step's gradient, as SGD makes it; None without
+    momentum)."""
+    bufs = [buf]
+    torch_sgd([param], [grad], bufs, foreach=False, lr=hp.lr, momentum=hp.momentum,
+              dampening=hp.dampening, weight_decay=hp.weight_decay, nesterov=hp.nesterov,
+              maximize=hp.maximize)
+    return bufs[0]
 
 
 @dataclass(frozen=True)
@@ -365,12 +360,17 @@ class ZeroStrategy(Strategy):
         b = self._bucket_of[i]
         if i not in b.pending:
             raise RuntimeError(f"{self.name}: gradient {i} announced twice in one step")
-        if b.buffer is None:
-            self._lend(b)
-        b.views[i].copy_(self.grads[i])
-        b.pending.discard(i)
+        self._fill(b, [i])
         if not b.pending:
             self._start_ready_buckets()
+
+    def _fill(self, b: _Bucket, indices: Sequence[int]) -> None:
+        """Copy gradients ``indices`` of ``b`` into its buffer (lent first under zero2)."""
+        if b.buffer is None:
+            self._lend(b)
+        for i in indices:
+            b.views[i].copy_(self.grads[i])
+        b.pending.difference_update(indices)
 
     def _lend(self, b: _Bucket) -> None:
         """zero2: give ``b`` a buffer from the pool."""
@@ -411,11 +411,7 @@ class ZeroStrategy(Strategy):
         for every reduce-scatter, and record each."""
         for b in self.buckets[self._next:]:
             if b.pending:
-                if b.buffer is None:
-                    self._lend(b)
-                for i in b.pending:
-                    b.views[i].copy_(self.grads[i])
-                b.pending.clear()
+                self._fill(b, list(b.pending))
             self._start_ready_buckets()
         for b in self.buckets:
             b.scatter.wait()
