@@ -64,7 +64,7 @@ from analysis.alphabeta import (
     LATENCY_FLAG,
     ModelError,
     Params,
-    latency_us,
+    latency_arg,
     predict,
 )
 from analysis.cli import UsageError, entry, output_dir, parser, warn, writing
@@ -677,13 +677,6 @@ def _bucket_mb(text: str) -> float | str:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--bucket-mb").lstrip(": ")) from None
 
 
-def _latency(text: str) -> float:
-    try:
-        return latency_us(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"{LATENCY_FLAG} ")) from None
-
-
 def _tie_pct(text: str) -> float:
     try:
         value = float(text)
@@ -723,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "default --nodes x --local-size")
     c.add_argument("--link-gbps", type=positive_float, default=None,
                    help="inter-node link rate, Gbit/s (default: the fit's)")
-    c.add_argument(LATENCY_FLAG, dest="latency_us", type=_latency, default=None,
+    c.add_argument(LATENCY_FLAG, dest="latency_us", type=latency_arg, default=None,
                    help="your network's inter-node latency per message, us (default: the "
                         f"fit's, else {DEFAULT_ALPHA_INTER * 1e6:g}: an RDMA-class fabric)")
     c.add_argument("--intra-gbps", type=positive_float, default=None,

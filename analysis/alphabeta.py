@@ -33,6 +33,7 @@ bucketed schedule on top of it is ``analysis.overlap``.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import asdict, dataclass, field, fields
 
@@ -84,6 +85,15 @@ def latency_us(text: str | float) -> float:
         raise ValueError(f"{LATENCY_FLAG} {text!r}: must be a number above 0 (microseconds "
                          "per inter-node message)")
     return us
+
+
+def latency_arg(text: str) -> float:
+    """``latency_us`` as an argparse type: its message without the flag's name, which
+    argparse puts in front."""
+    try:
+        return latency_us(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"{LATENCY_FLAG} ")) from None
 
 
 def emulated_alpha_us(records) -> tuple[float, float] | None:

@@ -83,7 +83,7 @@ from analysis.advise import (
     predicted,
     profile_input,
 )
-from analysis.alphabeta import FLAT_ALGOS, LATENCY_FLAG, ModelError, latency_us
+from analysis.alphabeta import FLAT_ALGOS, LATENCY_FLAG, ModelError, latency_arg
 from analysis.cli import UsageError
 from analysis.overlap import Profile
 from commbench import dilation as dil
@@ -461,13 +461,6 @@ def select_cells(grid: Grid, text: str | None, held_out: bool) -> tuple[list[Cel
     return [c for c in grid.cells if c.id in wanted], left
 
 
-def _latency(text: str) -> float:
-    try:
-        return latency_us(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"{LATENCY_FLAG} ")) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m {PROG}",
@@ -492,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "of them)")
     p.add_argument("--warmup", type=nonneg_int, default=DEFAULT_WARMUP, metavar="N",
                    help="warm-up steps before them")
-    p.add_argument(LATENCY_FLAG, dest="latency_us", type=_latency, default=None, metavar="US",
+    p.add_argument(LATENCY_FLAG, dest="latency_us", type=latency_arg, default=None, metavar="US",
                    help="the emulated inter-node alpha the advisor plans with (default: "
                         f"{HOST_ALPHA_US:g} us / K)")
     p.add_argument("-o", "--output", type=Path, default=None,
