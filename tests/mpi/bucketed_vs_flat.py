@@ -27,7 +27,8 @@ import math
 import sys
 
 import torch
-from verdict import verdict  # beside this script (scripts run as files)
+from announce import HOW, announced  # beside this script (scripts run as files)
+from verdict import verdict
 
 from commbench.buckets import MB
 from commbench.comm import make_communicator
@@ -38,7 +39,6 @@ from commbench.strategies.bucketed import BY_SIZE
 from commbench.timing import StepTimer
 
 BUCKET_MB = [0, 0.01, 1, 4, 1000]
-HOW = ("backward order", "shuffled per rank", "some unannounced")
 RTOL, ATOL = 1e-5, 1e-5  # float32 sums of O(1) values over <= a few dozen ranks
 
 
@@ -97,12 +97,7 @@ def main() -> int:
         for step, (how, (mine, exact, want)) in enumerate(zip(HOW, steps)):
             for g, v in zip(grads, mine):
                 g.copy_(v)
-            announce = list(order)
-            if how == "shuffled per rank":
-                gen = torch.Generator().manual_seed(7 + 31 * r)
-                announce = [order[k] for k in torch.randperm(len(order), generator=gen)]
-            elif how == "some unannounced":
-                announce = order[: len(order) // 2] + order[len(order) // 2 + 3:]
+            announce = announced(how, order, r)
             timer = StepTimer()
             timer.begin_step(step, False)
             bucketed.begin_step(timer)

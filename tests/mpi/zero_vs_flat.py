@@ -27,7 +27,8 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from verdict import verdict  # beside this script (scripts run as files)
+from announce import HOW, announced  # beside this script (scripts run as files)
+from verdict import verdict
 
 from commbench.comm import make_communicator
 from commbench.models import parameter_shapes
@@ -36,7 +37,6 @@ from commbench.timing import StepTimer
 from commbench.validate import count_wrong
 
 BUCKET_MB = [0, 0.01, 1, 1000]
-HOW = ("backward order", "shuffled per rank", "some unannounced")
 SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
 RTOL, ATOL = 1e-5, 1e-6  # float32 sums of O(1) values over a few ranks, three steps
 
@@ -104,12 +104,7 @@ def main() -> int:
             for step, (how, expect) in enumerate(zip(HOW, want)):
                 for g, v in zip(grads, gradients(r, step, shp)):
                     g.copy_(v)
-                announce = list(order)
-                if how == "shuffled per rank":
-                    gen = torch.Generator().manual_seed(7 + 31 * r)
-                    announce = [order[k] for k in torch.randperm(len(order), generator=gen)]
-                elif how == "some unannounced":
-                    announce = order[: len(order) // 2] + order[len(order) // 2 + 3:]
+                announce = announced(how, order, r)
                 timer = StepTimer()
                 timer.begin_step(step, False)
                 zero.begin_step(timer)
