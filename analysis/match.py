@@ -54,6 +54,9 @@ HIERARCHICAL_ALGOS = ("hier", "hier-leader")
 #: measured 0.944-0.957 Gbit/s, docs/cluster.md); rates set apart (200 Mbit/s vs
 #: 1 Gbit/s) differ by far more
 LINK_RATE_TOLERANCE = 0.10
+#: what a tuned setting reads in a run's config (``commbench.buckets.AUTO``; analysis/ does not
+#: import torch)
+AUTO = "auto"
 
 
 def sync_family(rec: dict) -> str | None:
@@ -74,7 +77,15 @@ def sync_scheme(rec: dict) -> tuple:
                   if not (family == "ps" and k == "staleness")
                   and (v := knob(rec, k)) is not None)
     if family == "bucketed" and (rec.get("knobs") or {}).get("bucket_mb_auto"):
-        knobs += (("bucket_mb_auto", True),)  # a cap chosen by its probe: a set of its own
+        # --bucket-mb auto is a set-up of its own, and what its probe chose (the cap, and
+        # the path where --transfer auto left that to it) is an outcome of the run, as the
+        # parameter server's staleness is: repeats of one request pool whatever each chose
+        # (each run's choice stays in its knobs; peer_fairness chose 8, 16 and 25 MB in
+        # six repeats of one cell)
+        tuned = (rec.get("config") or {}).get("transfer") == AUTO
+        chosen = {"bucket_mb", "transfer"} if tuned else {"bucket_mb"}
+        knobs = tuple((k, AUTO if k in chosen else v) for k, v in knobs)
+        knobs += (("bucket_mb_auto", True),)
     if family == "horovod":  # its fusion threshold and cycle time, as in force
         knobs += tuple(sorted((k, v) for k, v in (rec.get("knobs") or {}).items()
                               if k.startswith("horovod_")))

@@ -72,6 +72,8 @@ import argparse
 import math
 import sys
 import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,6 +201,18 @@ def bucket_of(s: dict) -> str | None:
     return f"{mb:g}" + ("*" if k.get("bucket_mb_auto") else "")
 
 
+def caps_of(runs: Sequence[dict]) -> str:
+    """The caps of a side's runs in words: ``cap 2* MB, 45 buckets`` where every run ran
+    the same, else each cap with its count of runs (``--bucket-mb auto`` may choose
+    differently run to run: the choice is an outcome, and the runs pool)."""
+    got = Counter((bucket_of(s), buckets_of(s)) for s in runs)
+    if len(got) == 1:
+        (cap, n), = got
+        return f"cap {cap} MB, {n} buckets"
+    return "caps " + ", ".join(f"{cap} MB ({n} buckets) x {c}"
+                               for (cap, n), c in got.most_common())
+
+
 def buckets_of(s: dict) -> int | None:
     k = s.get("knobs") or {}
     return k.get("buckets", k.get("num_buckets"))
@@ -315,8 +329,7 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> Verdict:
             bucketed.append((name, bs))
         peer = peers.get(name.split(" ")[0])
         if peer is not None:
-            lines.append(f"  {name}: bucketed (cap {bucket_of(bs[0])} MB, {buckets_of(bs[0])} "
-                         f"buckets) / {peer[0]['strategy']}: step "
+            lines.append(f"  {name}: bucketed ({caps_of(bs)}) / {peer[0]['strategy']}: step "
                          f"{spread(bs, peer, lambda s: s['step_s']).words('.3f')}, exposed "
                          f"sync {spread(bs, peer, lambda s: s['exposed_sync_s']).words('.3f')},"
                          f" link efficiency {spread(bs, peer, eff).words('.3f')}")

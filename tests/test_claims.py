@@ -727,3 +727,26 @@ def test_a_newer_schema_exits_2_naming_file_and_line_and_writes_nothing(module, 
         assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
         assert where in lines[0] and f"schema {newer}" in lines[0].replace("version ", "")
         assert not (tmp_path / out).exists()
+
+
+def auto_run(chosen_mb: float, path: str, transfer: str = "auto") -> dict:
+    r = run("bucketed", None, config={"bucket_mb": "auto", "transfer": transfer})
+    r["knobs"] = {**r["knobs"], "bucket_mb": chosen_mb, "transfer_path": path,
+                  "bucket_mb_auto": {"requested": "auto", "chosen": chosen_mb,
+                                     "chosen_path": path}}
+    return r
+
+
+def test_bucket_mb_auto_repeats_pool_whatever_each_chose():
+    # peer_fairness, ResNet-50 2x4: six repeats of one request chose 8, 16 and 25 MB, and
+    # the thread or by-size path: one set-up, the choices outcomes of the runs
+    runs = [auto_run(8.0, "thread"), auto_run(25.0, "by-size"), auto_run(16.0, "thread")]
+    assert len(match.matched_sets(runs)) == 1
+    assert match.sync_scheme(runs[0])[2:] == match.sync_scheme(runs[1])[2:]
+    # a path the user named is a setting: runs on different ones stay apart
+    ring, thread = auto_run(8.0, "ring", "ring"), auto_run(8.0, "thread", "thread")
+    assert match.differences(ring, thread) == ["sync"]
+    # auto against a fixed cap of the same value: different requests
+    fixed = run("bucketed", None, config={"bucket_mb": 8.0, "transfer": "auto"})
+    fixed["knobs"] = {**fixed["knobs"], "bucket_mb": 8.0, "transfer_path": "thread"}
+    assert match.differences(runs[0], fixed) == ["sync"]
