@@ -25,4 +25,5 @@ EXPERIMENTS = {
     "hostload_calibration": "benchmarks.hostload_calibration",
     "peer_fairness": "benchmarks.peer_fairness",
     "replay_fidelity": "benchmarks.replay_fidelity",
+    "shard_bytes": "benchmarks.shard_bytes",
 }
