@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from commbench.comm.base import Handle
-from commbench.comm.p2pcoll import Steps, allgather_steps, reduce_scatter_steps
+from commbench.comm.p2pcoll import (
+    Steps,
+    allgather_steps,
+    reduce_scatter_steps,
+    ring_allgather_steps,
+    ring_reduce_scatter_steps,
+)
 from commbench.comm.ring import offsets
 from tests.conftest import run_check
 
@@ -60,13 +66,15 @@ class _One:
     rank, size = 0, 1
 
 
-def test_one_rank_copies_its_part_and_sends_nothing():
+@pytest.mark.parametrize(("rs", "ag"), [(reduce_scatter_steps, allgather_steps),
+                                        (ring_reduce_scatter_steps, ring_allgather_steps)])
+def test_one_rank_copies_its_part_and_sends_nothing(rs, ag):
     flat = torch.arange(6.0)
     part = torch.empty(6)
-    assert list(reduce_scatter_steps(_One(), flat, [6], part)) == []
+    assert list(rs(_One(), flat, [6], part)) == []
     assert torch.equal(part, flat)
     out = torch.zeros(6)
-    assert list(allgather_steps(_One(), part, [6], out)) == []
+    assert list(ag(_One(), part, [6], out)) == []
     assert torch.equal(out, flat)
 
 

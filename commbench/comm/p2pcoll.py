@@ -38,6 +38,7 @@ from commbench.comm.ring import chunk_counts, offsets
 
 #: each collective's tag (the ring's are 7 and 8)
 RS_TAG, AG_TAG, GATHER_TAG, SCATTER_TAG = 11, 12, 13, 14
+RING_RS_TAG, RING_AG_TAG = 15, 16
 
 
 def reduce_scatter_steps(g: Group, flat: torch.Tensor, counts: list[int],
@@ -74,6 +75,62 @@ def allgather_steps(g: Group, part: torch.Tensor, counts: list[int],
     recvs = [g.irecv(out[off[j]:off[j] + counts[j]], j, AG_TAG)
              for j in ((r - s) % p for s in range(1, p)) if counts[j]]
     yield from recvs
+    yield from sends
+
+
+def ring_reduce_scatter_steps(g: Group, flat: torch.Tensor, counts: list[int],
+                              part: torch.Tensor) -> Iterator[Handle]:
+    """``reduce_scatter_steps`` as a ring: in ``p - 1`` steps each rank sends its right
+    neighbour one part, the sum so far of the part it received the step before (at first
+    its own copy), and adds its own copy to the part it receives; the part that ends on
+    rank ``r`` is ``r``'s. Each rank sends and receives ``(p-1)/p`` of the tensor, as in the
+    pairwise exchange, but to one neighbour only: on ranks placed node by node one
+    message a step crosses each node boundary, so a node's link carries ``(n-1)/n`` of the
+    tensor, not ``l(N-1)/N`` (the ring all-reduce's first half, ``ring.ring_steps``).
+    ``flat`` is read, not written."""
+    r, p = g.rank, g.size
+    off = offsets(counts)
+    piece = lambda j: flat[off[j]:off[j] + counts[j]]  # noqa: E731
+    if p == 1:
+        part.copy_(piece(r))
+        return
+    right, left = (r + 1) % p, (r - 1) % p
+    sends, acc = [], piece((r - 1) % p)  # what goes right at step 0: this rank's own copy
+    for s in range(p - 1):
+        out_j, in_j = (r - s - 1) % p, (r - s - 2) % p
+        recv = part if s == p - 2 else torch.empty(counts[in_j], dtype=flat.dtype)
+        h = g.irecv(recv, left, RING_RS_TAG) if counts[in_j] else None
+        if counts[out_j]:
+            sends.append((g.isend(acc, right, RING_RS_TAG), acc))
+        if h is not None:
+            yield h
+            recv.add_(piece(in_j))
+        acc = recv
+    yield from (h for h, _ in sends)
+
+
+def ring_allgather_steps(g: Group, part: torch.Tensor, counts: list[int],
+                         out: torch.Tensor) -> Iterator[Handle]:
+    """``allgather_steps`` as a ring: in ``p - 1`` steps each rank passes its right
+    neighbour the part it received the step before (at first its own); ``(n-1)/n`` of the
+    tensor through each node's link on ranks placed node by node."""
+    r, p = g.rank, g.size
+    off = offsets(counts)
+    piece = lambda j: out[off[j]:off[j] + counts[j]]  # noqa: E731
+    mine = piece(r)
+    if mine.data_ptr() != part.data_ptr():
+        mine.copy_(part)
+    if p == 1:
+        return
+    right, left = (r + 1) % p, (r - 1) % p
+    sends = []
+    for s in range(p - 1):
+        out_j, in_j = (r - s) % p, (r - s - 1) % p
+        h = g.irecv(piece(in_j), left, RING_AG_TAG) if counts[in_j] else None
+        if counts[out_j]:
+            sends.append(g.isend(piece(out_j), right, RING_AG_TAG))
+        if h is not None:
+            yield h
     yield from sends
 
 

@@ -1,7 +1,8 @@
 """Run under mpirun: the node collectives on point-to-point messages (``comm.p2pcoll``)
 equal the closed form on every dtype, size and root, driven by ``test`` and by ``wait``.
 
-Sizes from 0 to above 100k elements, fewer elements than ranks included; uneven counts
+Both forms of the reduce-scatter and all-gather (pairwise exchange, ring). Sizes from 0
+to above 100k elements, fewer elements than ranks included; uneven counts
 with a zero part (the two-level all-reduce's parts on uneven nodes); and several of each
 collective run back to back on one rank while another starts late (the pipeline's
 segments: each collective's messages must match its own, in order). Values are small
@@ -25,11 +26,16 @@ from commbench.comm.p2pcoll import (
     bcast_steps,
     reduce_scatter_steps,
     reduce_steps,
+    ring_allgather_steps,
+    ring_reduce_scatter_steps,
 )
 from commbench.comm.ring import chunk_bounds, offsets
 
 DTYPES = (torch.float32, torch.bfloat16)
 SIZES = [0, 1, 2, 7, 1009, 100_003]
+#: the reduce-scatter and all-gather of each form: pairwise exchange, ring
+FORMS = {"pairwise": (reduce_scatter_steps, allgather_steps),
+         "ring": (ring_reduce_scatter_steps, ring_allgather_steps)}
 
 
 def finish(h: Steps, by_test: bool) -> None:
@@ -58,15 +64,16 @@ def check(comm, dtype: torch.dtype, numel: int, by_test: bool) -> list[str]:
     what = f"{dtype} numel={numel} by {'test' if by_test else 'wait'}"
     for counts in layouts(numel, n):
         a = offsets(counts)[r]
-        part = torch.full((counts[r],), -1, dtype=dtype)
-        sent = mine.clone()
-        finish(Steps(reduce_scatter_steps(comm, sent, counts, part)), by_test)
-        if not torch.equal(part, total[a:a + counts[r]]) or not torch.equal(sent, mine):
-            bad.append(f"reduce_scatter {counts}: {what}")
-        out = torch.zeros(numel, dtype=dtype)
-        finish(Steps(allgather_steps(comm, part, counts, out)), by_test)
-        if not torch.equal(out, total):
-            bad.append(f"allgather {counts}: {what}")
+        for form, (rs, ag) in FORMS.items():
+            part = torch.full((counts[r],), -1, dtype=dtype)
+            sent = mine.clone()
+            finish(Steps(rs(comm, sent, counts, part)), by_test)
+            if not torch.equal(part, total[a:a + counts[r]]) or not torch.equal(sent, mine):
+                bad.append(f"{form} reduce_scatter {counts}: {what}")
+            out = torch.zeros(numel, dtype=dtype)
+            finish(Steps(ag(comm, part, counts, out)), by_test)
+            if not torch.equal(out, total):
+                bad.append(f"{form} allgather {counts}: {what}")
     for root in sorted({0, n - 1}):
         t = mine.clone()
         finish(Steps(reduce_steps(comm, t, root)), by_test)
@@ -79,7 +86,7 @@ def check(comm, dtype: torch.dtype, numel: int, by_test: bool) -> list[str]:
     return bad
 
 
-def back_to_back(comm) -> list[str]:
+def back_to_back(comm, rs, ag) -> list[str]:
     """Segments of sizes differing by one element, each reduce-scattered then gathered in
     the pipeline's order (every first phase, then every last), rank 0 starting late."""
     n, r = comm.size, comm.rank
@@ -90,11 +97,11 @@ def back_to_back(comm) -> list[str]:
     for s in segs:
         counts = [b - a for a, b in chunk_bounds(s.numel(), n)]
         part = torch.empty(counts[r])
-        finish(Steps(reduce_scatter_steps(comm, s, counts, part)), by_test=True)
+        finish(Steps(rs(comm, s, counts, part)), by_test=True)
         parts.append((part, counts))
     bad = []
     for s, (part, counts) in zip(segs, parts):
-        finish(Steps(allgather_steps(comm, part, counts, s)), by_test=True)
+        finish(Steps(ag(comm, part, counts, s)), by_test=True)
         if not torch.equal(s, (torch.arange(s.numel()) % 3 + 1).float() * (n * (n + 1) // 2)):
             bad.append(f"back to back: segment of {s.numel()} wrong")
     return bad
@@ -107,7 +114,8 @@ def main() -> int:
         for numel in SIZES:
             for by_test in (True, False):
                 bad += check(comm, dtype, numel, by_test)
-    bad += back_to_back(comm)
+    for rs, ag in FORMS.values():
+        bad += back_to_back(comm, rs, ag)
     return verdict(comm, bad, f"OK point-to-point node collectives on {comm.size} ranks")
 
 
