@@ -140,6 +140,15 @@ class Zero3Settings(CommonSettings):
         super().__post_init__()
         check_choice("prefetch", self.prefetch, PREFETCH_CHOICES)
         check_choice("reduce_scatter_group", self.reduce_scatter_group, RS_GROUP_CHOICES)
+
+    def check_steps(self, steps: int) -> None:
+        """What zero3 cannot honour, refused where a job runs it (``check_unbuilt``)."""
+        self.check_unbuilt()
+
+    def check_unbuilt(self) -> None:
+        """ValueError naming the pair for a flag zero3 cannot honour. Not in
+        ``__post_init__``: these settings declare ``--prefetch``, so every job's ``Sync``
+        makes them to check that flag, whichever strategies it runs."""
         if self.compression != "none":
             raise ValueError(f"--strategy zero3 with --compression {self.compression}: not "
                              "built (its reduce-scatter would move the narrow dtype and its "
@@ -215,6 +224,7 @@ class Zero3Strategy(Strategy):
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
         self.check(comm, "native")
+        self.settings.check_unbuilt()
         params = list(workload.params)
         if [p.shape for p in params] != [g.shape for g in self.grads]:
             raise ValueError(f"--strategy {self.name}: the workload's parameters do not "
@@ -293,8 +303,11 @@ class Zero3Strategy(Strategy):
         self._step_transfers.append((u.gather, "allgather", u.nbytes // 2))
 
     def _allgather(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
-        """On the engine's thread: every rank's ``part`` into ``out``."""
-        self._ag_group.allgather_v(part, counts, out)
+        """On the engine's thread: every rank's ``part`` into ``out``, through an alias of
+        its memory (``torch.from_dlpack``: the same bytes, a storage of its own). The mpi
+        backend hands MPI a numpy view, and ``Tensor.numpy`` makes the storage it views
+        unresizable for good (torch 2.13), which would keep a unit from being freed."""
+        self._ag_group.allgather_v(part, counts, torch.from_dlpack(out))
 
     def _ensure(self, u: _Unit | None) -> None:
         """``u``'s parameters whole: gathered now, or its gather (prefetched) waited for."""
