@@ -18,6 +18,7 @@ from commbench.strategies import (
     Sync,
     Zero1Settings,
     Zero2Settings,
+    Zero3Settings,
     make_strategy,
     settings_for,
 )
@@ -39,7 +40,7 @@ def test_the_registry_holds_each_strategys_settings_class_beside_it():
     assert SETTINGS == {"flat": FlatSettings, "bucketed": BucketedSettings,
                         "hierarchical": FlatSettings, "horovod": HorovodSettings,
                         "ddp": DDPSettings, "async": AsyncSettings, "zero1": Zero1Settings,
-                        "zero2": Zero2Settings}
+                        "zero2": Zero2Settings, "zero3": Zero3Settings}
     for name, cls in STRATEGIES.items():
         assert cls.settings_class is SETTINGS[name] and issubclass(SETTINGS[name], CommonSettings)
     # what is common to all, and what each adds
@@ -52,6 +53,8 @@ def test_the_registry_holds_each_strategys_settings_class_beside_it():
     assert set(DDPSettings.flag_fields()) == {"compression", "accum_steps", "bucket_mb"}
     assert set(Zero1Settings.flag_fields()) == set(Zero2Settings.flag_fields()) == {
         "compression", "accum_steps", "bucket_mb", "first_bucket_mb"}
+    assert set(Zero3Settings.flag_fields()) == {
+        "compression", "accum_steps", "prefetch", "reduce_scatter_group"}
     assert settings_for("bucketed", bucket_mb=5) == BucketedSettings(bucket_mb=5)
     with pytest.raises(ValueError, match="unknown strategy 'flatt'"):
         settings_for("flatt")

@@ -42,6 +42,7 @@ from commbench.strategies.zero import (
     Zero2Strategy,
     ZeroSettings,
 )
+from commbench.strategies.zero3 import Zero3Settings, Zero3Strategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "flat": FlatStrategy,
@@ -52,6 +53,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "async": AsyncStrategy,  # bounded staleness s (module asynchronous: async is a keyword)
     "zero1": Zero1Strategy,  # ZeRO-1: optimizer state sharded (module zero)
     "zero2": Zero2Strategy,  # ZeRO-2: gradients sharded too
+    "zero3": Zero3Strategy,  # ZeRO-3/FSDP: parameters sharded at rest, gathered per unit
 }
 
 #: each strategy's settings class, beside it (its ``settings_class``)
@@ -61,7 +63,8 @@ SETTINGS: dict[str, type[CommonSettings]] = {
 #: the strategies' flags of ``commbench.allreduce`` (by field name), in the order its help
 #: lists them and records carry them
 SYNC_FLAGS = ("compression", "bucket_mb", "first_bucket_mb", "progress", "transfer",
-              "staleness", "staleness_lr", "staleness_warmup", "accum_steps")
+              "staleness", "staleness_lr", "staleness_warmup", "accum_steps", "prefetch",
+              "reduce_scatter_group")
 
 #: each flag's owner: the first registered settings class with the field, which declares it
 #: (another that reads the same flag takes its field with ``flags.same_flag``)
@@ -202,5 +205,5 @@ def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
 __all__ = ["FLAG_OWNERS", "SETTINGS", "STRATEGIES", "SYNC_FLAGS", "AsyncSettings",
            "BucketTuner", "BucketedSettings", "CommonSettings", "DDPSettings",
            "EngineSettings", "FlatSettings", "HorovodSettings", "Strategy", "Sync",
-           "Zero1Settings", "Zero2Settings", "ZeroSettings", "make_strategy", "settings_class",
-           "settings_for"]
+           "Zero1Settings", "Zero2Settings", "Zero3Settings", "ZeroSettings", "make_strategy",
+           "settings_class", "settings_for"]

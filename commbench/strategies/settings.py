@@ -4,7 +4,8 @@ Each strategy owns a frozen settings class, registered beside it
 (``commbench.strategies.SETTINGS``): ``flat`` and ``hierarchical``
 ``FlatSettings``, ``bucketed`` ``BucketedSettings``, ``async``
 ``AsyncSettings``, ``ddp`` ``DDPSettings``, ``horovod`` ``HorovodSettings``,
-``zero1`` ``Zero1Settings`` and ``zero2`` ``Zero2Settings`` (``ZeroSettings``).
+``zero1`` ``Zero1Settings`` and ``zero2`` ``Zero2Settings`` (``ZeroSettings``),
+``zero3`` ``Zero3Settings``.
 Each derives from ``CommonSettings``, which holds what every strategy reads
 (``algo``, ``compression``, ``accum_steps``, ``broadcast_buffers``), as a DDP
 comm hook's state holds only what its hook needs.

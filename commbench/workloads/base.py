@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from commbench.models.units import unit_names
 from commbench.timing import device_events, now
 
 
@@ -111,6 +112,13 @@ class Workload(abc.ABC):
             self.last_ready = now()
             self._hook_s += self.last_ready - t
         return hook
+
+    @property
+    def unit_paths(self) -> list[str]:
+        """The module paths of the model's units (``commbench.models.units``), whose modules
+        its forward calls one by one, in registration order: where a sharded strategy
+        (``zero3``) hooks each unit's forward."""
+        return unit_names(self.net)
 
     @property
     def backward_order(self) -> list[int]:

@@ -358,6 +358,12 @@ class SyntheticWorkload(Workload):
         self._rng = random.Random(seed * 1_000_003 + rank)
         self.factor = 1.0
 
+    @property
+    def unit_paths(self) -> list[str]:
+        """The units the replay calls one by one: its profile's, in the order they ran
+        (none without per-unit times: the model is then one root unit)."""
+        return [u.name for u in self.forward_units[1:]]
+
     def forward(self, timer, poll: Callable[[], None] | None = None,
                 accumulate: bool = False) -> None:
         t0 = now()

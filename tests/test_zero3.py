@@ -1,0 +1,223 @@
+"""ZeRO-3: the byte arithmetic, one rank's steps against torch's SGD with the parameters
+sharded at rest and gathered per unit, what it refuses, and the same parameters as flat
+under every launcher (uneven nodes included) and in whole jobs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from commbench.allreduce import parse_config
+from commbench.flags import ConfigError
+from commbench.models.units import ROOT, unit_names
+from commbench.strategies import make_strategy
+from commbench.strategies.zero3 import Zero3Settings, library_bytes
+from commbench.timing import StepTimer
+from commbench.workloads import RealWorkload, SyntheticWorkload
+from commbench.workloads.compute_profile import load
+from tests.conftest import of_kind, run_check, run_tool, summaries
+from tests.test_forward_units import R50, with_units
+from tests.test_zero import _OneRank
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# --- the byte arithmetic -------------------------------------------------------------------
+
+
+def test_each_rank_hands_over_the_other_ranks_parts_three_times():
+    # even shards: 3Ψ(n−1)/n a rank, 1.5x a ring all-reduce's (ZeRO §7.2)
+    assert [library_bytes([1000], 4, r, 4) for r in range(4)] == [9000] * 4
+    # one element on 4 ranks: rank 0 owns it, the others count it three times (received
+    # in two gathers, and its part of the reduce-scatter's input sent to rank 0)
+    assert [library_bytes([1], 4, r, 4) for r in range(4)] == [0, 12, 12, 12]
+    numels = [1, 3, 1009, 4096, 7]
+    for ranks in (1, 2, 3, 5):
+        total = sum(library_bytes(numels, ranks, r, 2) for r in range(ranks))
+        assert total == 3 * (ranks - 1) * sum(numels) * 2
+
+
+# --- one rank: gathered per unit, freed at rest, stepped as torch's SGD ------------------
+
+
+def _step(wl, strategy, k: int):
+    timer = StepTimer()
+    timer.begin_step(k, False)
+    strategy.begin_step(timer)
+    wl.forward(timer)
+    wl.backward(timer, strategy.on_ready)
+    strategy.finish()
+    wl.optimizer_step(timer)
+    return timer.end_step()
+
+
+class _Plain:
+    """No sync: the workload's own SGD on one rank (the reference)."""
+
+    def begin_step(self, timer) -> None:
+        pass
+
+    def on_ready(self, i: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("prefetch", ["on", "off"])
+@pytest.mark.parametrize("group", ["shared", "separate"])
+def test_one_rank_gathers_each_unit_for_its_passes_and_steps_as_sgd(prefetch, group):
+    """gpt-tiny (two blocks, the embedding tied to the head: the root's): each unit is
+    whole while its forward runs and freed between steps; the parameters follow torch's
+    SGD with momentum step for step."""
+    ref = RealWorkload("gpt-tiny", rank=0, batch_size=2)
+    wl = RealWorkload("gpt-tiny", rank=0, batch_size=2)
+    zero = make_strategy("zero3", _OneRank(), wl.grads, backward_order=wl.backward_order,
+                         workload=wl, prefetch=prefetch, reduce_scatter_group=group)
+    units = {u.path: u for u in zero.units}
+    assert list(units) == [ROOT, "transformer.h.0", "transformer.h.1"]
+    assert wl.param_names.index("transformer.wte.weight") in units[ROOT].indices
+    whole = []  # (unit, bytes of its parameters' storage) as its forward runs
+    for path in units:
+        if path:  # registered after the strategy's hook: runs after it
+            wl.net.get_submodule(path).register_forward_pre_hook(
+                lambda _m, _a, path=path: whole.append(
+                    (path, units[path].storage().nbytes())))
+    for k in range(3):
+        _step(ref, _Plain(), k)
+        sample = _step(wl, zero, k)
+        assert all(u.storage().nbytes() == 0 for u in zero.units)  # sharded at rest
+        # two gathers and one reduce-scatter a unit, each kind's time apart
+        assert sample.comm_calls == 3 * len(units)
+        assert set(sample.comm_phases) == {"allgather", "reduce_scatter"}
+    assert whole == [(u.path, u.nbytes) for _ in range(3) for u in zero.units if u.path]
+    zero.finish_run()
+    for name, p, q in zip(wl.param_names, wl.params, ref.params):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+    knobs = zero.knobs()
+    assert knobs["library_bytes_per_step_ranks"] == [0]
+    assert knobs["prefetch"] == prefetch and knobs["reduce_scatter_group"] == group
+    assert knobs["optimizer"]["momentum"] == 0.9
+    assert zero.record_fields("step")["model_state_bytes_peak"] > 0
+    zero.close()
+
+
+def test_the_replay_runs_unit_by_unit_under_zero3(tmp_path):
+    """The replay with per-unit forward times (ResNet-50's bottlenecks): each unit's
+    module is a unit of zero3; without them the model is one root unit."""
+    prof = load(with_units(R50, tmp_path / "r50.json"), "resnet50", 1000)
+    wl = SyntheticWorkload("resnet50", 0, rank=0, profile=prof, compute_scale=0.05)
+    zero = make_strategy("zero3", _OneRank(), wl.grads, backward_order=wl.backward_order,
+                         workload=wl)
+    assert [u.path for u in zero.units] == [ROOT] + [u.name for u in wl.forward_units[1:]]
+    sample = _step(wl, zero, 0)
+    assert sample.comm_calls == 3 * 17
+    zero.close()
+    plain = SyntheticWorkload("resnet18", 30, rank=0)
+    zero = make_strategy("zero3", _OneRank(), plain.grads,
+                         backward_order=plain.backward_order, workload=plain)
+    assert [u.path for u in zero.units] == [ROOT]
+    zero.close()
+
+
+# --- what it refuses, naming the pair -----------------------------------------------------
+
+
+def test_a_tie_split_across_units_is_refused_naming_the_pair():
+    net = nn.Module()
+    net.blocks = nn.ModuleList(nn.Sequential(nn.Linear(2, 2)) for _ in range(2))
+    # two Parameters on one storage, one in each unit: each unit would step its own copy
+    net.blocks[1][0].weight = nn.Parameter(net.blocks[0][0].weight.data)
+    named = list(net.named_parameters())
+    params = [p for _, p in named]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    wl = SimpleNamespace(net=net, params=params, param_names=[n for n, _ in named],
+                         opt=torch.optim.SGD(params, lr=0.1), unit_paths=unit_names(net))
+    with pytest.raises(ValueError, match=r"blocks\.0\.0\.weight \(unit blocks\.0\) and "
+                                         r"blocks\.1\.0\.weight \(unit blocks\.1\) share "
+                                         "memory"):
+        make_strategy("zero3", _OneRank(), [p.grad for p in params], workload=wl)
+
+
+def test_what_it_cannot_honour_is_refused_and_its_options_are_flags():
+    with pytest.raises(ValueError, match="--strategy zero3 with --compression fp16"):
+        Zero3Settings(compression="fp16").check_steps(10)
+    with pytest.raises(ValueError, match="--strategy zero3 with --compression fp16"):
+        make_strategy("zero3", _OneRank(), [torch.zeros(1)], compression="fp16",
+                      workload=SimpleNamespace())
+    # it declares --prefetch, so every job makes its settings: a job without zero3 compresses
+    assert parse_config(["--strategy", "flat", "--compression", "fp16"]).sync.compression \
+        == "fp16"
+    with pytest.raises(ConfigError, match="--strategy zero3 with --compression bf16"):
+        parse_config(["--strategy", "flat,zero3", "--compression", "bf16"])
+    cfg = parse_config(["--strategy", "zero3", "--prefetch", "off",
+                        "--reduce-scatter-group", "separate", "--accum-steps", "2"])
+    s = cfg.sync.settings("zero3")
+    assert (s.prefetch, s.reduce_scatter_group, s.accum_steps) == ("off", "separate", 2)
+    with pytest.raises(ConfigError, match="--prefetch: invalid choice: 'sometimes'"):
+        parse_config(["--strategy", "zero3", "--prefetch", "sometimes"])
+
+
+# --- under the launchers: the same parameters as flat + SGD ------------------------------
+
+OK = "OK zero3 == flat + SGD on {} ranks"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,nodes", [(2, None), (4, "a,a,a,b")])
+def test_zero3_equals_flat_mpi(np_, nodes):
+    run_check("mpirun", np_, "check_zero3.py", "mpi", OK.format(np_), nodes=nodes,
+              timeout=300)
+
+
+@pytest.mark.torchrun
+def test_zero3_equals_flat_torch():
+    run_check("torchrun", 3, "check_zero3.py", "torch", OK.format(3), nodes="a,a,b",
+              timeout=300)
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun-gloo"])
+def test_zero3_equals_flat_horovod(launcher):
+    run_check(launcher, 2, "check_zero3.py", "horovod", OK.format(2), timeout=300)
+
+
+def _same_parameters(summ: dict, name: str) -> None:
+    want = summ["flat"]["param_checksum_ranks"][0]
+    s = summ[name]
+    assert s["wrong"] == 0 and s["elements_checked"] > 0
+    assert len(set(s["param_checksum_ranks"])) == 1, s["param_checksum_ranks"]
+    assert s["param_checksum_ranks"][0] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.mpi
+def test_jobs_step_as_flat_and_record_the_gathers(tmp_path):
+    """Whole jobs on 3 ranks (nodes of 2 + 1): the real gpt-tiny (tied weights) with
+    momentum and accumulation, and the replay unit by unit; the records carry both
+    collectives' times, 1.5x the gradient's bytes, and the model state's peak."""
+    real = ["--workload", "real", "--model", "gpt-tiny", "--batch-size", "2", "--steps", "2",
+            "--warmup", "1", "--algo", "native", "--accum-steps", "2"]
+    recs = run_tool("mpirun", 3, "commbench.allreduce",
+                    [*real, "--strategy", "flat,zero3", "--reduce-scatter-group", "separate"],
+                    tmp_path / "real.jsonl", nodes="a,a,b", timeout=300).records
+    _same_parameters(summaries(recs), "zero3")
+    prof = with_units(R50, tmp_path / "r50.json")
+    recs = run_tool("mpirun", 3, "commbench.allreduce",
+                    ["--model", "resnet50", "--compute-profile", str(prof),
+                     "--compute-scale", "0.05", "--steps", "2", "--warmup", "1",
+                     "--strategy", "flat,zero3", "--algo", "native", "--prefetch", "off"],
+                    tmp_path / "replay.jsonl", nodes="a,a,b", timeout=300).records
+    summ = summaries(recs)
+    _same_parameters(summ, "zero3")
+    grad_bytes = summ["flat"]["grad_bytes"]
+    k = summ["zero3"]["knobs"]
+    assert sum(k["unit_bytes"]) == grad_bytes and len(k["units"]) == 17
+    assert sum(k["library_bytes_per_step_ranks"]) == 3 * 2 * grad_bytes
+    assert set(summ["zero3"]["comm_phases_s"]) == {"reduce_scatter", "allgather"}
+    steps = [r for r in of_kind(recs, "step") if r["strategy"] == "zero3"]
+    assert steps and all(r["comm_calls"] == 3 * 17 for r in steps)
+    assert all(r["comm_bytes"] == sum(3 * (b // 2) for b in k["unit_bytes"]) for r in steps)
+    assert all(r["model_state_bytes_peak"] > 0 for r in steps)
