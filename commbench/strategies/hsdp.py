@@ -1,18 +1,18 @@
 """HSDP: ZeRO-2 sharding inside each node, the shards replicated across nodes.
 
-Hybrid sharded data parallel (PyTorch FSDP's ``ShardingStrategy._HYBRID_SHARD_ZERO2``;
-Zhao et al., "PyTorch FSDP", VLDB 2023, https://arxiv.org/abs/2304.11277, §3.2.2;
-DeepSpeed's ZeRO++ hpZ is the same split for parameters). The job's ranks form a 2-D
+Hybrid sharded data parallel (PyTorch FSDP's ``ShardingStrategy._HYBRID_SHARD_ZERO2``:
+``SHARD_GRAD_OP`` within a node, replicated across nodes; Zhao et al., "PyTorch FSDP",
+VLDB 2023, https://arxiv.org/abs/2304.11277, on hybrid sharding). The job's ranks form a 2-D
 mesh: each node is one shard group of ``L`` ranks, and the ranks with the same local rank
 on the ``N`` nodes are one replica group. Within the node it is ``zero2``
 (``commbench.strategies.zero``, whose bucket machinery it runs): gradients and the
 optimizer state are sharded over the node's ranks, the parameters kept whole on every
 rank. Which stage, and why: the ZeRO-2 form, not ``HYBRID_SHARD``'s ZeRO-3 one (parameters
 sharded at rest and gathered per unit before forward and again in backward), because the
-gradient sync is what this toolkit measures and the ZeRO-2 form's is exactly the
-two-level all-reduce's (below), with the same per-step bytes as ZeRO-3's hybrid form
-for the gradient and one parameter all-gather instead of two; the ZeRO-3 form's
-per-unit gathers belong with ``zero3``'s forward replayed unit by unit.
+gradient sync is what this toolkit measures, and the ZeRO-2 form's is exactly the
+two-level all-reduce's (below) with one parameter all-gather a step, where the ZeRO-3
+form gathers each unit's parameters before forward and again in backward; those per-unit
+gathers belong with ``zero3``'s forward replayed unit by unit.
 
 1. Once, gradients are grouped into buckets by bucketed's rule (``--bucket-mb``,
    ``--first-bucket-mb``), and each bucket is split into ``L`` contiguous parts
