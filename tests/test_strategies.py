@@ -15,6 +15,7 @@ from commbench.strategies import (
     DDPSettings,
     FlatSettings,
     HorovodSettings,
+    HsdpSettings,
     Sync,
     Zero1Settings,
     Zero2Settings,
@@ -40,7 +41,8 @@ def test_the_registry_holds_each_strategys_settings_class_beside_it():
     assert SETTINGS == {"flat": FlatSettings, "bucketed": BucketedSettings,
                         "hierarchical": FlatSettings, "horovod": HorovodSettings,
                         "ddp": DDPSettings, "async": AsyncSettings, "zero1": Zero1Settings,
-                        "zero2": Zero2Settings, "zero3": Zero3Settings}
+                        "zero2": Zero2Settings, "zero3": Zero3Settings,
+                        "hsdp": HsdpSettings}
     for name, cls in STRATEGIES.items():
         assert cls.settings_class is SETTINGS[name] and issubclass(SETTINGS[name], CommonSettings)
     # what is common to all, and what each adds

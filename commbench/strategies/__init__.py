@@ -32,6 +32,7 @@ from commbench.strategies.base import Strategy
 from commbench.strategies.bucketed import BucketedSettings, BucketedStrategy
 from commbench.strategies.flat import FlatSettings, FlatStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
+from commbench.strategies.hsdp import HsdpSettings, HsdpStrategy
 from commbench.strategies.peers import DDPSettings, DDPStrategy, HorovodSettings, HorovodStrategy
 from commbench.strategies.settings import CommonSettings, EngineSettings
 from commbench.strategies.tuner import BucketTuner
@@ -54,6 +55,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "zero1": Zero1Strategy,  # ZeRO-1: optimizer state sharded (module zero)
     "zero2": Zero2Strategy,  # ZeRO-2: gradients sharded too
     "zero3": Zero3Strategy,  # ZeRO-3/FSDP: parameters sharded at rest, gathered per unit
+    "hsdp": HsdpStrategy,  # ZeRO-2 inside each node, the shards all-reduced across nodes
 }
 
 #: each strategy's settings class, beside it (its ``settings_class``)
@@ -204,6 +206,7 @@ def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
 
 __all__ = ["FLAG_OWNERS", "SETTINGS", "STRATEGIES", "SYNC_FLAGS", "AsyncSettings",
            "BucketTuner", "BucketedSettings", "CommonSettings", "DDPSettings",
-           "EngineSettings", "FlatSettings", "HorovodSettings", "Strategy", "Sync",
-           "Zero1Settings", "Zero2Settings", "Zero3Settings", "ZeroSettings", "make_strategy",
+           "EngineSettings", "FlatSettings", "HorovodSettings", "HsdpSettings", "Strategy",
+           "Sync", "Zero1Settings", "Zero2Settings", "Zero3Settings", "ZeroSettings",
+           "make_strategy",
            "settings_class", "settings_for"]

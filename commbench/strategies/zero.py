@@ -70,7 +70,7 @@ import torch
 from torch.optim.sgd import sgd as torch_sgd
 
 from commbench.buckets import AUTO, MB, assign_buckets
-from commbench.comm.base import Communicator
+from commbench.comm.base import Communicator, Group
 from commbench.comm.engine import Transfer, TransferEngine
 from commbench.comm.ring import chunk_counts
 from commbench.flags import same_flag
@@ -208,10 +208,13 @@ class _Bucket:
     of), this rank's shard, and the gradient buffer it is reduce-scattered from."""
 
     __slots__ = ("indices", "numel", "counts", "params", "param", "grad", "momentum",
-                 "lent", "buffer", "views", "pending", "scatter", "gather", "summed")
+                 "lent", "buffer", "views", "pending", "scatter", "reduction", "gather",
+                 "summed")
 
     def __init__(self, indices: list[int], params: Sequence[torch.Tensor], rank: int,
                  ranks: int) -> None:
+        """``rank`` of ``ranks``: this rank's place in the group the bucket is sharded over
+        (the job's ranks under ZeRO; the node's under HSDP)."""
         self.indices = indices
         mine = [params[i] for i in indices]
         self.numel = sum(p.numel() for p in mine)
@@ -229,7 +232,10 @@ class _Bucket:
         self.buffer: torch.Tensor | None = None  # its first ``numel`` elements: the bucket
         self.views: dict[int, torch.Tensor] = {}
         self.pending: set[int] = set()
-        self.scatter: Transfer | None = None
+        self.scatter: Transfer | None = None  # the one that gives the buffer back
+        #: every transfer that reduces the bucket this step, in order, with the phase its
+        #: time is recorded under and the bytes it counts (``ZeroStrategy._reduce``)
+        self.reduction: list[tuple[Transfer, str, int]] = []
         self.gather: Transfer | None = None
         self.summed: torch.Tensor | None = None  # this rank's part of the sum, as it lands
 
@@ -326,8 +332,9 @@ class ZeroStrategy(Strategy):
         groups = assign_buckets([g.numel() * g.element_size() for g in self.grads],
                                 self.backward_order, self.bucket_mb * MB,
                                 first_cap_bytes=self.first_bucket_mb * MB)
+        shard_rank, shard_ranks = self.shard_place()
         with torch.no_grad():
-            self.buckets = [_Bucket(idx, params, comm.rank, comm.size) for idx in groups]
+            self.buckets = [_Bucket(idx, params, shard_rank, shard_ranks) for idx in groups]
         self._bucket_of = {i: b for b in self.buckets for i in b.indices}
         self._pool: _BufferPool | None = None
         largest = max(b.numel for b in self.buckets)
@@ -339,11 +346,23 @@ class ZeroStrategy(Strategy):
         else:
             self._pool = _BufferPool(largest, self.dtype, ZERO2_BUFFERS)
         # A collective (its communicator's dup): every rank opens its engine here, and asks
-        # for the engine's world group on this thread, where a backend may make it collectively
+        # for the engine's groups on this thread, where a backend may make them collectively
         self._engine = TransferEngine(comm, "thread")
-        self._group = self._engine.comm.world_group()
+        self._group = self.open_groups(self._engine.comm)
         self._next = 0  # the first bucket not yet handed to the engine
         self.begin_step(self.timer)
+
+    def shard_place(self) -> tuple[int, int]:
+        """(this rank's part, the parts) of every bucket: the job's rank and size; a strategy
+        that shards over fewer ranks (HSDP: the node's) says so here."""
+        return self.comm.rank, self.comm.size
+
+    def open_groups(self, engine_comm: Communicator) -> Group:
+        """The group the buckets are sharded over, of the engine's communicator (its
+        reduce-scatters and all-gathers run there): its world group. Called once, on the main
+        thread, where a backend may make groups collectively; a strategy that needs more
+        groups makes them here too."""
+        return engine_comm.world_group()
 
     # -- backward: buckets filled, reduce-scattered in order ---------------------------------
 
@@ -354,6 +373,7 @@ class ZeroStrategy(Strategy):
         for b in self.buckets:
             b.pending = set(b.indices)
             b.scatter = b.gather = None
+            b.reduction = []
         self._next = 0
 
     def on_ready(self, i: int) -> None:
@@ -385,10 +405,15 @@ class ZeroStrategy(Strategy):
         """Hand the engine every full bucket's reduce-scatter with no unstarted bucket before
         it: every rank issues them in one order whatever order its gradients came in."""
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
-            b = self.buckets[self._next]
-            b.scatter = self._engine.submit(b.buffer, after=partial(self._take_mean, b),
-                                            run=partial(self._reduce_scatter, b))
+            self._submit_reduction(self.buckets[self._next])
             self._next += 1
+
+    def _submit_reduction(self, b: _Bucket) -> None:
+        """Hand the engine the full bucket ``b``'s reduction: its reduce-scatter, whose mean
+        lands in the gradient shard."""
+        b.scatter = self._engine.submit(b.buffer, after=partial(self._take_mean, b),
+                                        run=partial(self._reduce_scatter, b))
+        b.reduction = [(b.scatter, "reduce_scatter", b.numel * self.dtype.itemsize)]
 
     def _reduce_scatter(self, b: _Bucket, buffer: torch.Tensor) -> None:
         """On the engine's thread: this rank's part of the bucket's sum."""
@@ -399,6 +424,10 @@ class ZeroStrategy(Strategy):
         zero2 the buffer goes back to the pool."""
         torch.div(b.summed, self.comm.size, out=b.grad)
         b.summed = None
+        self._give_back(b)
+
+    def _give_back(self, b: _Bucket) -> None:
+        """zero2: ``b``'s buffer back to the pool (on the engine's thread)."""
         if self._pool is not None:
             self._pool.give(b.lent)
             b.lent = b.buffer = None
@@ -408,14 +437,15 @@ class ZeroStrategy(Strategy):
 
     def _reduce(self) -> None:
         """Start what backward left (gradients never announced are taken as they are), wait
-        for every reduce-scatter, and record each."""
+        for every bucket's reduction, and record each of its collectives."""
         for b in self.buckets[self._next:]:
             if b.pending:
                 self._fill(b, list(b.pending))
             self._start_ready_buckets()
         for b in self.buckets:
-            b.scatter.wait()
-            self._record(b.scatter, "reduce_scatter", b.numel * self.dtype.itemsize)
+            for t, phase, nbytes in b.reduction:
+                t.wait()
+                self._record(t, phase, nbytes)
 
     def _record(self, t: Transfer, phase: str, nbytes: int) -> None:
         """One collective's flight, the engine's stamps; its time also under ``phase``."""
