@@ -31,6 +31,7 @@ from commbench.strategies.asynchronous import AsyncSettings, AsyncStrategy
 from commbench.strategies.base import Strategy
 from commbench.strategies.bucketed import BucketedSettings, BucketedStrategy
 from commbench.strategies.flat import FlatSettings, FlatStrategy
+from commbench.strategies.fsdp import FSDPSettings, FSDPStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
 from commbench.strategies.peers import DDPSettings, DDPStrategy, HorovodSettings, HorovodStrategy
 from commbench.strategies.settings import CommonSettings, EngineSettings
@@ -52,6 +53,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "async": AsyncStrategy,  # bounded staleness s (module asynchronous: async is a keyword)
     "zero1": Zero1Strategy,  # ZeRO-1: optimizer state sharded (module zero)
     "zero2": Zero2Strategy,  # ZeRO-2: gradients sharded too
+    "fsdp": FSDPStrategy,  # torch's FSDP2 (fully_shard) on the torch backend
 }
 
 #: each strategy's settings class, beside it (its ``settings_class``)
@@ -201,6 +203,6 @@ def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
 
 __all__ = ["FLAG_OWNERS", "SETTINGS", "STRATEGIES", "SYNC_FLAGS", "AsyncSettings",
            "BucketTuner", "BucketedSettings", "CommonSettings", "DDPSettings",
-           "EngineSettings", "FlatSettings", "HorovodSettings", "Strategy", "Sync",
+           "EngineSettings", "FSDPSettings", "FlatSettings", "HorovodSettings", "Strategy", "Sync",
            "Zero1Settings", "Zero2Settings", "ZeroSettings", "make_strategy", "settings_class",
            "settings_for"]
