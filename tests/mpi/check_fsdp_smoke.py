@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,12 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 5, generator=gen), torch.randn(4, 3, generator=gen)
 
 
+def prefetch(after, *_) -> None:
+    """A forward pre-hook: start ``after``'s all-gather (a hook's return would replace the
+    module's input)."""
+    after.unshard(async_op=True)
+
+
 def main() -> int:
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -63,7 +70,7 @@ def main() -> int:
     net.set_force_sum_reduction_for_comms(True)
     order = [net, *units]
     for here, after in zip(order, order[1:]):
-        here.register_forward_pre_hook(lambda *_, after=after: after.unshard(async_op=True))
+        here.register_forward_pre_hook(partial(prefetch, after))
     opt = torch.optim.SGD(net.parameters(), **SGD)
     ref_opt = torch.optim.SGD(ref.parameters(), **SGD)
     bad = []
