@@ -54,7 +54,8 @@ workload times as backward compute (FSDP2 announces no gradient through the work
 hooks): its exposed sync there leaves them out.
 
 Not built: ``--compression`` (FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` would
-be the way), a model on a GPU, HSDP (a 2-D mesh) and a separate reduce-scatter group.
+be the way), a model on a GPU, HSDP (a 2-D mesh) and a separate reduce-scatter group
+(FSDP2's ``set_separate_reduce_scatter_group``).
 ``--accum-steps`` is honoured: the micro-batches but the last run with
 ``set_requires_gradient_sync(False)``, as FSDP2's users accumulate.
 
