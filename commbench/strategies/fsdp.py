@@ -25,9 +25,11 @@ the model's units (``unit_names``).
 
 On the CPU over Gloo (torch 2.13; FSDP1 refuses CPU tensors, so it is no fallback):
 
-- ``set_force_sum_reduction_for_comms(True)``: FSDP2 otherwise asks for ``ReduceOp.AVG``
-  (float32) or ``ReduceOp.PREMUL_SUM`` (a divide factor), which Gloo refuses; with it the
-  reduce-scatter is a SUM, divided by the ranks after, as flat's mean is.
+- ``set_force_sum_reduction_for_comms(True)`` on every wrapped module (each module's own
+  setting): the reduce-scatter is a SUM, divided by the ranks after, as flat's mean is.
+  Without it FSDP2 asks for ``ReduceOp.AVG`` in float32 (which Gloo runs under torch
+  2.13) and for ``ReduceOp.PREMUL_SUM`` under a divide factor other than the ranks, which
+  Gloo refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo").
 - Streams are no-ops on the CPU, so FSDP2's implicit prefetch is a blocking all-gather
   at the previous unit's hook. The peer prefetches explicitly in forward: each unit's
   forward pre-hook (and the root's), after FSDP2's own, starts the next unit's all-gather

@@ -6,9 +6,12 @@ root, over a one-dimensional CPU ``DeviceMesh`` of the Gloo group; the parameter
 alike on every rank; each rank trains on its own batch. Three steps of forward, backward
 and SGD (momentum), with
 
-- ``set_force_sum_reduction_for_comms(True)``: the reduce-scatter's division then runs
-  apart from a SUM, where FSDP2 would otherwise ask Gloo for ``ReduceOp.PREMUL_SUM``,
-  which Gloo refuses;
+- ``set_force_sum_reduction_for_comms(True)`` on every wrapped module (the setting is
+  each module's own): the reduce-scatter is then a SUM, divided after. Without it FSDP2
+  asks for ``ReduceOp.AVG`` in float32, which Gloo runs under torch 2.13, and for
+  ``ReduceOp.PREMUL_SUM`` under a divide factor other than the ranks
+  (``set_gradient_divide_factor``), which Gloo refuses: "RuntimeError: Cannot use
+  ReduceOp.PREMUL_SUM with Gloo" (torch 2.13.0+cpu);
 - explicit forward prefetch: each unit's forward pre-hook (after FSDP's own) starts the
   next unit's all-gather with ``unshard(async_op=True)``, since on the CPU FSDP2's
   implicit prefetch is a blocking all-gather (CPU streams are no-ops).
@@ -67,7 +70,8 @@ def main() -> int:
     for unit in units:
         fully_shard(unit, mesh=mesh)
     fully_shard(net, mesh=mesh)
-    net.set_force_sum_reduction_for_comms(True)
+    for m in (net, *units):
+        m.set_force_sum_reduction_for_comms(True)
     order = [net, *units]
     for here, after in zip(order, order[1:]):
         here.register_forward_pre_hook(partial(prefetch, after))
