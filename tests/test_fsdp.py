@@ -56,6 +56,7 @@ def test_fsdp_steps_as_flat_unit_by_unit(tmp_path, np_, nodes):
     assert k["units"] == R18_UNITS + 1 and k["unit_names"][1:] == [
         f"layer{s}.{b}" for s in range(1, 5) for b in range(2)]
     assert sum(k["unit_bytes"]) == grad_bytes
+    assert k["gathers_prefetched_per_step"] == R18_UNITS  # each block's forward gather
     assert set(summ["fsdp"]["comm_phases_s"]) == {"allgather", "reduce_scatter"}
     steps = [r for r in of_kind(recs, "step") if r["strategy"] == "fsdp"]
     # per step: the root's gather once (kept after forward), each block's twice, and one
@@ -80,6 +81,7 @@ def test_fsdp_without_forward_units_shards_the_root_alone(tmp_path):
     summ = summaries(recs)
     _same_parameters(summ)
     assert summ["fsdp"]["knobs"]["units"] == 1
+    assert summ["fsdp"]["knobs"]["gathers_prefetched_per_step"] == 0  # nothing to prefetch
     steps = [r for r in of_kind(recs, "step") if r["strategy"] == "fsdp"]
     assert steps and all(r["comm_calls"] == 2 for r in steps)
 

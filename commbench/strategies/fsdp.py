@@ -49,7 +49,9 @@ Gloo completes its future) as one collective: wait vs transfer, comm time, and
 each unit's gradient bytes once, at its reduce-scatter (ZeRO's rule: busbw reads as an
 all-reduce's). ``knobs.library_bytes_per_step`` is what this rank handed across ranks in
 its last step (the others' parts it sent in reduce-scatters and received in all-gathers,
-padding included): about 3Ψ(n−1)/n with every unit resharded after forward (ZeRO §7).
+padding included): about 3Ψ(n−1)/n with every unit resharded after forward (ZeRO §7);
+``knobs.gathers_prefetched_per_step`` how many of its all-gathers ran asynchronously
+(the forward prefetches: one a unit).
 
 On ``--workload real`` the reduce-scatters run inside ``loss.backward()``, which the real
 workload times as backward compute (FSDP2 announces no gradient through the workload's
@@ -253,6 +255,7 @@ class FSDPStrategy(Strategy):
         self._flights: list[_Flight] = []
         self._callbacks: weakref.WeakSet = weakref.WeakSet()
         self._handed = self._step_handed = 0
+        self._async = self._step_async = 0  # asynchronous gathers: the forward prefetches
         home = dict(net.named_parameters())  # the sharded parameters, by name
         wrapped = [net, *modules]  # each wrapped module, the root first: its own parameters
         self.unit_bytes = {}
@@ -282,6 +285,7 @@ class FSDPStrategy(Strategy):
         """Keep ``flight`` for the step's records: ended now if it was blocking, else when
         Gloo completes ``work``'s future (on Gloo's thread)."""
         self._handed += handed
+        self._async += work is not None
         if work is None:
             flight.end = now()
         else:
@@ -295,7 +299,7 @@ class FSDPStrategy(Strategy):
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         super().begin_step(timer)
         self._flights.clear()
-        self._handed = 0
+        self._handed = self._async = 0
         for p in self.net.parameters():  # FSDP2 accumulates into a shard's gradient
             p.grad = None
 
@@ -312,7 +316,7 @@ class FSDPStrategy(Strategy):
             if self.timer.comm_phase is not None:
                 self.timer.comm_phase(f.phase, f.start, f.end)
         self._flights.clear()
-        self._step_handed = self._handed
+        self._step_handed, self._step_async = self._handed, self._async
 
     def finish_run(self) -> None:
         """Gather the sharded parameters into the workload's own (which the run's checksums
@@ -368,5 +372,6 @@ class FSDPStrategy(Strategy):
                 "reshard_after_forward": "every unit but the root",
                 "force_sum_reduction_for_comms": True,
                 "library_bytes_per_step": self._step_handed,
+                "gathers_prefetched_per_step": self._step_async,
                 "optimizer": {"name": self.optimizer,
                               "state": "of this rank's shards (FSDP2 steps DTensor shards)"}}
