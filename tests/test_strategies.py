@@ -14,6 +14,7 @@ from commbench.strategies import (
     CommonSettings,
     DDPSettings,
     FlatSettings,
+    FSDPSettings,
     HorovodSettings,
     HsdpSettings,
     Sync,
@@ -42,7 +43,7 @@ def test_the_registry_holds_each_strategys_settings_class_beside_it():
                         "hierarchical": FlatSettings, "horovod": HorovodSettings,
                         "ddp": DDPSettings, "async": AsyncSettings, "zero1": Zero1Settings,
                         "zero2": Zero2Settings, "zero3": Zero3Settings,
-                        "hsdp": HsdpSettings}
+                        "hsdp": HsdpSettings, "fsdp": FSDPSettings}
     for name, cls in STRATEGIES.items():
         assert cls.settings_class is SETTINGS[name] and issubclass(SETTINGS[name], CommonSettings)
     # what is common to all, and what each adds

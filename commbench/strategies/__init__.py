@@ -31,6 +31,7 @@ from commbench.strategies.asynchronous import AsyncSettings, AsyncStrategy
 from commbench.strategies.base import Strategy
 from commbench.strategies.bucketed import BucketedSettings, BucketedStrategy
 from commbench.strategies.flat import FlatSettings, FlatStrategy
+from commbench.strategies.fsdp import FSDPSettings, FSDPStrategy
 from commbench.strategies.hierarchical import HierarchicalStrategy
 from commbench.strategies.hsdp import HsdpSettings, HsdpStrategy
 from commbench.strategies.peers import DDPSettings, DDPStrategy, HorovodSettings, HorovodStrategy
@@ -56,6 +57,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "zero2": Zero2Strategy,  # ZeRO-2: gradients sharded too
     "zero3": Zero3Strategy,  # ZeRO-3/FSDP: parameters sharded at rest, gathered per unit
     "hsdp": HsdpStrategy,  # ZeRO-2 inside each node, the shards all-reduced across nodes
+    "fsdp": FSDPStrategy,  # torch's FSDP2 (fully_shard) on the torch backend
 }
 
 #: each strategy's settings class, beside it (its ``settings_class``)
@@ -206,7 +208,6 @@ def make_strategy(name: str, comm: Communicator, grads: Sequence[torch.Tensor],
 
 __all__ = ["FLAG_OWNERS", "SETTINGS", "STRATEGIES", "SYNC_FLAGS", "AsyncSettings",
            "BucketTuner", "BucketedSettings", "CommonSettings", "DDPSettings",
-           "EngineSettings", "FlatSettings", "HorovodSettings", "HsdpSettings", "Strategy",
-           "Sync", "Zero1Settings", "Zero2Settings", "Zero3Settings", "ZeroSettings",
-           "make_strategy",
-           "settings_class", "settings_for"]
+           "EngineSettings", "FSDPSettings", "FlatSettings", "HorovodSettings", "HsdpSettings",
+           "Strategy", "Sync", "Zero1Settings", "Zero2Settings", "Zero3Settings",
+           "ZeroSettings", "make_strategy", "settings_class", "settings_for"]
