@@ -76,6 +76,8 @@ FORMS = ("ring", "topology", "pairwise")
 #: the sharded strategies, where registered, and the reference ones
 SHARDED = ("zero1", "zero2", "zero3", "hsdp")
 FLAT_ALGOS = ("ring", "native", "hier")
+#: the strategies whose rows are one per --algo (zero's: native and ring)
+ALGO_STRATEGIES = ("flat", "zero1", "zero2")
 #: a library's own choice is read as a column of the table only within this share of it
 READ_TOLERANCE = 0.05
 
@@ -91,10 +93,11 @@ class Scheme:
 
 
 def scheme(strategy: str, algo: str | None) -> Scheme:
+    ring = "ring" if algo == "ring" else None  # else the backend's RS and AG: its choice
     if strategy == "flat":
         return Scheme(2, {"ring": "ring", "hier": "topology"}.get(algo or ""))
     return {"ddp": Scheme(2, "ring"),  # Gloo's ring all-reduce
-            "zero1": Scheme(2, None), "zero2": Scheme(2, None),  # the backend's RS and AG
+            "zero1": Scheme(2, ring), "zero2": Scheme(2, ring),  # the backend's RS and AG
             "zero3": Scheme(3, None),
             "hsdp": Scheme(2, "topology")}[strategy]
 
@@ -179,7 +182,7 @@ def rows_of(summaries: list[dict], steps: list[dict], nodes: int, local: int
         if not vals:
             continue
         med = statistics.median(vals)
-        algo = s.get("algo") if s["strategy"] == "flat" else None
+        algo = s.get("algo") if s["strategy"] in ALGO_STRATEGIES else None
         key = f"{s['strategy']} {algo or ''}".strip()
         payload[key] = med / framing(s)
         info.append((s, key, algo, min(vals), max(vals), med))

@@ -61,7 +61,7 @@ def test_rows_take_the_measured_steps_median_over_framing_and_compare_with_ddp()
     by = {(r[0], r[1]): r for r in rows}
     ring = by[("flat", "ring")]
     assert ring[9] == "ring" and ring[10] == pytest.approx(1.0)
-    zero1 = by[("zero1", "-")]
+    zero1 = by[("zero1", "native")]
     assert zero1[9] == "topology?"  # the library's own choice: a reading, marked
     assert zero1[11] == pytest.approx(100 / 175)  # ÷ DDP
     hier = by[("flat", "hier")]
@@ -86,3 +86,13 @@ def test_a_librarys_choice_in_no_column_reads_none():
     rows, _ = sb.rows_of(summaries, steps("z", [350e6 / 0.95]), 2, 4)
     assert rows[0][9] == "none"
     assert rows[0][10] == pytest.approx(3.5 / 4.0)  # against the nearest, pairwise
+
+
+def test_zero_on_the_ring_is_held_to_the_ring_column():
+    summaries = [rec("zero2", "ring", "z"), rec("ddp", "native", "d")]
+    st = steps("z", [175e6 / 0.95]) + steps("d", [175e6 / 0.95])
+    rows, payload = sb.rows_of(summaries, st, 2, 4)
+    z = next(r for r in rows if r[0] == "zero2")
+    assert z[1] == "ring" and z[9] == "ring" and z[10] == pytest.approx(1.0)
+    assert z[11] == pytest.approx(1.0)  # ÷ DDP
+    assert set(payload) == {"zero2 ring", "ddp"}

@@ -247,6 +247,34 @@ def _same_parameters(summ: dict, names: tuple[str, ...]) -> None:
 
 
 @pytest.mark.parametrize("launcher,np_,nodes", [
+    pytest.param("mpirun", 4, "a,a,b,b", marks=pytest.mark.mpi),
+    pytest.param("torchrun", 3, "a,a,b", marks=pytest.mark.torchrun)])
+def test_ring_forms_step_as_flat(tmp_path, launcher, np_, nodes):
+    # --algo ring: the project's ring reduce-scatter and all-gather (comm.p2pcoll) in place
+    # of the backend's; flat runs its ring all-reduce beside them
+    args = [a if a != "native" else "ring" for a in SMALL]
+    recs = run_tool(launcher, np_, "commbench.allreduce",
+                    [*args, "--strategy", "flat,zero1,zero2"], tmp_path / "r.jsonl",
+                    nodes=nodes, timeout=300).records
+    summ = summaries(recs)
+    _same_parameters(summ, ("zero1", "zero2"))
+    for name in ("zero1", "zero2"):
+        assert summ[name]["algo"] == "ring" and summ[name]["knobs"]["algo"] == "ring"
+        assert "ring" in summ[name]["knobs"]["collective"]
+
+
+@pytest.mark.horovod
+def test_ring_forms_under_horovodrun_step_as_flat(tmp_path):
+    # Horovod's MPI controller: the ring's messages on MPI_COMM_WORLD's twin
+    recs = run_tool("horovodrun", 2, "commbench.allreduce",
+                    [*SMALL[:-1], "ring", "--strategy", "flat,zero1"], tmp_path / "r.jsonl",
+                    timeout=300).records
+    summ = summaries(recs)
+    _same_parameters(summ, ("zero1",))
+    assert summ["zero1"]["algo"] == "ring"
+
+
+@pytest.mark.parametrize("launcher,np_,nodes", [
     pytest.param("mpirun", 3, "a,a,b", marks=pytest.mark.mpi),
     pytest.param("torchrun", 3, "a,a,b", marks=pytest.mark.torchrun)])
 def test_jobs_step_as_flat_and_record_both_collectives(tmp_path, launcher, np_, nodes):

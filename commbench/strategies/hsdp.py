@@ -189,6 +189,7 @@ class HsdpStrategy(ZeroStrategy):
     settings_class = HsdpSettings
     settings: HsdpSettings
     stage = 2  # gradients and optimizer state sharded in the node (module docstring: why)
+    algos = ("native",)  # the backend's collectives in the node and across it
 
     @classmethod
     def check(cls, comm: Communicator, algo: str) -> None:

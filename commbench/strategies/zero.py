@@ -48,9 +48,14 @@ reduce-scatter and an all-gather of Ψ bytes move the bus bytes of one all-reduc
 ``knobs.library_bytes_per_step_ranks``: what each rank hands across ranks per step
 (``library_bytes``). Model-state memory per rank is not counted yet.
 
+``--algo``: ``native`` runs both collectives as the backend's (``reduce_scatter_v``,
+``allgather_v``); ``ring`` as the project's ring forms on point-to-point messages
+(``comm.p2pcoll.ring_reduce_scatter_steps`` and ``ring_allgather_steps``), which move
+(n−1)/n of a bucket per collective through each node's link: on Open MPI 4.1 the
+native pair measured twice that (docs/strategies.md).
+
 Not built: ``--compression``, ``--bucket-mb auto`` (exit 2, naming the pair), tensors
-on a GPU, ZeRO-3 (parameters sharded at rest), and the project's ring or
-point-to-point forms of the two collectives: both run as the backend's.
+on a GPU (ZeRO-3 is ``zero3``).
 
 Example::
 
@@ -72,6 +77,7 @@ from torch.optim.sgd import sgd as torch_sgd
 from commbench.buckets import AUTO, MB, assign_buckets
 from commbench.comm.base import Communicator, Group
 from commbench.comm.engine import Transfer, TransferEngine
+from commbench.comm.p2pcoll import Steps, ring_allgather_steps, ring_reduce_scatter_steps
 from commbench.comm.ring import chunk_counts
 from commbench.flags import same_flag
 from commbench.flatbuf import FlatBuffer, flat_views
@@ -296,6 +302,10 @@ class ZeroStrategy(Strategy):
     """ZeRO stage ``stage`` (module docstring): ``Zero1Strategy``, ``Zero2Strategy``."""
 
     needs_model = True  # it steps the workload's parameters with the workload's SGD settings
+    #: --algo: ``native`` = the backend's reduce_scatter_v and allgather_v; ``ring`` = the
+    #: project's ring forms of the two on point-to-point messages (``comm.p2pcoll``)
+    uses_algo = True
+    algos = ("native", "ring")
     settings_class: type[ZeroSettings] = ZeroSettings
     settings: ZeroSettings
     #: 1: the whole gradient kept in a buffer per bucket; 2: only the shard (``ZERO2_BUFFERS``)
@@ -315,7 +325,9 @@ class ZeroStrategy(Strategy):
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
-        self.check(comm, "native")
+        self.algo = self.settings.algo if self.settings.algo in (self.algos or ()) \
+            else self.default_algo
+        self.check(comm, self.algo)
         params = list(workload.params)
         if [p.shape for p in params] != [g.shape for g in self.grads]:
             raise ValueError(f"--strategy {self.name}: the workload's parameters do not "
@@ -417,7 +429,12 @@ class ZeroStrategy(Strategy):
 
     def _reduce_scatter(self, b: _Bucket, buffer: torch.Tensor) -> None:
         """On the engine's thread: this rank's part of the bucket's sum."""
-        b.summed = self._group.reduce_scatter_v(buffer, b.counts)
+        if self.algo == "ring":
+            part = torch.empty(b.counts[self._group.rank], dtype=buffer.dtype)
+            Steps(ring_reduce_scatter_steps(self._group, buffer, b.counts, part)).wait()
+            b.summed = part
+        else:
+            b.summed = self._group.reduce_scatter_v(buffer, b.counts)
 
     def _take_mean(self, b: _Bucket) -> None:
         """On the engine's thread, once the sum is in: its mean into the gradient shard; under
@@ -455,7 +472,10 @@ class ZeroStrategy(Strategy):
 
     def _allgather(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
         """On the engine's thread: every rank's ``part`` into ``out``."""
-        self._group.allgather_v(part, counts, out)
+        if self.algo == "ring":
+            Steps(ring_allgather_steps(self._group, part, counts, out)).wait()
+        else:
+            self._group.allgather_v(part, counts, out)
 
     def finish(self) -> None:
         self._reduce()
@@ -490,8 +510,12 @@ class ZeroStrategy(Strategy):
         return {**super().knobs(), "stage": self.stage, "bucket_mb": self.bucket_mb,
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [n * itemsize for n in numels],
-                "collective": f"reduce_scatter_v and allgather_v of the {self._group.name} "
-                              "world group, on the engine thread",
+                "algo": self.algo,
+                "collective": ("the project's ring reduce-scatter and all-gather on "
+                               f"point-to-point messages of the {self._group.name} group"
+                               if self.algo == "ring" else
+                               f"reduce_scatter_v and allgather_v of the {self._group.name} "
+                               "group") + ", on the engine thread",
                 "shard_elements_ranks": [sum(shard_counts(n, size)[r] for n in numels)
                                          for r in range(size)],
                 "library_bytes_per_step_ranks": [library_bytes(numels, size, r, itemsize)
