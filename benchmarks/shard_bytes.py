@@ -76,8 +76,8 @@ FORMS = ("ring", "topology", "pairwise")
 #: the sharded strategies, where registered, and the reference ones
 SHARDED = ("zero1", "zero2", "zero3", "hsdp")
 FLAT_ALGOS = ("ring", "native", "hier")
-#: the strategies whose rows are one per --algo (zero's: native and ring)
-ALGO_STRATEGIES = ("flat", "zero1", "zero2")
+#: the strategies whose rows are one per --algo (the zeros': native and ring)
+ALGO_STRATEGIES = ("flat", "zero1", "zero2", "zero3")
 #: a library's own choice is read as a column of the table only within this share of it
 READ_TOLERANCE = 0.05
 
@@ -98,7 +98,7 @@ def scheme(strategy: str, algo: str | None) -> Scheme:
         return Scheme(2, {"ring": "ring", "hier": "topology"}.get(algo or ""))
     return {"ddp": Scheme(2, "ring"),  # Gloo's ring all-reduce
             "zero1": Scheme(2, ring), "zero2": Scheme(2, ring),  # the backend's RS and AG
-            "zero3": Scheme(3, None),
+            "zero3": Scheme(3, ring),
             "hsdp": Scheme(2, "topology")}[strategy]
 
 

@@ -221,3 +221,20 @@ def test_jobs_step_as_flat_and_record_the_gathers(tmp_path):
     assert steps and all(r["comm_calls"] == 3 * 17 for r in steps)
     assert all(r["comm_bytes"] == sum(3 * (b // 2) for b in k["unit_bytes"]) for r in steps)
     assert all(r["model_state_bytes_peak"] > 0 for r in steps)
+
+
+@pytest.mark.parametrize("launcher,np_,nodes", [
+    pytest.param("mpirun", 4, "a,a,b,b", marks=pytest.mark.mpi),
+    pytest.param("torchrun", 3, "a,a,b", marks=pytest.mark.torchrun)])
+def test_ring_forms_step_as_flat(tmp_path, launcher, np_, nodes):
+    """--algo ring: the project's ring all-gather and reduce-scatter (comm.p2pcoll), on the
+    real gpt-tiny with momentum (tied weights in the root unit), a separate engine for the
+    reduce-scatters."""
+    real = ["--workload", "real", "--model", "gpt-tiny", "--batch-size", "2", "--steps", "2",
+            "--warmup", "1", "--algo", "ring"]
+    recs = run_tool(launcher, np_, "commbench.allreduce",
+                    [*real, "--strategy", "flat,zero3", "--reduce-scatter-group", "separate"],
+                    tmp_path / "ring.jsonl", nodes=nodes, timeout=300).records
+    summ = summaries(recs)
+    _same_parameters(summ, "zero3")
+    assert summ["zero3"]["algo"] == "ring" and "ring" in summ["zero3"]["knobs"]["collective"]

@@ -86,6 +86,7 @@ from torch import nn
 
 from commbench.comm.base import Communicator
 from commbench.comm.engine import Transfer, TransferEngine
+from commbench.comm.p2pcoll import Steps, ring_allgather_steps, ring_reduce_scatter_steps
 from commbench.flags import flag
 from commbench.flatbuf import FlatBuffer
 from commbench.models.units import ROOT, parameter_units
@@ -206,6 +207,10 @@ class Zero3Strategy(Strategy):
 
     name = "zero3"
     needs_model = True  # it hooks the workload's units and steps its parameters
+    #: --algo: ``native`` = the backend's allgather_v and reduce_scatter_v; ``ring`` = the
+    #: project's ring forms on point-to-point messages (``comm.p2pcoll``), as zero1/zero2
+    uses_algo = True
+    algos = ("native", "ring")
     settings_class = Zero3Settings
     settings: Zero3Settings
 
@@ -223,7 +228,9 @@ class Zero3Strategy(Strategy):
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
-        self.check(comm, "native")
+        self.algo = self.settings.algo if self.settings.algo in self.algos \
+            else self.default_algo
+        self.check(comm, self.algo)
         self.settings.check_unbuilt()
         params = list(workload.params)
         if [p.shape for p in params] != [g.shape for g in self.grads]:
@@ -307,7 +314,11 @@ class Zero3Strategy(Strategy):
         its memory (``torch.from_dlpack``: the same bytes, a storage of its own). The mpi
         backend hands MPI a numpy view, and ``Tensor.numpy`` makes the storage it views
         unresizable for good (torch 2.13), which would keep a unit from being freed."""
-        self._ag_group.allgather_v(part, counts, torch.from_dlpack(out))
+        alias = torch.from_dlpack(out)
+        if self.algo == "ring":
+            Steps(ring_allgather_steps(self._ag_group, part, counts, alias)).wait()
+        else:
+            self._ag_group.allgather_v(part, counts, alias)
 
     def _ensure(self, u: _Unit | None) -> None:
         """``u``'s parameters whole: gathered now, or its gather (prefetched) waited for."""
@@ -429,7 +440,12 @@ class Zero3Strategy(Strategy):
 
     def _reduce_scatter(self, u: _Unit, buffer: torch.Tensor) -> None:
         """On the engine's thread: this rank's part of the unit's gradient sum."""
-        u.summed = self._rs_group.reduce_scatter_v(buffer, u.counts)
+        if self.algo == "ring":
+            part = torch.empty(u.counts[self._rs_group.rank], dtype=buffer.dtype)
+            Steps(ring_reduce_scatter_steps(self._rs_group, buffer, u.counts, part)).wait()
+            u.summed = part
+        else:
+            u.summed = self._rs_group.reduce_scatter_v(buffer, u.counts)
 
     def _take_mean(self, u: _Unit) -> None:
         """On the engine's thread, once the sum is in: its mean into the gradient shard."""
@@ -518,8 +534,11 @@ class Zero3Strategy(Strategy):
                 "reduce_scatter_group": self.settings.reduce_scatter_group,
                 "units": [u.path for u in self.units],
                 "unit_bytes": [n * itemsize for n in numels],
-                "collective": f"allgather_v and reduce_scatter_v of the {self._ag_group.name} "
-                              "world group, on "
+                "algo": self.algo,
+                "collective": ("the project's ring all-gather and reduce-scatter on "
+                               "point-to-point messages" if self.algo == "ring" else
+                               "allgather_v and reduce_scatter_v")
+                              + f" of the {self._ag_group.name} world group, on "
                               + ("two engine threads and communicators" if self.separate
                                  else "one engine thread and communicator"),
                 "shard_elements_ranks": [sum(shard_counts(n, size)[r] for n in numels)
