@@ -134,6 +134,27 @@ def ring_allgather_steps(g: Group, part: torch.Tensor, counts: list[int],
     yield from sends
 
 
+def reduce_scatter_by(algo: str, g: Group, flat: torch.Tensor,
+                      counts: list[int]) -> torch.Tensor:
+    """Blocking: this rank's part of the group's sum of ``flat``, by the backend's
+    ``reduce_scatter_v`` (``algo`` ``native``) or the ring (``ring``)."""
+    if algo != "ring":
+        return g.reduce_scatter_v(flat, counts)
+    part = torch.empty(counts[g.rank], dtype=flat.dtype)
+    Steps(ring_reduce_scatter_steps(g, flat, counts, part)).wait()
+    return part
+
+
+def allgather_by(algo: str, g: Group, part: torch.Tensor, counts: list[int],
+                 out: torch.Tensor) -> None:
+    """Blocking: every rank's ``part`` into ``out``, by the backend's ``allgather_v``
+    (``native``) or the ring (``ring``)."""
+    if algo == "ring":
+        Steps(ring_allgather_steps(g, part, counts, out)).wait()
+    else:
+        g.allgather_v(part, counts, out)
+
+
 def reduce_steps(g: Group, flat: torch.Tensor, root: int = 0) -> Iterator[Handle]:
     """The group's sum of ``flat`` into ``flat`` on ``root`` (the others' ``flat`` is left
     as it was): a reduce-scatter, then every part sent to the root."""

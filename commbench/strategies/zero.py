@@ -77,7 +77,7 @@ from torch.optim.sgd import sgd as torch_sgd
 from commbench.buckets import AUTO, MB, assign_buckets
 from commbench.comm.base import Communicator, Group
 from commbench.comm.engine import Transfer, TransferEngine
-from commbench.comm.p2pcoll import Steps, ring_allgather_steps, ring_reduce_scatter_steps
+from commbench.comm.p2pcoll import allgather_by, reduce_scatter_by
 from commbench.comm.ring import chunk_counts
 from commbench.flags import same_flag
 from commbench.flatbuf import FlatBuffer, flat_views
@@ -429,12 +429,7 @@ class ZeroStrategy(Strategy):
 
     def _reduce_scatter(self, b: _Bucket, buffer: torch.Tensor) -> None:
         """On the engine's thread: this rank's part of the bucket's sum."""
-        if self.algo == "ring":
-            part = torch.empty(b.counts[self._group.rank], dtype=buffer.dtype)
-            Steps(ring_reduce_scatter_steps(self._group, buffer, b.counts, part)).wait()
-            b.summed = part
-        else:
-            b.summed = self._group.reduce_scatter_v(buffer, b.counts)
+        b.summed = reduce_scatter_by(self.algo, self._group, buffer, b.counts)
 
     def _take_mean(self, b: _Bucket) -> None:
         """On the engine's thread, once the sum is in: its mean into the gradient shard; under
@@ -472,10 +467,7 @@ class ZeroStrategy(Strategy):
 
     def _allgather(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
         """On the engine's thread: every rank's ``part`` into ``out``."""
-        if self.algo == "ring":
-            Steps(ring_allgather_steps(self._group, part, counts, out)).wait()
-        else:
-            self._group.allgather_v(part, counts, out)
+        allgather_by(self.algo, self._group, part, counts, out)
 
     def finish(self) -> None:
         self._reduce()

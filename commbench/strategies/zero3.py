@@ -86,7 +86,7 @@ from torch import nn
 
 from commbench.comm.base import Communicator
 from commbench.comm.engine import Transfer, TransferEngine
-from commbench.comm.p2pcoll import Steps, ring_allgather_steps, ring_reduce_scatter_steps
+from commbench.comm.p2pcoll import allgather_by, reduce_scatter_by
 from commbench.flags import flag
 from commbench.flatbuf import FlatBuffer
 from commbench.models.units import ROOT, parameter_units
@@ -314,11 +314,7 @@ class Zero3Strategy(Strategy):
         its memory (``torch.from_dlpack``: the same bytes, a storage of its own). The mpi
         backend hands MPI a numpy view, and ``Tensor.numpy`` makes the storage it views
         unresizable for good (torch 2.13), which would keep a unit from being freed."""
-        alias = torch.from_dlpack(out)
-        if self.algo == "ring":
-            Steps(ring_allgather_steps(self._ag_group, part, counts, alias)).wait()
-        else:
-            self._ag_group.allgather_v(part, counts, alias)
+        allgather_by(self.algo, self._ag_group, part, counts, torch.from_dlpack(out))
 
     def _ensure(self, u: _Unit | None) -> None:
         """``u``'s parameters whole: gathered now, or its gather (prefetched) waited for."""
@@ -440,12 +436,7 @@ class Zero3Strategy(Strategy):
 
     def _reduce_scatter(self, u: _Unit, buffer: torch.Tensor) -> None:
         """On the engine's thread: this rank's part of the unit's gradient sum."""
-        if self.algo == "ring":
-            part = torch.empty(u.counts[self._rs_group.rank], dtype=buffer.dtype)
-            Steps(ring_reduce_scatter_steps(self._rs_group, buffer, u.counts, part)).wait()
-            u.summed = part
-        else:
-            u.summed = self._rs_group.reduce_scatter_v(buffer, u.counts)
+        u.summed = reduce_scatter_by(self.algo, self._rs_group, buffer, u.counts)
 
     def _take_mean(self, u: _Unit) -> None:
         """On the engine's thread, once the sum is in: its mean into the gradient shard."""
