@@ -298,36 +298,37 @@ class _Stepped:
         pass
 
 
-class ZeroStrategy(Strategy):
-    """ZeRO stage ``stage`` (module docstring): ``Zero1Strategy``, ``Zero2Strategy``."""
+class ShardedStrategy(Strategy):
+    """What the sharded strategies share (``ZeroStrategy`` and its HSDP, ``zero3``): shards
+    kept and stepped in host memory, ``--algo`` for their two collectives, and the
+    workload's parameters and SGD settings taken over (``take_workload``)."""
 
     needs_model = True  # it steps the workload's parameters with the workload's SGD settings
     #: --algo: ``native`` = the backend's reduce_scatter_v and allgather_v; ``ring`` = the
     #: project's ring forms of the two on point-to-point messages (``comm.p2pcoll``)
     uses_algo = True
     algos = ("native", "ring")
-    settings_class: type[ZeroSettings] = ZeroSettings
-    settings: ZeroSettings
-    #: 1: the whole gradient kept in a buffer per bucket; 2: only the shard (``ZERO2_BUFFERS``)
-    stage: ClassVar[int] = 0
+    #: what it keeps in host memory, for the message refusing a model on a device
+    held: ClassVar[str] = "its shards"
 
     @classmethod
     def check(cls, comm: Communicator, algo: str) -> None:
         super().check(comm, algo)
         device = comm.placement().device
         if device.type != "cpu":
-            raise ValueError(f"--strategy {cls.name} keeps its buckets and shards in host "
-                             f"memory and steps them there: not built for a model on "
-                             f"{device.type} yet; use --device cpu, or --strategy bucketed")
+            raise ValueError(f"--strategy {cls.name} keeps {cls.held} in host memory and "
+                             f"steps them there: not built for a model on {device.type} "
+                             "yet; use --device cpu, or --strategy bucketed")
 
-    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
-                 settings: ZeroSettings | None = None, *,
-                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
-        super().__init__(comm, grads, settings, backward_order=backward_order,
-                         workload=workload)
-        self.algo = self.settings.algo if self.settings.algo in (self.algos or ()) \
-            else self.default_algo
-        self.check(comm, self.algo)
+    def resolve_algo(self) -> None:
+        """Called first in a constructor: the run's algorithm (``self.algo``), checked."""
+        self.algo = self.algos_for([self.settings.algo])[0]
+        self.check(self.comm, self.algo)
+
+    def take_workload(self, workload: Any) -> list[torch.Tensor]:
+        """The workload's parameters (returned; shaped as the gradients, of one dtype:
+        ``self.dtype``) and its SGD settings (``self.sgd``); the workload's optimizer is
+        replaced by one whose step has nothing left to do (``finish`` steps the shards)."""
         params = list(workload.params)
         if [p.shape for p in params] != [g.shape for g in self.grads]:
             raise ValueError(f"--strategy {self.name}: the workload's parameters do not "
@@ -338,7 +339,31 @@ class ZeroStrategy(Strategy):
                              f"({', '.join(sorted(map(str, dtypes)))}); its shards hold one")
         self.dtype = self.grads[0].dtype
         self.sgd = SGDHyper.of(workload.opt, self.name)
-        workload.opt = _Stepped(workload.opt)  # finish steps and gathers
+        workload.opt = _Stepped(workload.opt)
+        return params
+
+    def optimizer_knob(self) -> dict:
+        """``knobs.optimizer``: the SGD settings its shards step with, and the state."""
+        return {"name": "SGD", **asdict(self.sgd),
+                "state": "momentum of this rank's shard" if self.sgd.momentum else "none"}
+
+
+class ZeroStrategy(ShardedStrategy):
+    """ZeRO stage ``stage`` (module docstring): ``Zero1Strategy``, ``Zero2Strategy``."""
+
+    held = "its buckets and shards"
+    settings_class: type[ZeroSettings] = ZeroSettings
+    settings: ZeroSettings
+    #: 1: the whole gradient kept in a buffer per bucket; 2: only the shard (``ZERO2_BUFFERS``)
+    stage: ClassVar[int] = 0
+
+    def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
+                 settings: ZeroSettings | None = None, *,
+                 backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
+        super().__init__(comm, grads, settings, backward_order=backward_order,
+                         workload=workload)
+        self.resolve_algo()
+        params = self.take_workload(workload)  # finish steps and gathers
         self.bucket_mb = float(self.settings.bucket_mb)
         self.first_bucket_mb = float(self.settings.first_bucket_mb)
         groups = assign_buckets([g.numel() * g.element_size() for g in self.grads],
@@ -514,9 +539,7 @@ class ZeroStrategy(Strategy):
                                                  for r in range(size)],
                 "grad_buffer_bytes": held * itemsize,
                 "grad_buffer_waits": self._pool.waits if self._pool is not None else 0,
-                "optimizer": {"name": "SGD", **asdict(self.sgd),
-                              "state": "momentum of this rank's shard"
-                              if self.sgd.momentum else "none"}}
+                "optimizer": self.optimizer_knob()}
 
     def close(self) -> None:
         """Stop the transfer engine (after its last transfer)."""

@@ -77,7 +77,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
@@ -90,9 +90,8 @@ from commbench.comm.p2pcoll import allgather_by, reduce_scatter_by
 from commbench.flags import flag
 from commbench.flatbuf import FlatBuffer
 from commbench.models.units import ROOT, parameter_units
-from commbench.strategies.base import Strategy
 from commbench.strategies.settings import CommonSettings, check_choice
-from commbench.strategies.zero import SGDHyper, _Stepped, sgd_step, shard_counts
+from commbench.strategies.zero import ShardedStrategy, sgd_step, shard_counts
 from commbench.timing import NullTimer, StepTimer
 
 PREFETCH_CHOICES = ("on", "off")
@@ -202,45 +201,22 @@ class _Unit:
         return self.params.flat.untyped_storage()
 
 
-class Zero3Strategy(Strategy):
-    """ZeRO-3 (module docstring): parameters sharded at rest, gathered per unit."""
+class Zero3Strategy(ShardedStrategy):
+    """ZeRO-3 (module docstring): parameters sharded at rest, gathered per unit; it hooks
+    the workload's units (``--algo``: the two collectives' form, as zero1/zero2)."""
 
     name = "zero3"
-    needs_model = True  # it hooks the workload's units and steps its parameters
-    #: --algo: ``native`` = the backend's allgather_v and reduce_scatter_v; ``ring`` = the
-    #: project's ring forms on point-to-point messages (``comm.p2pcoll``), as zero1/zero2
-    uses_algo = True
-    algos = ("native", "ring")
     settings_class = Zero3Settings
     settings: Zero3Settings
-
-    @classmethod
-    def check(cls, comm: Communicator, algo: str) -> None:
-        super().check(comm, algo)
-        device = comm.placement().device
-        if device.type != "cpu":
-            raise ValueError(f"--strategy {cls.name} keeps its shards in host memory and "
-                             f"steps them there: not built for a model on {device.type} "
-                             "yet; use --device cpu, or --strategy bucketed")
 
     def __init__(self, comm: Communicator, grads: Sequence[torch.Tensor],
                  settings: Zero3Settings | None = None, *,
                  backward_order: Sequence[int] | None = None, workload: Any = None) -> None:
         super().__init__(comm, grads, settings, backward_order=backward_order,
                          workload=workload)
-        self.algo = self.settings.algo if self.settings.algo in self.algos \
-            else self.default_algo
-        self.check(comm, self.algo)
+        self.resolve_algo()
         self.settings.check_unbuilt()
-        params = list(workload.params)
-        if [p.shape for p in params] != [g.shape for g in self.grads]:
-            raise ValueError(f"--strategy {self.name}: the workload's parameters do not "
-                             "match its gradients")
-        dtypes = {g.dtype for g in self.grads}
-        if len(dtypes) != 1:
-            raise ValueError(f"--strategy {self.name}: gradients of several dtypes "
-                             f"({', '.join(sorted(map(str, dtypes)))}); its shards hold one")
-        self.dtype = self.grads[0].dtype
+        params = self.take_workload(workload)  # finish steps the shards
         self.prefetch = self.settings.prefetch == "on"
         self.separate = self.settings.reduce_scatter_group == "separate"
         net: nn.Module = workload.net
@@ -249,8 +225,6 @@ class Zero3Strategy(Strategy):
         names = list(workload.param_names)
         unit_of = [home[n] for n in names]
         check_ties(params, names, unit_of)
-        self.sgd = SGDHyper.of(workload.opt, self.name)
-        workload.opt = _Stepped(workload.opt)  # finish steps the shards
         with torch.no_grad():
             self.units = [
                 _Unit(path, [i for i, u in enumerate(unit_of) if u == path], params,
@@ -543,9 +517,7 @@ class Zero3Strategy(Strategy):
                             "model_state_bytes_peak); not the RSS",
                     "largest_unit_bytes": largest,
                     "grad_buffer_bytes": sum(u.grads.nbytes for u in self.units)},
-                "optimizer": {"name": "SGD", **asdict(self.sgd),
-                              "state": "momentum of this rank's shard"
-                              if self.sgd.momentum else "none"}}
+                "optimizer": self.optimizer_knob()}
 
     def close(self) -> None:
         """Stop the transfer engines (after their last transfers)."""
