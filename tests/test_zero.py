@@ -17,6 +17,7 @@ from commbench.strategies.zero import (
     SGDHyper,
     Zero1Settings,
     Zero2Settings,
+    _BufferPool,
     library_bytes,
     shard_counts,
 )
@@ -142,6 +143,31 @@ def test_one_rank_steps_the_parameters_as_torchs_sgd(name, sgd):
     assert knobs["stage"] == int(name[-1]) and knobs["library_bytes_per_step_ranks"] == [0]
     assert knobs["optimizer"]["momentum"] == sgd.get("momentum", 0)
     zero.close()
+
+
+class _Finished:
+    """A reduce-scatter in flight whose ``wait`` returns once ``gives`` (if any) is back."""
+
+    def __init__(self, pool: _BufferPool, gives: torch.Tensor | None) -> None:
+        self.pool, self.gives = pool, gives
+
+    def wait(self) -> None:
+        if self.gives is not None:
+            self.pool.give(self.gives)
+
+
+def test_zero2_pool_waits_on_until_a_buffer_is_free_before_making_one():
+    # The oldest reduce-scatter in flight may have given its buffer back (and that buffer been
+    # lent again) in the moment before it counts as done: waiting on it frees nothing. The
+    # pool waits for the next one in flight rather than making a third buffer (the CI race).
+    pool = _BufferPool(4, torch.float32, 2)
+    a, b = pool.take(lambda: None), pool.take(lambda: None)
+    in_flight = [_Finished(pool, None), _Finished(pool, b)]
+    assert pool.take(lambda: in_flight.pop(0)) is b
+    assert (pool.made, pool.waits) == (2, 1) and not in_flight
+    # where none is in flight, every buffer is in a bucket still filling: a new one
+    c = pool.take(lambda: None)
+    assert all(c is not x for x in (a, b)) and pool.made == 3
 
 
 def test_zero1_holds_the_whole_gradient_and_zero2_two_buffers_of_the_largest_bucket():

@@ -272,15 +272,22 @@ class _BufferPool:
 
     def take(self, oldest_in_flight: Callable[[], Transfer | None]) -> torch.Tensor:
         """A free buffer; if none, wait for the oldest reduce-scatter in flight to give one
-        back (it does before it counts as done), or make one where none is in flight."""
-        if self._free.empty():
+        back (it does before it counts as done), or make one where none is in flight.
+
+        The oldest in flight may have given its buffer back already, and that buffer been
+        lent again, in the moment before it counts as done: waiting for it then frees
+        nothing, so wait again for the next one until a buffer is free."""
+        waited = False
+        while self._free.empty():
             oldest = oldest_in_flight()
-            if oldest is not None:
-                oldest.wait()
-                self.waits += 1
+            if oldest is None:  # every buffer is in a bucket still filling
+                break
+            oldest.wait()
+            waited = True
+        self.waits += waited
         try:
             return self._free.get_nowait()
-        except queue.Empty:  # every buffer is in a bucket still filling
+        except queue.Empty:
             return self._new()
 
     def give(self, flat: torch.Tensor) -> None:
