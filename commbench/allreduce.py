@@ -404,6 +404,12 @@ def check(comm, cfg: Config) -> None:
     check_slow_rank(cfg, comm.size)
     for strategy_name, algo, _ in runs_of(cfg):
         STRATEGIES[strategy_name].check(comm, algo or "native")
+    model_checks = [STRATEGIES[name] for name in dict.fromkeys(n for n, _, _ in runs_of(cfg))
+                    if STRATEGIES[name].checks_workload]
+    if model_checks:  # e.g. zero3's units: built once here, before anything is written
+        workload = make_workload(cfg, comm.rank, comm.size)
+        for cls in model_checks:
+            cls.check_workload(workload)
     # the transfer engines' paths (--transfer ring: point-to-point messages)
     paths = {s.engine_transfer for s in cfg.run_settings().values()} - {None}
     for path in sorted(paths):

@@ -112,6 +112,17 @@ def summaries(records: list[dict]) -> dict[str, dict]:
     return {r["strategy"]: r for r in of_kind(records, "summary")}
 
 
+def same_parameters_as_flat(summ: dict, *names: str) -> None:
+    """Each named run's ranks hold one set of parameters, the job's flat run's to float
+    tolerance, and its validation checked elements and found none wrong."""
+    want = summ["flat"]["param_checksum_ranks"][0]
+    for name in names:
+        s = summ[name]
+        assert s["wrong"] == 0 and s["elements_checked"] > 0, name
+        assert len(set(s["param_checksum_ranks"])) == 1, (name, s["param_checksum_ranks"])
+        assert s["param_checksum_ranks"][0] == pytest.approx(want, rel=1e-6), name
+
+
 def read_jsonl(path: Path, job_end: bool = False) -> list[dict]:
     """The records of a results file; the ``job_end`` record that closes each job (no run,
     no run fields) only with ``job_end``."""

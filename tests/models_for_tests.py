@@ -94,3 +94,13 @@ class Reused(nn.Module):
 
 def reused(width: int = 8, classes: int = 10) -> Reused:
     return Reused(width, classes)
+
+
+def split_tie(width: int = 8, classes: int = 10) -> Reused:
+    """``Reused``'s blocks called once each, the second block's weight a Parameter of its
+    own on the first's memory: a tie split across two units (``--strategy zero3`` refuses
+    it: each unit would step its own copy)."""
+    net = Reused(width, classes)
+    net.blocks[1][0].weight = nn.Parameter(net.blocks[0][0].weight.data)
+    net.forward = lambda x: net.head(net.blocks[1](net.blocks[0](x)))  # type: ignore[method-assign]
+    return net

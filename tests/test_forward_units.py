@@ -5,6 +5,7 @@ profiles recorded before units, which still load and say what they lack."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,55 @@ def test_real_workload_runs_the_model_unit_by_unit():
     wl.forward(timer)
     assert [(e, n) for e, n, _ in fired] == [("pre", ROOT)] + [
         (e, n) for n in names[1:] for e in ("pre", "post")] + [("post", ROOT)]
+
+
+# --- a stall: a wait for sync inside forward or backward ------------------------------------
+
+STALL_S = 0.03
+
+
+def _stall_in(wl, module: torch.nn.Module, seconds: float = STALL_S) -> None:
+    """Make ``module``'s forward wait ``seconds`` for sync first, as a sharded strategy's
+    gather does (a stall nested in it counts once)."""
+    def hook(_m, _a):
+        with wl.stall(), wl.stall():
+            time.sleep(seconds)
+    module.register_forward_pre_hook(hook)
+
+
+def test_a_stall_in_a_units_forward_is_sync_and_moves_the_rest_of_its_schedule(tmp_path):
+    """The replay: a unit that waits for its parameters computes its whole profiled time
+    after them (the units after it move later), and the wait is exposed sync, not
+    forward compute."""
+    prof = load(with_units(R50, tmp_path / "r50.json"), "resnet50", 1000)
+    wl = SyntheticWorkload("resnet50", 0, rank=0, profile=prof, compute_scale=2.0)
+    units = wl.forward_units
+    middle = units[len(units) // 2]
+    _stall_in(wl, wl.net.get_submodule(middle.name))
+    fired = watch_units(wl.net, [middle.name, units[-1].name])
+    replay_step(wl)  # warm-up
+    fired.clear()
+    t0, _, sample = replay_step(wl)
+    assert wl.stalled_s == 0.0  # backward's: nothing waited there
+    ends = {n: t - t0 for e, n, t in fired if e == "post"}
+    for u in (middle, units[-1]):  # each ends its profiled time after the wait, or later
+        assert ends[u.name] >= u.end_s * wl.factor + STALL_S - 1e-3, u.name
+    assert sample.forward_s == pytest.approx(wl.forward_s * wl.factor, abs=STALL_S / 3)
+    assert sample.exposed_sync_s >= STALL_S * 0.9
+
+
+def test_the_real_workload_takes_a_stall_out_of_forward_compute():
+    wl = RealWorkload("gpt-tiny", rank=0, batch_size=2)
+    _stall_in(wl, wl.net.get_submodule(unit_names(wl.net)[0]))
+    timer = StepTimer()
+    timer.begin_step(0, False)
+    t = now()
+    wl.forward(timer)
+    wall = now() - t
+    assert wl.stalled_s == pytest.approx(STALL_S, abs=0.02)
+    sample = timer.end_step()
+    assert sample.forward_s == pytest.approx(wall - wl.stalled_s, abs=1e-3)
+    assert sample.forward_s < wall - 0.9 * STALL_S
 
 
 # --- the format: written, read by every reader ----------------------------------------------

@@ -11,7 +11,15 @@ from commbench.allreduce import parse_config
 from commbench.flags import ConfigError
 from commbench.strategies import SETTINGS, STRATEGIES
 from commbench.strategies.fsdp import FSDPSettings
-from tests.conftest import PY, ROOT, launch, of_kind, run_tool, summaries
+from tests.conftest import (
+    PY,
+    ROOT,
+    launch,
+    of_kind,
+    run_tool,
+    same_parameters_as_flat,
+    summaries,
+)
 from tests.test_forward_units import with_units
 
 R18 = ROOT / "profiles" / "h200-resnet18-b64.json"
@@ -29,16 +37,6 @@ def test_fsdp2_trains_on_a_cpu_mesh_over_gloo():
     assert "OK fsdp2 smoke" in res.stdout, res.stdout
 
 
-def _same_parameters(summ: dict, name: str = "fsdp") -> None:
-    """The run's ranks hold one set of parameters, flat's to float tolerance, and its
-    validation found nothing wrong."""
-    want = summ["flat"]["param_checksum_ranks"][0]
-    s = summ[name]
-    assert s["wrong"] == 0 and s["elements_checked"] > 0
-    assert len(set(s["param_checksum_ranks"])) == 1, s["param_checksum_ranks"]
-    assert s["param_checksum_ranks"][0] == pytest.approx(want, rel=1e-6)
-
-
 @pytest.mark.torchrun
 @pytest.mark.parametrize("np_,nodes", [(2, None), (4, None), (3, "a,a,b")])
 def test_fsdp_steps_as_flat_unit_by_unit(tmp_path, np_, nodes):
@@ -51,7 +49,7 @@ def test_fsdp_steps_as_flat_unit_by_unit(tmp_path, np_, nodes):
                      "--strategy", "flat,fsdp"], tmp_path / "r.jsonl", nodes=nodes,
                     timeout=300).records
     summ = summaries(recs)
-    _same_parameters(summ)
+    same_parameters_as_flat(summ, "fsdp")
     k, grad_bytes = summ["fsdp"]["knobs"], summ["flat"]["grad_bytes"]
     assert k["units"] == R18_UNITS + 1 and k["unit_names"][1:] == [
         f"layer{s}.{b}" for s in range(1, 5) for b in range(2)]
@@ -69,6 +67,11 @@ def test_fsdp_steps_as_flat_unit_by_unit(tmp_path, np_, nodes):
     if handed is not None:
         root = k["unit_bytes"][0]
         assert handed == pytest.approx(3 * grad_bytes / 2 - root / 2, rel=0.01)
+    # each rank's bytes, every step (rank 0's is the knob)
+    for r in steps:
+        ranks = r["ranks"]["library_bytes"]
+        assert len(ranks) == np_ and all(b > 0 for b in ranks)
+    assert steps[-1]["ranks"]["library_bytes"][0] == k["library_bytes_per_step"]
 
 
 @pytest.mark.torchrun
@@ -79,7 +82,7 @@ def test_fsdp_without_forward_units_shards_the_root_alone(tmp_path):
                     ["--model", "resnet18", "--compute-ms", "20", *STEPS,
                      "--strategy", "flat,fsdp"], tmp_path / "r.jsonl", timeout=300).records
     summ = summaries(recs)
-    _same_parameters(summ)
+    same_parameters_as_flat(summ, "fsdp")
     assert summ["fsdp"]["knobs"]["units"] == 1
     assert summ["fsdp"]["knobs"]["gathers_prefetched_per_step"] == 0  # nothing to prefetch
     steps = [r for r in of_kind(recs, "step") if r["strategy"] == "fsdp"]
@@ -93,14 +96,15 @@ def test_fsdp_on_the_real_model_and_with_accumulation_steps_as_flat(tmp_path):
     summ = summaries(run_tool("torchrun", 2, "commbench.allreduce",
                               [*real, "--strategy", "flat,fsdp"], tmp_path / "real.jsonl",
                               timeout=300).records)
-    _same_parameters(summ)  # SGD with momentum 0.9: the state is the shards'
+    # SGD with momentum 0.9: the state is the shards'
+    same_parameters_as_flat(summ, "fsdp")
     assert summ["fsdp"]["knobs"]["units"] == R18_UNITS + 1
     prof = with_units(R18, tmp_path / "r18.json")
     summ = summaries(run_tool("torchrun", 2, "commbench.allreduce",
                               ["--model", "resnet18", "--compute-profile", str(prof), *STEPS,
                                "--strategy", "flat,fsdp", "--accum-steps", "2"],
                               tmp_path / "accum.jsonl", timeout=300).records)
-    _same_parameters(summ)
+    same_parameters_as_flat(summ, "fsdp")
 
 
 # --- what it refuses ----------------------------------------------------------------------

@@ -4,6 +4,7 @@ included)."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +23,7 @@ from commbench.strategies.zero import (
     shard_counts,
 )
 from commbench.timing import StepTimer
-from tests.conftest import of_kind, run_check, run_tool, summaries
+from tests.conftest import of_kind, run_check, run_tool, same_parameters_as_flat, summaries
 
 # --- the shard arithmetic ------------------------------------------------------------------
 
@@ -170,6 +171,27 @@ def test_zero2_pool_waits_on_until_a_buffer_is_free_before_making_one():
     assert all(c is not x for x in (a, b)) and pool.made == 3
 
 
+def test_each_step_records_what_the_strategy_holds_of_the_model_state():
+    """model_state_bytes_peak on one rank (every shard is the whole bucket): the whole
+    parameters, the parameter, gradient and momentum shards, and the gradient buffers."""
+    grad_bytes = sum(4 * math.prod(s) for s in SHAPES)
+    held = {}
+    for name in ("zero1", "zero2"):
+        grads = [torch.empty(s) for s in SHAPES]
+        wl = _model({"lr": 0.1, "momentum": 0.9})
+        zero = make_strategy(name, _OneRank(), grads, bucket_mb=0, workload=wl)
+        assert zero.record_fields("step") == {"model_state_bytes_peak": 0}  # no step yet
+        steps = []
+        for step in range(2):
+            _step(zero, wl, grads, [torch.ones(s) for s in SHAPES], step)
+            steps.append(zero.record_fields("step"))
+        held[name] = steps[-1]["model_state_bytes_peak"]
+        assert held[name] == 4 * grad_bytes + zero.knobs()["grad_buffer_bytes"]
+        assert zero.record_fields("summary", steps) == {"model_state_bytes_peak": held[name]}
+        zero.close()
+    assert held == {"zero1": 5 * grad_bytes, "zero2": 4 * grad_bytes + 2 * 20 * 4}
+
+
 def test_zero1_holds_the_whole_gradient_and_zero2_two_buffers_of_the_largest_bucket():
     held = {}
     for name in ("zero1", "zero2"):
@@ -262,16 +284,6 @@ SMALL = ["--model", "resnet18", "--steps", "2", "--warmup", "1", "--compute-ms",
          "--bucket-mb", "5", "--algo", "native"]
 
 
-def _same_parameters(summ: dict, names: tuple[str, ...]) -> None:
-    """Each run's ranks hold one set of parameters, and flat's to float tolerance."""
-    want = summ["flat"]["param_checksum_ranks"][0]
-    for name in names:
-        s = summ[name]
-        assert s["wrong"] == 0 and s["elements_checked"] > 0, name
-        assert len(set(s["param_checksum_ranks"])) == 1, (name, s["param_checksum_ranks"])
-        assert s["param_checksum_ranks"][0] == pytest.approx(want, rel=1e-6), name
-
-
 @pytest.mark.parametrize("launcher,np_,nodes", [
     pytest.param("mpirun", 4, "a,a,b,b", marks=pytest.mark.mpi),
     pytest.param("torchrun", 3, "a,a,b", marks=pytest.mark.torchrun)])
@@ -283,7 +295,7 @@ def test_ring_forms_step_as_flat(tmp_path, launcher, np_, nodes):
                     [*args, "--strategy", "flat,zero1,zero2"], tmp_path / "r.jsonl",
                     nodes=nodes, timeout=300).records
     summ = summaries(recs)
-    _same_parameters(summ, ("zero1", "zero2"))
+    same_parameters_as_flat(summ, "zero1", "zero2")
     for name in ("zero1", "zero2"):
         assert summ[name]["algo"] == "ring" and summ[name]["knobs"]["algo"] == "ring"
         assert "ring" in summ[name]["knobs"]["collective"]
@@ -296,7 +308,7 @@ def test_ring_forms_under_horovodrun_step_as_flat(tmp_path):
                     [*SMALL[:-1], "ring", "--strategy", "flat,zero1"], tmp_path / "r.jsonl",
                     timeout=300).records
     summ = summaries(recs)
-    _same_parameters(summ, ("zero1",))
+    same_parameters_as_flat(summ, "zero1")
     assert summ["zero1"]["algo"] == "ring"
 
 
@@ -308,7 +320,7 @@ def test_jobs_step_as_flat_and_record_both_collectives(tmp_path, launcher, np_, 
                     [*SMALL, "--strategy", "flat,zero1,zero2"], tmp_path / "r.jsonl",
                     nodes=nodes, timeout=300).records
     summ = summaries(recs)
-    _same_parameters(summ, ("zero1", "zero2"))
+    same_parameters_as_flat(summ, "zero1", "zero2")
     grad_bytes = summ["flat"]["grad_bytes"]
     for name in ("zero1", "zero2"):
         k = summ[name]["knobs"]
@@ -329,9 +341,9 @@ def test_real_model_with_momentum_and_zero1_with_accumulation_step_as_flat(tmp_p
     summ = summaries(run_tool("mpirun", 2, "commbench.allreduce",
                               [*real, "--strategy", "flat,zero1,zero2"], tmp_path / "r.jsonl",
                               timeout=300).records)
-    _same_parameters(summ, ("zero1", "zero2"))
+    same_parameters_as_flat(summ, "zero1", "zero2")
     assert summ["zero1"]["knobs"]["optimizer"]["momentum"] == 0.9
     summ = summaries(run_tool("mpirun", 2, "commbench.allreduce",
                               [*SMALL, "--strategy", "flat,zero1", "--accum-steps", "2"],
                               tmp_path / "accum.jsonl", timeout=300).records)
-    _same_parameters(summ, ("zero1",))
+    same_parameters_as_flat(summ, "zero1")

@@ -4,6 +4,7 @@ under every launcher (uneven nodes included) and in whole jobs."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +19,13 @@ from commbench.strategies.zero3 import Zero3Settings, library_bytes
 from commbench.timing import StepTimer
 from commbench.workloads import RealWorkload, SyntheticWorkload
 from commbench.workloads.compute_profile import load
-from tests.conftest import of_kind, run_check, run_tool, summaries
+from tests.conftest import (
+    of_kind,
+    run_check,
+    run_tool,
+    same_parameters_as_flat,
+    summaries,
+)
 from tests.test_forward_units import R50, with_units
 from tests.test_zero import _OneRank
 
@@ -122,6 +129,34 @@ def test_the_replay_runs_unit_by_unit_under_zero3(tmp_path):
     zero.close()
 
 
+class _SlowRank(_OneRank):
+    """One rank whose all-gathers take ``GATHER_S`` (a slow link), so that a unit waits."""
+
+    def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
+        time.sleep(GATHER_S)
+        super().allgather_v(part, counts, out)
+
+
+GATHER_S = 0.01
+
+
+def test_a_units_wait_for_its_gather_is_exposed_sync_not_compute(tmp_path):
+    """Prefetch off on a slow link: every unit waits for its gather before its forward and
+    again before its backward. Those waits are sync: forward and backward compute stay
+    the profile's, and the exposed sync holds both passes' waits."""
+    prof = load(with_units(R50, tmp_path / "r50.json"), "resnet50", 1000)
+    wl = SyntheticWorkload("resnet50", 0, rank=0, profile=prof, compute_scale=0.5)
+    zero = make_strategy("zero3", _SlowRank(), wl.grads, backward_order=wl.backward_order,
+                         workload=wl, prefetch="off")
+    waits = 2 * len(zero.units)  # each unit's, the root's too, in forward and in backward
+    _step(wl, zero, 0)  # warm-up
+    sample = _step(wl, zero, 1)
+    assert sample.forward_s == pytest.approx(wl.forward_s * wl.factor, abs=0.02)
+    assert sample.backward_s == pytest.approx(wl._backward_s * wl.factor, abs=0.02)
+    assert sample.exposed_sync_s >= 0.9 * waits * GATHER_S
+    zero.close()
+
+
 # --- what it refuses, naming the pair -----------------------------------------------------
 
 
@@ -140,6 +175,19 @@ def test_a_tie_split_across_units_is_refused_naming_the_pair():
                                          r"blocks\.1\.0\.weight \(unit blocks\.1\) share "
                                          "memory"):
         make_strategy("zero3", _OneRank(), [p.grad for p in params], workload=wl)
+
+
+@pytest.mark.mpi
+def test_a_job_with_a_tie_split_across_units_exits_2_before_writing(tmp_path):
+    """The same refusal in a job: on every rank, before the job writes anything."""
+    out = tmp_path / "r.jsonl"
+    res = run_tool("mpirun", 2, "commbench.allreduce",
+                   ["--workload", "real", "--model", "tests.models_for_tests:split_tie",
+                    "--input-shape", "8", "--steps", "1", "--warmup", "0",
+                    "--strategy", "zero3"], out, expect_rc=2, timeout=120)
+    assert "blocks.0.0.weight (unit blocks.0) and blocks.1.0.weight (unit blocks.1) " \
+           "share memory" in res.stderr
+    assert not out.exists()
 
 
 def test_what_it_cannot_honour_is_refused_and_its_options_are_flags():
@@ -185,14 +233,6 @@ def test_zero3_equals_flat_horovod(launcher):
     run_check(launcher, 2, "check_zero3.py", "horovod", OK.format(2), timeout=300)
 
 
-def _same_parameters(summ: dict, name: str) -> None:
-    want = summ["flat"]["param_checksum_ranks"][0]
-    s = summ[name]
-    assert s["wrong"] == 0 and s["elements_checked"] > 0
-    assert len(set(s["param_checksum_ranks"])) == 1, s["param_checksum_ranks"]
-    assert s["param_checksum_ranks"][0] == pytest.approx(want, rel=1e-6)
-
-
 @pytest.mark.mpi
 def test_jobs_step_as_flat_and_record_the_gathers(tmp_path):
     """Whole jobs on 3 ranks (nodes of 2 + 1): the real gpt-tiny (tied weights) with
@@ -203,7 +243,7 @@ def test_jobs_step_as_flat_and_record_the_gathers(tmp_path):
     recs = run_tool("mpirun", 3, "commbench.allreduce",
                     [*real, "--strategy", "flat,zero3", "--reduce-scatter-group", "separate"],
                     tmp_path / "real.jsonl", nodes="a,a,b", timeout=300).records
-    _same_parameters(summaries(recs), "zero3")
+    same_parameters_as_flat(summaries(recs), "zero3")
     prof = with_units(R50, tmp_path / "r50.json")
     recs = run_tool("mpirun", 3, "commbench.allreduce",
                     ["--model", "resnet50", "--compute-profile", str(prof),
@@ -211,7 +251,7 @@ def test_jobs_step_as_flat_and_record_the_gathers(tmp_path):
                      "--strategy", "flat,zero3", "--algo", "native", "--prefetch", "off"],
                     tmp_path / "replay.jsonl", nodes="a,a,b", timeout=300).records
     summ = summaries(recs)
-    _same_parameters(summ, "zero3")
+    same_parameters_as_flat(summ, "zero3")
     grad_bytes = summ["flat"]["grad_bytes"]
     k = summ["zero3"]["knobs"]
     assert sum(k["unit_bytes"]) == grad_bytes and len(k["units"]) == 17
@@ -236,5 +276,5 @@ def test_ring_forms_step_as_flat(tmp_path, launcher, np_, nodes):
                     [*real, "--strategy", "flat,zero3", "--reduce-scatter-group", "separate"],
                     tmp_path / "ring.jsonl", nodes=nodes, timeout=300).records
     summ = summaries(recs)
-    _same_parameters(summ, "zero3")
+    same_parameters_as_flat(summ, "zero3")
     assert summ["zero3"]["algo"] == "ring" and "ring" in summ["zero3"]["knobs"]["collective"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -46,6 +46,12 @@ def unpack_mean(summed: torch.Tensor, grad: torch.Tensor, ranks: float) -> None:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def stall_of(workload: Any) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """The workload's ``stall`` (a wait for sync inside its compute, taken out of the
+    phase's compute: ``workloads.base``); a no-op where the workload has none."""
+    return getattr(workload, "stall", contextlib.nullcontext)
 
 
 class Strategy(abc.ABC):
@@ -107,6 +113,15 @@ class Strategy(abc.ABC):
         """
         if cls.uses_algo:
             check_algo(comm, algo)
+
+    @classmethod  # noqa: B027 - most strategies need no model check
+    def check_workload(cls, workload: Any) -> None:
+        """Raise ValueError, naming the cause, if this strategy cannot run on the job's
+        model: ``check``'s part that needs the workload (built once for it where the job
+        runs a strategy that sets ``checks_workload``)."""
+
+    #: whether ``check_workload`` says anything (the job then builds the workload to check)
+    checks_workload: bool = False
 
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         self.timer = timer

@@ -36,6 +36,9 @@ On the CPU over Gloo (torch 2.13; FSDP1 refuses CPU tensors, so it is no fallbac
   with ``unshard(async_op=True)`` (FSDP2 waits for it in that unit's pre-forward), so it
   runs on Gloo's thread during the unit's compute. In backward FSDP2's own prefetch runs,
   blocking.
+- A unit's wait for its parameters is sync, not compute: FSDP2's forward pre-hook (where
+  it waits for the unit's gather) sits between two hooks of the peer's that make it the
+  workload's ``stall``, and so does a blocking all-gather (its prefetch in backward).
 - The reduce-scatter stays blocking: FSDP2 issues it synchronously (on a CUDA stream it
   would run beside compute; on the CPU it holds backward until it is done), so its time
   shows as exposed sync.
@@ -89,7 +92,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 from commbench import dilation
 from commbench.comm.base import Communicator
 from commbench.models.units import ROOT, unit_names, unit_of
-from commbench.strategies.base import Strategy
+from commbench.strategies.base import Strategy, stall_of
 from commbench.strategies.settings import CommonSettings
 from commbench.timing import NullTimer, StepTimer, now
 
@@ -133,8 +136,10 @@ class _TimedAllGather(AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False):
         start = now()
-        work = dist.all_gather_single(output_tensor, input_tensor, group=group,
-                                      async_op=async_op)
+        # a blocking gather (FSDP2's own prefetch in backward) holds the unit's compute
+        with contextlib.nullcontext() if async_op else self.peer.stall():
+            work = dist.all_gather_single(output_tensor, input_tensor, group=group,
+                                          async_op=async_op)
         received = (output_tensor.numel() - input_tensor.numel()) * output_tensor.element_size()
         self.peer._flown(_Flight("allgather", start, 0), work, received)
         return work
@@ -253,6 +258,7 @@ class FSDPStrategy(Strategy):
         fully_shard(net, mesh=mesh)
         self.net: FSDPModule = net
         self._flights: list[_Flight] = []
+        self._stalling: list[contextlib.AbstractContextManager[None]] = []
         self._callbacks: weakref.WeakSet = weakref.WeakSet()
         self._handed = self._step_handed = 0
         self._async = self._step_async = 0  # asynchronous gathers: the forward prefetches
@@ -267,6 +273,12 @@ class FSDPStrategy(Strategy):
             m.set_force_sum_reduction_for_comms(True)  # each module's own: Gloo has no AVG
             m.set_custom_all_gather(_TimedAllGather(self))
             m.set_custom_reduce_scatter(_TimedReduceScatter(self, nbytes))
+        # FSDP2's pre-forward (prepended at fully_shard) waits for the unit's gather: a
+        # stall, between a hook prepended before it and one appended after it
+        self.stall = stall_of(workload)
+        for m in wrapped:
+            m.register_forward_pre_hook(self._stall_begins, prepend=True)
+            m.register_forward_pre_hook(self._stall_ends)
         # explicit forward prefetch: after FSDP2's pre-forward (prepended), start the next
         # unit's all-gather on Gloo's thread; FSDP2 waits for it in that unit's pre-forward
         for here, after in zip(wrapped, wrapped[1:]):
@@ -274,6 +286,13 @@ class FSDPStrategy(Strategy):
         hyper = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
         workload.opt = type(opt)(net.parameters(), **hyper)  # on the shards
         self.optimizer = type(opt).__name__
+
+    def _stall_begins(self, *_: Any) -> None:
+        self._stalling.append(self.stall())
+        self._stalling[-1].__enter__()
+
+    def _stall_ends(self, *_: Any) -> None:
+        self._stalling.pop().__exit__(None, None, None)
 
     def _owner(self, name: str) -> str:
         """The wrapped module that owns parameter ``name``: its unit, else the root."""
@@ -357,6 +376,11 @@ class FSDPStrategy(Strategy):
         deadline = now() + timeout_s
         while len(self._callbacks) and now() < deadline:
             dilation.sleep(0.001)
+
+    def record_fields(self, kind: str, steps: Sequence[dict] = ()) -> dict:
+        """Per step: ``library_bytes`` this rank handed across ranks in it (every rank's under
+        the record's ``ranks``); ``knobs.library_bytes_per_step`` is rank 0's last."""
+        return {"library_bytes": self._step_handed} if kind == "step" else {}
 
     def knobs(self) -> dict:
         return {**super().knobs(), "units": len(self.units) + 1,

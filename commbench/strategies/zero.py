@@ -349,6 +349,20 @@ class ShardedStrategy(Strategy):
         workload.opt = _Stepped(workload.opt)
         return params
 
+    #: ``model_state_bytes_peak`` of the last step (``record_fields``)
+    _last_peak = 0
+
+    def record_fields(self, kind: str, steps: Sequence[dict] = ()) -> dict:
+        """Per step: this rank's ``model_state_bytes_peak``, the peak of what the strategy
+        itself holds of the model's state, counted from its own live tensors (each
+        strategy's docstring says which); the summary: its largest over steps and ranks."""
+        key = "model_state_bytes_peak"
+        if kind == "summary":
+            peaks = [p for r in steps for p in [r.get(key), *r.get("ranks", {}).get(key, [])]
+                     if p is not None]
+            return {key: max(peaks)} if peaks else {}
+        return {key: self._last_peak}
+
     def optimizer_knob(self) -> dict:
         """``knobs.optimizer``: the SGD settings its shards step with, and the state."""
         return {"name": "SGD", **asdict(self.sgd),
@@ -512,6 +526,23 @@ class ZeroStrategy(ShardedStrategy):
             b.gather.wait()
             # counted in comm_bytes at the reduce-scatter (module docstring)
             self._record(b.gather, "allgather", 0)
+        self._last_peak = self._model_state_bytes()
+
+    def _grad_buffer_elements(self) -> int:
+        """The gradient buffers' elements: one a bucket (zero1), else what the pool made."""
+        if self._pool is None:
+            return sum(b.numel for b in self.buckets)
+        return self._pool.made * self._pool.numel
+
+    def _model_state_bytes(self) -> int:
+        """What this rank's strategy holds of the model's state: the parameters whole (the
+        buckets' flat buffers, which the workload's parameters are views of), its shards
+        (parameters, mean gradients, momentum) and the gradient buffers."""
+        whole = sum(b.params.flat.numel() for b in self.buckets)
+        shards = sum(b.param.numel() + b.grad.numel()
+                     + (b.momentum.numel() if b.momentum is not None else 0)
+                     for b in self.buckets)
+        return (whole + shards + self._grad_buffer_elements()) * self.dtype.itemsize
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         """Reduce-scatter the values in ``grads`` as a step does, then gather every rank's
@@ -530,7 +561,7 @@ class ZeroStrategy(ShardedStrategy):
     def knobs(self) -> dict:
         size, itemsize = self.comm.size, self.dtype.itemsize
         numels = [b.numel for b in self.buckets]
-        held = sum(numels) if self._pool is None else self._pool.made * self._pool.numel
+        held = self._grad_buffer_elements()
         return {**super().knobs(), "stage": self.stage, "bucket_mb": self.bucket_mb,
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [n * itemsize for n in numels],

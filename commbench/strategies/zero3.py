@@ -90,6 +90,7 @@ from commbench.comm.p2pcoll import allgather_by, reduce_scatter_by
 from commbench.flags import flag
 from commbench.flatbuf import FlatBuffer
 from commbench.models.units import ROOT, parameter_units
+from commbench.strategies.base import stall_of
 from commbench.strategies.settings import CommonSettings, check_choice
 from commbench.strategies.zero import ShardedStrategy, sgd_step, shard_counts
 from commbench.timing import NullTimer, StepTimer
@@ -217,13 +218,14 @@ class Zero3Strategy(ShardedStrategy):
         self.resolve_algo()
         self.settings.check_unbuilt()
         params = self.take_workload(workload)  # finish steps the shards
+        #: a wait for a unit's parameters is sync, not the workload's compute
+        self._stall = stall_of(workload)
         self.prefetch = self.settings.prefetch == "on"
         self.separate = self.settings.reduce_scatter_group == "separate"
         net: nn.Module = workload.net
         paths = list(workload.unit_paths)
-        home = parameter_units(net, paths)
         names = list(workload.param_names)
-        unit_of = [home[n] for n in names]
+        unit_of = self._unit_of_params(workload)
         check_ties(params, names, unit_of)
         with torch.no_grad():
             self.units = [
@@ -251,7 +253,6 @@ class Zero3Strategy(ShardedStrategy):
         self._step_transfers: list[tuple[Transfer, str, int]] = []
         self._gathered_bytes = sum(u.nbytes for u in self.units)
         self._peak_gathered = self._gathered_bytes
-        self._last_peak = 0
         self._hooks = [net.register_forward_pre_hook(self._root_pre_forward),
                        net.register_forward_hook(self._root_post_forward)]
         for u in self.units:
@@ -263,6 +264,20 @@ class Zero3Strategy(ShardedStrategy):
             self._free(u)
         self._peak_gathered = self._gathered_bytes
         self.begin_step(self.timer)
+
+    checks_workload = True
+
+    @classmethod
+    def check_workload(cls, workload: Any) -> None:
+        """A tie split across units (``check_ties``), before the job writes anything."""
+        check_ties(list(workload.params), list(workload.param_names),
+                   cls._unit_of_params(workload))
+
+    @staticmethod
+    def _unit_of_params(workload: Any) -> list[str]:
+        """Each of the workload's parameters' unit (its path; ROOT for the root's)."""
+        home = parameter_units(workload.net, list(workload.unit_paths))
+        return [home[n] for n in workload.param_names]
 
     @property
     def _root(self) -> _Unit | None:
@@ -296,7 +311,8 @@ class Zero3Strategy(ShardedStrategy):
             return
         self._start_gather(u)
         if u.state == GATHERING:
-            u.gather.wait()
+            with self._stall():  # the unit cannot compute before: exposed sync
+                u.gather.wait()
             u.state = GATHERED
 
     def _free(self, u: _Unit) -> None:
@@ -480,16 +496,6 @@ class Zero3Strategy(ShardedStrategy):
                        if u.momentum is not None)
         grads = sum(u.grads.nbytes for u in self.units)
         return shards + momentum + grads + gathered
-
-    def record_fields(self, kind: str, steps: Sequence[dict] = ()) -> dict:
-        """Per step: this rank's ``model_state_bytes_peak`` (module docstring); the summary:
-        its largest over steps and ranks."""
-        if kind == "summary":
-            key = "model_state_bytes_peak"
-            peaks = [p for r in steps for p in [r.get(key), *r.get("ranks", {}).get(key, [])]
-                     if p is not None]
-            return {key: max(peaks)} if peaks else {}
-        return {"model_state_bytes_peak": self._last_peak}
 
     def knobs(self) -> dict:
         size, itemsize = self.comm.size, self.dtype.itemsize

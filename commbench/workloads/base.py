@@ -27,12 +27,20 @@ makes the compute stream wait for its all-reduces inside ``loss.backward()``,
 at the event the last gradient's hook recorded on the compute stream, before
 that wait. The strategies' kernels queued from the hooks (copies into buckets)
 count in backward there, as DDP's own copies do.
+
+A sharded strategy (``zero3``, the ``fsdp`` peer) waits inside forward and backward for
+a unit's parameters to be gathered before the unit can compute. That wait is sync, not
+compute: the strategy makes it inside ``stall()``, and the workload takes it out of the
+phase's compute (the replay also moves the rest of the phase's schedule later by it:
+a device cannot start a unit before its parameters are whole). Host memory only: on a
+device the phases are the compute stream's events already.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -95,8 +103,30 @@ class Workload(abc.ABC):
         #: as it starts (after backward: the last gradient's)
         self._ready_mark = None
         self._ready_marked = False
+        #: seconds the current phase waited in ``stall`` (reset as forward or backward begins)
+        self.stalled_s = 0.0
+        self._stall_depth = 0
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
+
+    @contextlib.contextmanager
+    def stall(self) -> Iterator[None]:
+        """Wait for what the phase's compute needs from sync (a unit's parameters, gathered):
+        the time inside is added to ``stalled_s`` and ``_stalled`` is told of it. Nested
+        stalls count once, as the outermost."""
+        self._stall_depth += 1
+        t = now()
+        try:
+            yield
+        finally:
+            self._stall_depth -= 1
+            if not self._stall_depth:
+                waited = now() - t
+                self.stalled_s += waited
+                self._stalled(waited)
+
+    def _stalled(self, seconds: float) -> None:  # noqa: B027 - the real workload has none
+        """The phase waited ``seconds`` on sync (``stall``): the replay moves its schedule."""
 
     def _hook(self, i: int):
         def hook(_param: torch.Tensor) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from commbench.models import build_model, input_kind
 from commbench.models.factory import is_factory
+from commbench.timing import now
 from commbench.workloads.base import Workload
 from commbench.workloads.data import digits
 from commbench.workloads.objective import (
@@ -144,8 +145,10 @@ class RealWorkload(Workload):
             self._forward(accumulate)
             timer.device_compute("forward", start, self.events.mark())
             return
-        with timer.compute("forward"):
-            self._forward(accumulate)
+        self.stalled_s = 0.0
+        t = now()
+        self._forward(accumulate)
+        timer.add_compute(now() - t - self.stalled_s, "forward")  # a gather's wait is sync
 
     def _forward(self, accumulate: bool) -> None:
         if not accumulate:
@@ -157,11 +160,12 @@ class RealWorkload(Workload):
                  poll: Callable[[], None] | None = None, accumulate: bool = False) -> None:
         """Backward pass; in host memory the announcing hooks' time is taken out (the
         strategy's), on a device backward is its span on the compute stream."""
+        self.stalled_s = 0.0
         t, end = self._run_backward(on_ready, poll)
         if self.events is not None:
             timer.device_compute("backward", t, end)
         else:
-            timer.add_compute(end - t - self._hook_s, "backward")
+            timer.add_compute(end - t - self._hook_s - self.stalled_s, "backward")
 
     def optimizer_step(self, timer) -> None:
         if self.events is not None:

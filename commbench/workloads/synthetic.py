@@ -374,10 +374,11 @@ class SyntheticWorkload(Workload):
         c = self.clock
         c.fresh = not accumulate
         c.t0, c.factor, c.poll = t0, self.factor, poll  # units' times count from here
+        self.stalled_s = 0.0
         self.loss = self.net(self._input).sum()
         c.poll = None
-        _wait_until(t0 + self.forward_s * self.factor, poll)
-        timer.add_compute(now() - t0, "forward")
+        _wait_until(c.t0 + self.forward_s * self.factor, poll)  # c.t0: moved by any stall
+        timer.add_compute(now() - t0 - self.stalled_s, "forward")
 
     def backward(self, timer, on_ready: Callable[[int], None],
                  poll: Callable[[], None] | None = None, accumulate: bool = False) -> None:
@@ -386,6 +387,7 @@ class SyntheticWorkload(Workload):
         c = self.clock
         c.factor, c.host, c.poll = self.factor, 0.0, poll
         c.t0 = now()  # deadlines count from here, whatever the host does in between
+        self.stalled_s = 0.0
         self._run_backward(on_ready, poll)
         c.poll = None
         due = self._backward_s * self.factor
@@ -393,6 +395,12 @@ class SyntheticWorkload(Workload):
         # (accumulating the gradients) took longer; time in the strategies' hooks (or a
         # peer's, inside backward) beyond that is sync.
         timer.add_compute(max(due, c.host), "backward")
+
+    def _stalled(self, seconds: float) -> None:
+        """The phase's remaining schedule (each unit's start and end in forward, each
+        gradient's deadline in backward) moves ``seconds`` later: what was due after the
+        wait is computed after it, as on a device that waits for the unit's parameters."""
+        self.clock.t0 += seconds
 
     def _hook(self, i: int):
         announce = super()._hook(i)
