@@ -228,10 +228,13 @@ KNOB_STRATEGIES: dict[str, tuple[str, ...]] = {
     "staleness": ("async", "ps"),  # the parameter server's is measured, not set
     "staleness_lr": ("async", "ps"),
     "staleness_warmup": ("async",),
-    "bucket_mb": ("bucketed", "ddp"),
-    "first_bucket_mb": ("bucketed",),
+    "bucket_mb": ("bucketed", "ddp", "zero1", "zero2", "hsdp"),
+    "first_bucket_mb": ("bucketed", "zero1", "zero2", "hsdp"),
     "progress": ("bucketed",),
     "transfer": ("bucketed", "async"),
+    # zero3's overlap settings (a unit is its bucket: --bucket-mb does not apply)
+    "prefetch": ("zero3",),
+    "reduce_scatter_group": ("zero3",),
 }
 
 #: (strategy, knob) -> the name that strategy's ``knobs`` use for it (its flag keeps the name)

@@ -105,6 +105,15 @@ def scheme_words(r: dict) -> str:
         mb = num(knob(r, "bucket_mb"))
         auto = " auto" if (r.get("knobs") or {}).get("bucket_mb_auto") else ""
         return f"{family}{auto}" + ("" if math.isnan(mb) else f" {mb:g} MB")
+    if family in ("zero1", "zero2", "hsdp"):
+        mb = num(knob(r, "bucket_mb"))
+        return f"{family} ({algo})" + ("" if math.isnan(mb) else f" {mb:g} MB")
+    if family == "zero3":
+        settings = [words for name, off, words in (
+            ("prefetch", "off", "prefetch off"),
+            ("reduce_scatter_group", "separate", "separate reduce-scatter group"))
+            if knob(r, name) == off]
+        return f"zero3 ({algo})" + "".join(f", {w}" for w in settings)
     if family is None:
         return str(algo)
     return f"{family} ({algo})" if algo else str(family)

@@ -47,6 +47,10 @@ KNOBS = {
                         "staleness_warmup": 0, "buffers": 2, "transfer_path": "thread"},
     "ddp": lambda c: {"compression": c["compression"], "cast_dtype": "float32",
                       "bucket_cap_mb": c["bucket_mb"], "broadcast_buffers": True},
+    "zero2": lambda c: {"stage": 2, "bucket_mb": c["bucket_mb"], "first_bucket_mb": 1.0,
+                        "buckets": 6, "algo": "native"},
+    "zero3": lambda c: {"stage": 3, "prefetch": "on", "reduce_scatter_group": "shared",
+                        "algo": "native"},
     "ps": lambda c: {"servers": 1, "workers": 7, "staleness_lr": False,
                      "compression": c["compression"], "transport": "mpi4py Send/Recv",
                      "accum_steps": 1},
@@ -750,3 +754,24 @@ def test_bucket_mb_auto_repeats_pool_whatever_each_chose():
     fixed = run("bucketed", None, config={"bucket_mb": 8.0, "transfer": "auto"})
     fixed["knobs"] = {**fixed["knobs"], "bucket_mb": 8.0, "transfer_path": "thread"}
     assert match.differences(runs[0], fixed) == ["sync"]
+
+
+def test_sharded_runs_pool_by_the_settings_their_strategy_acts_on():
+    """zero3's prefetch and reduce-scatter group, and zero2's bucket cap, are set-ups of
+    their own: the runs judged against each other are never pooled."""
+    def zero3(prefetch: str = "on", group: str = "shared") -> dict:
+        r = run("zero3")
+        r["knobs"] = {**r["knobs"], "prefetch": prefetch, "reduce_scatter_group": group}
+        return r
+
+    on, off, separate = zero3(), zero3("off"), zero3(group="separate")
+    assert len(match.matched_sets([on, zero3(), off, separate])) == 3
+    assert match.differences(on, off) == ["sync"]
+    assert [match.scheme_words(r) for r in (on, off, separate)] == [
+        "zero3 (native)", "zero3 (native), prefetch off",
+        "zero3 (native), separate reduce-scatter group"]
+    small, large = run("zero2", config={"bucket_mb": 1.0}), run("zero2")
+    assert match.differences(small, large) == ["sync"]
+    assert match.scheme_words(small) == "zero2 (native) 1 MB"
+    # a flat run of the same job is no less flat for zero3's settings (not its knobs)
+    assert match.sync_scheme(run("flat")) == ("flat", "native")
