@@ -26,4 +26,5 @@ EXPERIMENTS = {
     "peer_fairness": "benchmarks.peer_fairness",
     "replay_fidelity": "benchmarks.replay_fidelity",
     "shard_bytes": "benchmarks.shard_bytes",
+    "shard_timing": "benchmarks.shard_timing",
 }
