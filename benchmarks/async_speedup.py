@@ -58,7 +58,7 @@ from commbench.comm.engine import TRANSFER_PATHS
 from commbench.hostload import is_link_bound
 from commbench.strategies import AsyncSettings
 from commbench.tables import Column, format_table
-from experiments.bench import Benchmark, add_output_flags, layouts, parser, records
+from experiments.bench import Benchmark, add_output_flags, layouts, parser, records, repeats_arg
 from experiments.job import Job
 from experiments.runner import Runner
 
@@ -244,12 +244,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "cluster); the goals are decided on the paired repeats from 3")
     add_output_flags(p, "async-speedup")
     return p
-
-
-def repeats_arg(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
-    return int(text)
 
 
 def check(args: argparse.Namespace, planned: list[Job], runner: Runner) -> int:

@@ -92,9 +92,11 @@ from experiments.bench import (
     Benchmark,
     add_output_flags,
     layouts,
+    names_arg,
     one_setup,
     parser,
     records,
+    repeats_arg,
 )
 from experiments.job import Job
 from experiments.replay import balanced_scale, measured_steps, replay_config, ring_bound_bytes
@@ -439,14 +441,6 @@ def straggler_lines(by_job: dict[str, list[dict]], base: dict[str, dict]) -> lis
 def build_parser() -> argparse.ArgumentParser:
     p = parser("benchmarks.peer_fairness", __doc__)
 
-    def models(text: str) -> list[str]:
-        out = [m.strip() for m in text.split(",") if m.strip()]
-        bad = [m for m in out if m not in PROFILES]
-        if bad or not out:
-            raise argparse.ArgumentTypeError(f"unknown model(s) {bad or text!r}; choose from "
-                                             f"{', '.join(PROFILES)}")
-        return out
-
     def launchers(text: str) -> list[str]:
         out = [x.strip() for x in text.split(",") if x.strip()]
         if not out or set(out) - {"mpirun", "horovodrun"}:
@@ -459,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
-    p.add_argument("--models", type=models, default=list(PROFILES),
+    p.add_argument("--models", type=names_arg(tuple(PROFILES)), default=list(PROFILES),
                    help=f"models by their committed profile: {', '.join(PROFILES)}")
     p.add_argument("--layouts", type=layouts, default=[(2, 1), (2, 2), (2, 4)],
                    help="NODESxRANKS,...")
@@ -490,12 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-rank", type=lambda t: slow_rank(t) if t else None,
                    default=None, metavar="R:F",
                    help="an mpirun job of flat and bucketed with this straggler, first cell")
-    def repeats(text: str) -> int:
-        if not text.isdigit() or int(text) < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
-        return int(text)
-
-    p.add_argument("--repeats", type=repeats, default=1, metavar="N",
+    p.add_argument("--repeats", type=repeats_arg, default=1, metavar="N",
                    help="run every job N times (launch.sweep --repeats: each a job of its "
                         "own, shuffled within its cluster); each goal is then judged on the "
                         "spread of its ratio over the repeats: met, NOT met or undecided")

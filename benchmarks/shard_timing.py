@@ -69,7 +69,16 @@ from commbench.profilefile import ProfileError
 from commbench.profilefile import read as read_profile
 from commbench.strategies import Sync
 from commbench.tables import Column, format_table
-from experiments.bench import ROOT, Benchmark, add_output_flags, layouts, parser, records
+from experiments.bench import (
+    ROOT,
+    Benchmark,
+    add_output_flags,
+    layouts,
+    names_arg,
+    parser,
+    records,
+    repeats_arg,
+)
 from experiments.job import Job
 from experiments.replay import balanced_scale, measured_steps, replay_config, ring_bound_bytes
 from experiments.runner import Runner
@@ -229,26 +238,13 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> tuple[list[str], dict[str,
 def build_parser() -> argparse.ArgumentParser:
     p = parser("benchmarks.shard_timing", __doc__)
 
-    def models(text: str) -> list[str]:
-        out = [m.strip() for m in text.split(",") if m.strip()]
-        bad = [m for m in out if m not in PROFILES]
-        if bad or not out:
-            raise argparse.ArgumentTypeError(f"unknown model(s) {bad or text!r}; choose from "
-                                             f"{', '.join(PROFILES)}")
-        return out
-
-    def repeats(text: str) -> int:
-        if not text.isdigit() or int(text) < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
-        return int(text)
-
-    p.add_argument("--models", type=models, default=list(PROFILES),
+    p.add_argument("--models", type=names_arg(tuple(PROFILES)), default=list(PROFILES),
                    help=f"models by their CPU profile with forward units: {', '.join(PROFILES)}")
     p.add_argument("--layouts", type=layouts, default=[(2, 4)], help="NODESxRANKS,...")
     p.add_argument("--rate", default="1gbit", help="link rate per node (tc syntax)")
     p.add_argument("--balance", type=float, default=1.0,
                    help="backward / a ring all-reduce's link bound, by scaling the profile")
-    p.add_argument("--repeats", type=repeats, default=3, metavar="N",
+    p.add_argument("--repeats", type=repeats_arg, default=3, metavar="N",
                    help="run every job N times; the ratios are decided on the paired repeats")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)

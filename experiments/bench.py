@@ -48,6 +48,26 @@ def layouts(text: str) -> list[tuple[int, int]]:
     return [parse_layout(x) for x in text.split(",") if x.strip()]
 
 
+def repeats_arg(text: str) -> int:
+    """``--repeats``' type: a whole number of runs, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
+    return int(text)
+
+
+def names_arg(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """A type for a comma list of names out of ``choices`` (``--models``): unknown or none
+    exits 2, naming the choices."""
+    def parse(text: str) -> list[str]:
+        out = [m.strip() for m in text.split(",") if m.strip()]
+        bad = [m for m in out if m not in choices]
+        if bad or not out:
+            raise argparse.ArgumentTypeError(f"unknown model(s) {bad or text!r}; choose from "
+                                             f"{', '.join(choices)}")
+        return out
+    return parse
+
+
 def dilation_arg(text: str) -> float | str:
     """``--dilation``'s type: a number from 1 to 64, or ``auto``; anything else exits 2."""
     try:
