@@ -96,6 +96,7 @@ def test_one_rank_gathers_each_unit_for_its_passes_and_steps_as_sgd(prefetch, gr
         _step(ref, _Plain(), k)
         sample = _step(wl, zero, k)
         assert all(u.storage().nbytes() == 0 for u in zero.units)  # sharded at rest
+        assert all(u.grad_storage().nbytes() == 0 for u in zero.units)  # gradients too
         # two gathers and one reduce-scatter a unit, each kind's time apart
         assert sample.comm_calls == 3 * len(units)
         assert set(sample.comm_phases) == {"allgather", "reduce_scatter"}
@@ -108,6 +109,46 @@ def test_one_rank_gathers_each_unit_for_its_passes_and_steps_as_sgd(prefetch, gr
     assert knobs["prefetch"] == prefetch and knobs["reduce_scatter_group"] == group
     assert knobs["optimizer"]["momentum"] == 0.9
     assert zero.record_fields("step")["model_state_bytes_peak"] > 0
+    zero.close()
+
+
+def test_a_units_gradient_buffer_is_whole_from_its_backward_to_its_reduce_scatter(tmp_path):
+    """Gradients sharded at rest (FSDP frees the unsharded gradient after its
+    reduce-scatter): a unit's flat gradient buffer is made as its backward begins and
+    freed once reduce-scattered, so the step's peak holds far less than every unit's
+    parameters and gradients whole; the replay fills the buffers it is handed."""
+    prof = load(with_units(R50, tmp_path / "r50.json"), "resnet50", 1000)
+    wl = SyntheticWorkload("resnet50", 0, rank=0, profile=prof, compute_scale=0.02)
+    zero = make_strategy("zero3", _OneRank(), wl.grads, backward_order=wl.backward_order,
+                         workload=wl)
+    made = []  # (unit, its gradient buffer's bytes) as its first gradient is announced
+    on_ready = zero.on_ready
+
+    def watch(i: int) -> None:
+        u = zero._unit_of[i]
+        if u.pending == set(u.indices):
+            made.append((u.path, u.grad_storage().nbytes()))
+        on_ready(i)
+
+    zero.on_ready = watch
+    for k in range(2):
+        _step(wl, zero, k)
+        assert all(u.grad_storage().nbytes() == 0 for u in zero.units)
+    assert sorted(made) == sorted((u.path, u.grads.nbytes) for _ in range(2)
+                                  for u in zero.units)
+    knobs = zero.knobs()["model_state_bytes"]
+    held = zero.record_fields("step")["model_state_bytes_peak"] - knobs["shard_bytes"]
+    whole = sum(u.nbytes for u in zero.units)
+    largest, root = knobs["largest_unit_bytes"], knobs["root_unit_bytes"]
+    # less than the parameters alone (flat holds them and the gradients whole); at most
+    # 2 x the largest unit's parameters + its gradients, the root's parameters and
+    # gradients (whole through backward) and one reduce-scatter's buffer in flight
+    # (ResNet-50: the root, layer4.1 and layer4.0 prefetched; the root's, layer4.1's and
+    # layer4.2's gradients)
+    assert largest < held < whole
+    assert held <= 2 * root + 4 * largest
+    zero.finish_run()  # whole again for the validation pass, which writes them
+    assert all(u.grad_storage().nbytes() == u.grads.nbytes for u in zero.units)
     zero.close()
 
 

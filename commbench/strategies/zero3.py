@@ -37,7 +37,11 @@ per wrapped block this follows.
    and its reduce-scatter (``reduce_scatter_v`` of the flat gradient buffer) is handed
    to the engine, units in one order on every rank (that in which the workload's
    ``backward_order`` completes them), whose ``after`` divides this rank's part of the
-   sum into its gradient shard.
+   sum into its gradient shard and frees the flat gradient buffer (FSDP frees the
+   unsharded gradient after its reduce-scatter). Gradients are sharded at rest too: a
+   unit's flat gradient buffer is made again, zeroed, in its pre-backward hook (3.),
+   before autograd accumulates into it; with ``--accum-steps`` it stays whole until the
+   last micro-batch's reduce-scatter.
 5. ``finish`` waits for the reduce-scatters and steps each shard with the workload's SGD
    settings (``sgd_step``); nothing is gathered after the step: the next forward gathers.
    ``finish_run`` gathers every unit and removes the hooks, so the run's checksums and
@@ -58,10 +62,10 @@ reads as for the other strategies (per step 1.5 Ψ: 1.5× DDP's).
 ``knobs.library_bytes_per_step_ranks``: what each rank hands across ranks per step
 (3Ψ(n−1)/n with even shards). Per step, ``model_state_bytes_peak``: the peak of what the
 strategy itself holds per rank (parameter, gradient and momentum shards, the units'
-gathered parameters, and the flat gradient buffers), counted from its own live tensors;
-the RSS high-water mark is the summary's ``peak_rss_mb``, beside it. Gradients are not
-sharded at rest: the workload keeps autograd's accumulators whole (it zeroes them before
-forward), so each rank holds the whole gradient, as FSDP's ``no_sync`` does.
+gathered parameters, and the flat gradient buffers made and not yet freed: those of units
+in backward and of reduce-scatters in flight), counted from its own live tensors; the RSS
+high-water mark is the summary's ``peak_rss_mb``, beside it. ``knobs.model_state_bytes``
+gives the bound's terms (the largest unit, the root unit, the shards).
 
 Not built: ``--compression``, tensors on a GPU, a shard group other than the world
 (HSDP), prefetch deeper than one unit, and the project's ring or point-to-point forms of
@@ -76,6 +80,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -201,6 +206,9 @@ class _Unit:
     def storage(self) -> torch.UntypedStorage:
         return self.params.flat.untyped_storage()
 
+    def grad_storage(self) -> torch.UntypedStorage:
+        return self.grads.flat.untyped_storage()
+
 
 class Zero3Strategy(ShardedStrategy):
     """ZeRO-3 (module docstring): parameters sharded at rest, gathered per unit; it hooks
@@ -251,8 +259,13 @@ class Zero3Strategy(ShardedStrategy):
         self._rs = TransferEngine(comm, "thread") if self.separate else self._ag
         self._rs_group = self._rs.comm.world_group() if self.separate else self._ag_group
         self._step_transfers: list[tuple[Transfer, str, int]] = []
-        self._gathered_bytes = sum(u.nbytes for u in self.units)
-        self._peak_gathered = self._gathered_bytes
+        #: whole parameters and gradient buffers held now, and their peak this step (the
+        #: engine's thread frees gradient buffers: a lock)
+        self._held_lock = threading.Lock()
+        self._held = 2 * sum(u.nbytes for u in self.units)
+        self._peak_held = self._held
+        #: the validation pass keeps the gradient buffers it reduce-scatters
+        self._keep_grads = False
         self._hooks = [net.register_forward_pre_hook(self._root_pre_forward),
                        net.register_forward_hook(self._root_post_forward)]
         for u in self.units:
@@ -260,9 +273,10 @@ class Zero3Strategy(ShardedStrategy):
                 m = self._modules[u.path]
                 self._hooks.append(m.register_forward_pre_hook(self._pre_forward_of(u)))
                 self._hooks.append(m.register_forward_hook(self._post_forward_of(u)))
-        for u in self.units:  # sharded at rest
+        for u in self.units:  # sharded at rest, parameters and gradients
             self._free(u)
-        self._peak_gathered = self._gathered_bytes
+            self._free_grads(u)
+        self._peak_held = self._held
         self.begin_step(self.timer)
 
     checks_workload = True
@@ -291,8 +305,7 @@ class Zero3Strategy(ShardedStrategy):
         if u.state != FREED:
             return
         u.storage().resize_(u.nbytes)
-        self._gathered_bytes += u.nbytes
-        self._peak_gathered = max(self._peak_gathered, self._gathered_bytes)
+        self._hold(u.nbytes)
         u.state = GATHERING
         u.gather = self._ag.submit(u.params.flat, run=partial(self._allgather, u.param,
                                                                  u.counts))
@@ -322,8 +335,29 @@ class Zero3Strategy(ShardedStrategy):
         if u.state == GATHERING:
             u.gather.wait()
         u.storage().resize_(0)
-        self._gathered_bytes -= u.nbytes
+        self._hold(-u.nbytes)
         u.state = FREED
+
+    def _make_grads(self, u: _Unit) -> None:
+        """``u``'s flat gradient buffer whole and zeroed, where it was freed (kept as it is
+        where whole: gradients of earlier micro-batches accumulate in it)."""
+        if u.grad_storage().nbytes() == 0:
+            u.grad_storage().resize_(u.grads.nbytes)
+            u.grads.flat.zero_()
+            self._hold(u.grads.nbytes)
+
+    def _free_grads(self, u: _Unit) -> None:
+        """Give back ``u``'s flat gradient buffer (its reduce-scatter done, or at rest)."""
+        if u.grad_storage().nbytes() != 0:
+            u.grad_storage().resize_(0)
+            self._hold(-u.grads.nbytes)
+
+    def _hold(self, nbytes: int) -> None:
+        """``nbytes`` more (fewer, negative) of whole parameters or gradient buffers held
+        now; the step's peak kept (either thread)."""
+        with self._held_lock:
+            self._held += nbytes
+            self._peak_held = max(self._peak_held, self._held)
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -387,6 +421,7 @@ class Zero3Strategy(ShardedStrategy):
                     return
                 u.backward_gathered = True
                 self._ensure(u)
+                self._make_grads(u)  # before autograd accumulates into it
             if self.prefetch:
                 order = list(reversed(self._forward_order))
                 nxt = order[0] if u is self._root and order else self._after(order, u)
@@ -403,7 +438,8 @@ class Zero3Strategy(ShardedStrategy):
             u.scatter = None
         self._next_rs = 0
         self._step_transfers = []
-        self._peak_gathered = self._gathered_bytes
+        with self._held_lock:
+            self._peak_held = self._held
 
     def on_ready(self, i: int) -> None:
         u = self._unit_of[i]
@@ -419,19 +455,25 @@ class Zero3Strategy(ShardedStrategy):
         it in ``_rs_order``: every rank issues them in one order."""
         while self._next_rs < len(self._rs_order) and not self._rs_order[self._next_rs].pending:
             u = self._rs_order[self._next_rs]
+            self._make_grads(u)  # a unit backward never reached: its zero gradient
             u.scatter = self._rs.submit(u.grads.flat, after=partial(self._take_mean, u),
                                         run=partial(self._reduce_scatter, u))
             self._step_transfers.append((u.scatter, "reduce_scatter", u.nbytes // 2))
             self._next_rs += 1
 
     def _reduce_scatter(self, u: _Unit, buffer: torch.Tensor) -> None:
-        """On the engine's thread: this rank's part of the unit's gradient sum."""
-        u.summed = reduce_scatter_by(self.algo, self._rs_group, buffer, u.counts)
+        """On the engine's thread: this rank's part of the unit's gradient sum, through an
+        alias of the buffer's memory (``_allgather`` says why: the buffer is freed after)."""
+        u.summed = reduce_scatter_by(self.algo, self._rs_group, torch.from_dlpack(buffer),
+                                     u.counts)
 
     def _take_mean(self, u: _Unit) -> None:
-        """On the engine's thread, once the sum is in: its mean into the gradient shard."""
+        """On the engine's thread, once the sum is in: its mean into the gradient shard, and
+        the unit's flat gradient buffer freed (no longer read: its backward is done)."""
         torch.div(u.summed, self.comm.size, out=u.grad)
         u.summed = None
+        if not self._keep_grads:
+            self._free_grads(u)
 
     # -- after backward --------------------------------------------------------------------------
 
@@ -457,11 +499,12 @@ class Zero3Strategy(ShardedStrategy):
         with self.timer.compute("optimizer"):
             for u in self.units:
                 u.momentum = sgd_step(u.param, u.grad, u.momentum, self.sgd)
-        self._last_peak = self._model_state_bytes(self._peak_gathered)
+        self._last_peak = self._model_state_bytes(self._peak_held)
 
     def finish_run(self) -> None:
         """Gather every unit and leave it whole, hooks removed: the run's checksums and
-        evaluation read the parameters."""
+        evaluation read the parameters; the gradient buffers made whole (zeroed) for the
+        validation pass, which writes them."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -469,6 +512,7 @@ class Zero3Strategy(ShardedStrategy):
             self._start_gather(u)
         for u in self.units:
             self._ensure(u)
+            self._make_grads(u)
 
     def validation_pass(self, backward_order: Sequence[int]) -> None:
         """Reduce-scatter the values in ``grads`` as a step does, then gather every rank's
@@ -478,24 +522,31 @@ class Zero3Strategy(ShardedStrategy):
         self.begin_step(NullTimer())
         for u in self._rs_order:
             u.pending.clear()
-        self._start_ready_scatters()
-        for u in self._rs_order:
-            u.scatter.wait()
-            self._ag.submit(u.grads.flat, run=partial(self._allgather, u.grad, u.counts)).wait()
+        self._keep_grads = True
+        try:
+            self._start_ready_scatters()
+            for u in self._rs_order:
+                u.scatter.wait()
+                self._ag.submit(u.grads.flat,
+                                run=partial(self._allgather, u.grad, u.counts)).wait()
+        finally:
+            self._keep_grads = False
         self._step_transfers = []
 
     # -- records ---------------------------------------------------------------------------------
 
-    def _model_state_bytes(self, gathered: int) -> int:
-        """What this rank's strategy holds of the model's state, with ``gathered`` bytes of
-        whole parameters: its shards (parameters, gradients, momentum), the flat gradient
-        buffers, and those gathered parameters."""
+    def _model_state_bytes(self, held: int) -> int:
+        """What this rank's strategy holds of the model's state, with ``held`` bytes of
+        whole parameters and flat gradient buffers: its shards (parameters, gradients,
+        momentum) and those."""
+        return self._shard_bytes() + held
+
+    def _shard_bytes(self) -> int:
+        """This rank's parameter, gradient and momentum shards, in bytes."""
         itemsize = self.dtype.itemsize
         shards = sum(u.param.numel() * itemsize * 2 for u in self.units)
-        momentum = sum(u.momentum.numel() * itemsize for u in self.units
-                       if u.momentum is not None)
-        grads = sum(u.grads.nbytes for u in self.units)
-        return shards + momentum + grads + gathered
+        return shards + sum(u.momentum.numel() * itemsize for u in self.units
+                            if u.momentum is not None)
 
     def knobs(self) -> dict:
         size, itemsize = self.comm.size, self.dtype.itemsize
@@ -518,10 +569,13 @@ class Zero3Strategy(ShardedStrategy):
                                                  for r in range(size)],
                 "model_state_bytes": {
                     "what": "bytes this rank's strategy holds: parameter, gradient and "
-                            "momentum shards, the whole (flat) gradient buffers, and "
-                            "gathered parameters at their peak (records' "
-                            "model_state_bytes_peak); not the RSS",
+                            "momentum shards, and at their peak the gathered parameters "
+                            "and the flat gradient buffers made (a unit's, before its "
+                            "backward) and not yet freed (after its reduce-scatter) "
+                            "(records' model_state_bytes_peak); not the RSS",
+                    "shard_bytes": self._shard_bytes(),
                     "largest_unit_bytes": largest,
+                    "root_unit_bytes": self._root.nbytes if self._root else 0,
                     "grad_buffer_bytes": sum(u.grads.nbytes for u in self.units)},
                 "optimizer": self.optimizer_knob()}
 

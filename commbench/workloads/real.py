@@ -153,7 +153,8 @@ class RealWorkload(Workload):
     def _forward(self, accumulate: bool) -> None:
         if not accumulate:
             for g in self.grads:
-                g.zero_()
+                if g.untyped_storage().nbytes():  # zero3 frees them: it makes them zeroed
+                    g.zero_()
         self.loss = self._loss(first_tensor(self.net(self.inputs)))
 
     def backward(self, timer, on_ready: Callable[[int], None],

@@ -118,6 +118,9 @@ def main() -> int:
         held = [u.path for u in units if u.storage().nbytes() != 0]
         if held:
             bad.append(f"{run}: units {held} still whole between steps")
+        held = [u.path for u in units if u.grad_storage().nbytes() != 0]
+        if held:
+            bad.append(f"{run}: units {held} keep their gradient buffers between steps")
         for s in samples:
             if s.comm_calls != 3 * len(units) or len(s.collective_s) != 3 * len(units):
                 bad.append(f"{run} step {s.step}: {s.comm_calls} collectives, expected "
