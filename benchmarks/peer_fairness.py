@@ -504,8 +504,7 @@ def refuse(args: argparse.Namespace) -> str | None:
 
 def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
     all_cells = cells(args)
-    by_job = {job.name: [{**s, "_file": str(path)} for path in runner.outputs(job)
-                         for s in records(path, "summary")]
+    by_job = {job.name: [s for path in runner.outputs(job) for s in records(path, "summary")]
               for job in jobs}
     # a run placed at auto is judged by its set-up's verdict (dilations.json), not its own
     mark_setup_verdicts([s for ss in by_job.values() for s in ss])

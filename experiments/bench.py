@@ -104,11 +104,13 @@ def output_of(job: Job, sweep_dir: Path) -> Path:
 
 def records(path: Path, kind: str) -> list[dict]:
     """Records of ``kind`` in a job's results file (``commbench.results.read_records``: a
-    truncated last line is skipped with a warning, any other bad line is an error); none
-    where the job wrote no file (it failed: the runner said so, and why)."""
+    truncated last line is skipped with a warning, any other bad line is an error), each
+    with ``_file``, the file's path (``analysis.load.mark_setup_verdicts`` finds the set's
+    verdict beside it); none where the job wrote no file (it failed: the runner said so,
+    and why)."""
     if not path.exists():
         return []
-    return [r for r in read_records(path) if r.get("kind") == kind]
+    return [{**r, "_file": str(path)} for r in read_records(path) if r.get("kind") == kind]
 
 
 def one_setup(runs: Sequence[dict]) -> tuple[list[dict], int]:
