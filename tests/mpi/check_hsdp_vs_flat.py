@@ -23,45 +23,17 @@ Exits 1 on a mismatch.
 
 from __future__ import annotations
 
-import math
 import sys
-from types import SimpleNamespace
 
-import torch
-from announce import HOW, announced  # beside this script (scripts run as files)
+from sgd_reference import model, reference  # beside this script (scripts run as files)
 from verdict import verdict
 
 from commbench.comm import make_communicator
-from commbench.models import parameter_shapes
 from commbench.strategies import make_strategy
 from commbench.strategies.hsdp import node_ranks
-from commbench.timing import StepTimer
-from commbench.validate import count_wrong
 
 BUCKET_MB = [0, 0.01, 1, 1000]
-SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
-RTOL, ATOL = 1e-5, 1e-6  # float32 sums of O(1) values over a few ranks, three steps
 PHASES = {"reduce_scatter", "allreduce", "allgather"}
-
-
-def shapes() -> list[tuple[int, ...]]:
-    odd = [(1,), (3,), (7, 13), (1009,)]  # fewer elements than a node's ranks, primes
-    return odd + [tuple(s) for _, s in parameter_shapes("resnet18", 1000)
-                  if math.prod(s) < 100_000]
-
-
-def gradients(rank: int, step: int, shp: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """This rank's gradients at ``step``: ``a + rank * b``, alike on every rank."""
-    gen = torch.Generator().manual_seed(100 + step)
-    a = [torch.randn(s, generator=gen) for s in shp]
-    b = [torch.randn(s, generator=gen) for s in shp]
-    return [x + rank * y for x, y in zip(a, b)]
-
-
-def model(start: list[torch.Tensor]) -> SimpleNamespace:
-    """What hsdp needs of a workload: its parameters and its SGD."""
-    params = [torch.nn.Parameter(p.clone()) for p in start]
-    return SimpleNamespace(params=params, opt=torch.optim.SGD(params, **SGD))
 
 
 def check_knobs(run: str, knobs: dict, nodes: list[list[int]], n: int, nbytes: int) -> list[str]:
@@ -85,62 +57,18 @@ def check_knobs(run: str, knobs: dict, nodes: list[list[int]], n: int, nbytes: i
 
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
-    n, r = comm.size, comm.rank
+    n = comm.size
     nodes = node_ranks(comm.topo)
-    shp = shapes()
-    order = list(reversed(range(len(shp))))
-    start = [torch.randn(s, generator=torch.Generator().manual_seed(7)) for s in shp]
-    grads = [torch.empty(s) for s in shp]
-    nbytes = sum(g.numel() * 4 for g in grads)
+    ref = reference(comm, 100_000)
     bad: list[str] = []
-    ref = model(start)  # the reference: flat's mean gradient, then torch's SGD
-    flat = make_strategy("flat", comm, grads, algo="native")
-    want = []
-    for step in range(len(HOW)):
-        for g, v in zip(grads, gradients(r, step, shp)):
-            g.copy_(v)
-        flat.begin_step(StepTimer())
-        flat.finish()
-        for p, g in zip(ref.params, grads):
-            p.grad = g.clone()
-        ref.opt.step()
-        want.append([p.detach().clone() for p in ref.params])
     for mb in BUCKET_MB:
         run = f"hsdp bucket_mb={mb}"
-        wl = model(start)
-        hsdp = make_strategy("hsdp", comm, grads, bucket_mb=mb, backward_order=order,
+        wl = model(ref.start)
+        hsdp = make_strategy("hsdp", comm, ref.grads, bucket_mb=mb, backward_order=ref.order,
                              workload=wl)
         knobs = hsdp.knobs()
-        buckets = knobs["buckets"]
-        bad += check_knobs(run, knobs, nodes, n, nbytes)
-        for step, (how, expect) in enumerate(zip(HOW, want)):
-            for g, v in zip(grads, gradients(r, step, shp)):
-                g.copy_(v)
-            timer = StepTimer()
-            timer.begin_step(step, False)
-            hsdp.begin_step(timer)
-            for i in announced(how, order, r):
-                hsdp.on_ready(i)
-            hsdp.finish()
-            wl.opt.step()  # as the workload steps: nothing left to do
-            sample = timer.end_step()
-            for i, (p, w) in enumerate(zip(wl.params, expect)):
-                if not torch.allclose(p.detach(), w, rtol=RTOL, atol=ATOL):
-                    bad.append(f"{run} {how}: parameter {i} {tuple(p.shape)} differs from "
-                               f"flat + SGD by {float((p.detach() - w).abs().max()):.3g}")
-            if sample.comm_calls != 3 * buckets or sample.comm_bytes != nbytes \
-                    or len(sample.collective_s) != 3 * buckets:
-                bad.append(f"{run} {how}: timer saw {sample.comm_calls} collectives of "
-                           f"{sample.comm_bytes} bytes, expected {3 * buckets} of {nbytes}")
-            if set(sample.comm_phases) != PHASES or not sample.comm_s > 0:
-                bad.append(f"{run} {how}: comm phases {sample.comm_phases}, comm "
-                           f"{sample.comm_s}")
-        stepped = [p.detach().clone() for p in wl.params]
-        wrong, checked = count_wrong(hsdp, order)
-        if wrong or checked != nbytes // 4:
-            bad.append(f"{run}: validation {wrong} wrong of {checked}")
-        if any(not torch.equal(p.detach(), s) for p, s in zip(wl.params, stepped)):
-            bad.append(f"{run}: the validation pass moved the parameters")
+        bad += check_knobs(run, knobs, nodes, n, ref.nbytes)
+        bad += ref.steps(run, hsdp, wl, 3 * knobs["buckets"], PHASES)
         hsdp.close()
     return verdict(comm, bad, f"OK hsdp == flat + SGD on {len(nodes)} nodes x "
                               f"{len(nodes[0])} ranks, bucket_mb {BUCKET_MB}")

@@ -22,73 +22,28 @@ a mismatch.
 
 from __future__ import annotations
 
-import math
 import sys
-from types import SimpleNamespace
 
-import torch
-from announce import HOW, announced  # beside this script (scripts run as files)
+from sgd_reference import model, reference  # beside this script (scripts run as files)
 from verdict import verdict
 
 from commbench.comm import make_communicator
-from commbench.models import parameter_shapes
 from commbench.strategies import make_strategy
-from commbench.timing import StepTimer
-from commbench.validate import count_wrong
 
 BUCKET_MB = [0, 0.01, 1, 1000]
-SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
-RTOL, ATOL = 1e-5, 1e-6  # float32 sums of O(1) values over a few ranks, three steps
-
-
-def shapes() -> list[tuple[int, ...]]:
-    odd = [(1,), (3,), (7, 13), (1009,)]  # fewer elements than ranks, primes: uneven shards
-    return odd + [tuple(s) for _, s in parameter_shapes("resnet18", 1000)
-                  if math.prod(s) < 600_000]
-
-
-def gradients(rank: int, step: int, shp: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """This rank's gradients at ``step``: ``a + rank * b``, ``a`` and ``b`` alike on every
-    rank."""
-    gen = torch.Generator().manual_seed(100 + step)
-    a = [torch.randn(s, generator=gen) for s in shp]
-    b = [torch.randn(s, generator=gen) for s in shp]
-    return [x + rank * y for x, y in zip(a, b)]
-
-
-def model(start: list[torch.Tensor]) -> SimpleNamespace:
-    """What the ZeRO strategies need of a workload: its parameters and its SGD."""
-    params = [torch.nn.Parameter(p.clone()) for p in start]
-    return SimpleNamespace(params=params, opt=torch.optim.SGD(params, **SGD))
 
 
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
-    n, r = comm.size, comm.rank
-    shp = shapes()
-    order = list(reversed(range(len(shp))))
-    start = [torch.randn(s, generator=torch.Generator().manual_seed(7)) for s in shp]
-    grads = [torch.empty(s) for s in shp]
-    nbytes = sum(g.numel() * 4 for g in grads)
+    n = comm.size
+    ref = reference(comm, 600_000)
+    nbytes = ref.nbytes
     bad: list[str] = []
-    # the reference: flat's mean gradient, then torch's SGD
-    ref = model(start)
-    flat = make_strategy("flat", comm, grads, algo="native")
-    want = []
-    for step in range(len(HOW)):
-        for g, v in zip(grads, gradients(r, step, shp)):
-            g.copy_(v)
-        flat.begin_step(StepTimer())
-        flat.finish()
-        for p, g in zip(ref.params, grads):
-            p.grad = g.clone()
-        ref.opt.step()
-        want.append([p.detach().clone() for p in ref.params])
     for name in ("zero1", "zero2"):
         for mb in BUCKET_MB:
             run = f"{name} bucket_mb={mb}"
-            wl = model(start)
-            zero = make_strategy(name, comm, grads, bucket_mb=mb, backward_order=order,
+            wl = model(ref.start)
+            zero = make_strategy(name, comm, ref.grads, bucket_mb=mb, backward_order=ref.order,
                                  workload=wl)
             knobs = zero.knobs()
             buckets = knobs["buckets"]
@@ -101,36 +56,7 @@ def main() -> int:
             if sum(knobs["shard_elements_ranks"]) != nbytes // 4:
                 bad.append(f"{run}: shards {knobs['shard_elements_ranks']} do not tile the "
                            "gradient")
-            for step, (how, expect) in enumerate(zip(HOW, want)):
-                for g, v in zip(grads, gradients(r, step, shp)):
-                    g.copy_(v)
-                announce = announced(how, order, r)
-                timer = StepTimer()
-                timer.begin_step(step, False)
-                zero.begin_step(timer)
-                for i in announce:
-                    zero.on_ready(i)
-                zero.finish()
-                wl.opt.step()  # as the workload steps: nothing left to do
-                sample = timer.end_step()
-                for i, (p, w) in enumerate(zip(wl.params, expect)):
-                    if not torch.allclose(p.detach(), w, rtol=RTOL, atol=ATOL):
-                        bad.append(f"{run} {how}: parameter {i} {tuple(p.shape)} differs from "
-                                   f"flat + SGD by {float((p.detach() - w).abs().max()):.3g}")
-                if sample.comm_calls != 2 * buckets or sample.comm_bytes != nbytes \
-                        or len(sample.collective_s) != 2 * buckets:
-                    bad.append(f"{run} {how}: timer saw {sample.comm_calls} collectives of "
-                               f"{sample.comm_bytes} bytes, expected {2 * buckets} of {nbytes}")
-                if set(sample.comm_phases) != {"reduce_scatter", "allgather"} \
-                        or not sample.comm_s > 0:
-                    bad.append(f"{run} {how}: comm phases {sample.comm_phases}, comm "
-                               f"{sample.comm_s}")
-            stepped = [p.detach().clone() for p in wl.params]
-            wrong, checked = count_wrong(zero, order)
-            if wrong or checked != nbytes // 4:
-                bad.append(f"{run}: validation {wrong} wrong of {checked}")
-            if any(not torch.equal(p.detach(), s) for p, s in zip(wl.params, stepped)):
-                bad.append(f"{run}: the validation pass moved the parameters")
+            bad += ref.steps(run, zero, wl, 2 * buckets, {"reduce_scatter", "allgather"})
             # zero1 holds the whole gradient; zero2 buffers of the largest bucket's size, at
             # least two, where two of them hold less than the whole gradient (else as zero1)
             held, largest = zero.knobs()["grad_buffer_bytes"], max(knobs["bucket_bytes"])
