@@ -18,7 +18,15 @@ One table per scale: every scheme the toolkit has, ranked by its predicted step 
   ``auto``: the cap ``--bucket-mb auto`` would choose, priced by this model; 0: one per tensor),
   each all-reduced as soon as its last gradient is ready, one at a time, on each transfer
   path of the bucketed strategy (``thread``: the library's all-reduce, priced as
-  ``native``; ``ring``; ``hier``) —
+  ``native``; ``ring``; ``hier``);
+- the sharded family (``sharded``): ``zero2 CAP MB`` (ZeRO-1 takes the same time: they
+  differ in memory), buckets reduce-scattered during backward and the parameters
+  all-gathered after the step; ``hsdp CAP MB`` (nodes > 1), each bucket reduce-scattered
+  in the node and its part all-reduced across nodes, the parameters all-gathered in the
+  node after the step; ``zero3`` with prefetch on a shared or a separate reduce-scatter
+  group, and without prefetch, where the profile times forward unit by unit
+  (``analysis.sharded``). A reduce-scatter or an all-gather costs half a ring all-reduce
+  of the same bytes on the same ranks —
 
 with its predicted step, exposed sync, sync share and scaling efficiency (compute / step,
 docs/metrics.md), and ends with the recommendation and its predicted margin over the
@@ -72,6 +80,7 @@ from analysis.costmodel import analyse
 from analysis.figures import save
 from analysis.load import LoadError, load, num
 from analysis.overlap import Profile, Step, bucketed_step, flat_step, load_profile
+from analysis.sharded import zero3_step
 from commbench.buckets import (
     AUTO,
     DEFAULT_BUCKET_MB,
@@ -100,7 +109,10 @@ STALENESS = (1, 2, 4)
 #: (the quick study's ResNet-18, 12 runs; docs/analysis.md). A stated margin, not a fit:
 #: the validation grid (experiments/advise_grid.toml) is what will measure it per cell
 TIE_PCT = 10.0
-EXACT = ("flat", "hierarchical", "bucketed")
+EXACT = ("flat", "hierarchical", "bucketed", "sharded")
+#: the families whose best scheme the approximate block builds on (the sharded strategies
+#: refuse --compression)
+APPROXIMATE_ON = ("flat", "hierarchical", "bucketed")
 APPROXIMATE = ("fp16", "accumulate", "async")
 SCHEMES = EXACT + APPROXIMATE
 FP16_WIRE = 0.5  # fp16/bf16 on the wire: half of float32's bytes
@@ -178,9 +190,66 @@ def cap_words(cap: float | str) -> str:
     return "per-tensor" if cap == 0 else f"{cap:g} MB"
 
 
-def exact_schemes(families: Sequence[str], caps_mb: Sequence[float | str]) -> list[Scheme]:
-    """The exact schemes of ``families``, in the table's order of listing (ties keep it)."""
-    out = []
+def half_ring(cluster: Cluster, ranks: int, nodes: int, local: int, wire: float = 1.0
+              ) -> Callable[[float], float]:
+    """Seconds of a reduce-scatter or an all-gather of n bytes on ``ranks`` laid out as
+    ``nodes`` x ``local``: half a ring all-reduce of n (a ring all-reduce is one of each)."""
+    return lambda n: predict("ring", n * wire, ranks, cluster.params, nodes, local) / 2
+
+
+@dataclass(frozen=True)
+class ShardedScheme:
+    """One scheme of the sharded family (module docstring): ``zero2`` and ``hsdp`` at a
+    bucket cap, ``zero3`` with its prefetch and reduce-scatter group."""
+
+    name: str
+    strategy: str
+    bucket_mb: float | str | None = None
+    prefetch: bool = True
+    separate: bool = False
+    family: str = "sharded"
+
+    def step(self, prof: Profile, cluster: Cluster, ranks: int, wire: float = 1.0) -> Step:
+        nodes, local = cluster.layout(ranks)
+        world = half_ring(cluster, ranks, nodes, local, wire)
+        if self.strategy == "zero3":
+            return zero3_step(prof, world, world, prefetch=self.prefetch,
+                              separate=self.separate)
+        if self.strategy == "zero2":
+            scatter, gather = world, world
+        else:  # hsdp: in the node, then the node's part across nodes
+            inner = half_ring(cluster, local, 1, local, wire)
+
+            def across(n: float) -> float:
+                return predict("ring", n * wire / local, nodes, cluster.params, nodes, 1)
+
+            scatter, gather = (lambda n: inner(n) + across(n)), inner
+        st = bucketed_step(prof, scatter, self.bucket_mb, FIRST_BUCKET_MB)
+        after = gather(prof.grad_bytes)  # the parameters all-gathered after the step
+        return Step(st.compute_s, st.exposed_s + after, st.comm_s + after, st.buckets)
+
+
+def sharded_schemes(caps_mb: Sequence[float | str], units: bool, multi_node: bool
+                    ) -> list[ShardedScheme]:
+    """The sharded family's rows: zero2 (and hsdp on several nodes) at each numeric cap
+    (``auto`` is the bucketed strategy's), zero3 where the profile times units."""
+    caps = [c for c in caps_mb if c != AUTO]
+    out = [ShardedScheme(f"zero2 {cap_words(c)}", "zero2", c) for c in caps]
+    if multi_node:
+        out += [ShardedScheme(f"hsdp {cap_words(c)}", "hsdp", c) for c in caps]
+    if units:
+        out += [ShardedScheme("zero3 prefetch, shared", "zero3"),
+                ShardedScheme("zero3 prefetch, separate RS group", "zero3", separate=True),
+                ShardedScheme("zero3 no prefetch", "zero3", prefetch=False)]
+    return out
+
+
+def exact_schemes(families: Sequence[str], caps_mb: Sequence[float | str],
+                  units: bool = False, multi_node: bool = False) -> list:
+    """The exact schemes of ``families``, in the table's order of listing (ties keep it);
+    ``units``: the profile times forward unit by unit (zero3 can be priced), ``multi_node``:
+    hsdp has nodes to replicate across."""
+    out: list = []
     if "flat" in families:
         out += [Scheme(f"flat {a}", "flat", a) for a in FLAT_ALGOS]
     if "hierarchical" in families:
@@ -188,6 +257,8 @@ def exact_schemes(families: Sequence[str], caps_mb: Sequence[float | str]) -> li
     if "bucketed" in families:
         out += [Scheme(f"bucketed {cap_words(cap)} on {path}", "bucketed", algo, cap, path)
                 for cap in caps_mb for path, algo in PATHS.items()]
+    if "sharded" in families:
+        out += sharded_schemes(caps_mb, units, multi_node)
     return out
 
 
@@ -296,9 +367,13 @@ def advise(prof: Profile, cluster: Cluster, ranks: int, families: Sequence[str] 
            staleness: Sequence[int] = STALENESS, allow_approximate: bool = False,
            tie_pct: float = TIE_PCT) -> Advice:
     """Every scheme of ``families`` predicted on ``ranks`` GPUs, ranked."""
-    steps = [(s, s.step(prof, cluster, ranks)) for s in exact_schemes(families, caps_mb)]
+    units = bool(prof.units) and len(prof.names) == len(prof.nbytes)
+    schemes = exact_schemes(families, caps_mb, units, cluster.layout(ranks)[0] > 1)
+    steps = [(s, s.step(prof, cluster, ranks)) for s in schemes]
     best: dict[str, tuple[Scheme, Step]] = {}
     for s, st in steps:
+        if s.family not in APPROXIMATE_ON:
+            continue
         if s.family not in best or st.step_s < best[s.family][1].step_s:
             best[s.family] = (s, st)
     exact = ranked([predicted(s, st) for s, st in steps])
@@ -615,11 +690,18 @@ def describe(prof: Profile, cluster: Cluster) -> list[str]:
             f"({'; '.join(cluster.sources)})",
             "# flat native (the library's own all-reduce) is predicted as the cheapest flat "
             "algorithm, the thread path's buckets likewise; exposed sync = step - compute",
+            "# sharded: a reduce-scatter or all-gather costs half a ring all-reduce of its "
+            "bytes; zero2 (= zero1's time) and hsdp gather the parameters after the step; "
+            "zero3 " + ("gathers per unit (analysis/sharded.py)" if prof.units and
+                        len(prof.names) == len(prof.nbytes) else
+                        "not ranked: the model input times no forward unit (record a "
+                        "profile with commbench.profile)"),
             *(f"# note: the profile has {note}" for note in prof.lacks)]
 
 
 #: line styles per family in the figure
-STYLES = {"flat": ":", "hierarchical": "--", "bucketed": "-", "fp16": "-.",
+STYLES = {"flat": ":", "hierarchical": "--", "bucketed": "-", "sharded": (0, (5, 1, 1, 1)),
+          "fp16": "-.",
           "accumulate": "-.", "async": "-."}
 
 

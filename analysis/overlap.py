@@ -98,6 +98,8 @@ class Profile:
     units: tuple[Unit, ...] = ()
     #: what the file lacks (``commbench.profilefile.lacks``), one sentence each
     lacks: tuple[str, ...] = ()
+    #: each gradient's parameter name, in parameter order (empty where not known)
+    names: tuple[str, ...] = ()
 
     @property
     def compute_s(self) -> float:
@@ -112,7 +114,7 @@ class Profile:
                        self.optimizer_s * scale, self.nbytes,
                        [t * scale for t in self.ready_s], self.order,
                        tuple(Unit(u.name, u.start_s * scale, u.end_s * scale)
-                             for u in self.units), self.lacks)
+                             for u in self.units), self.lacks, self.names)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -126,7 +128,7 @@ def load_profile(path: str | Path) -> Profile:
     return Profile(Path(path).name, p.forward_s, max((g.ready_s for g in p.grads), default=0.0),
                    p.optimizer_s, [g.numel * FLOAT32_BYTES for g in p.grads],
                    [g.ready_s for g in p.grads], [index[n] for n in p.backward_order],
-                   p.units or (), tuple(p.lacks))
+                   p.units or (), tuple(p.lacks), tuple(g.name for g in p.grads))
 
 
 @dataclass
@@ -457,18 +459,22 @@ def median_abs(errs: Sequence[float]) -> float:
 GOAL = 0.15  # median |predicted / measured - 1| on the emulated cluster (issue 18)
 
 
-def check_lines(checks: Sequence[OverlapCheck], skipped: Sequence[str]) -> list[str]:
+CHECK_HEAD = ("# overlap model vs measured bucketed runs: inputs per run are its compute "
+              "profile x compute_scale (ready times), its bucket caps and reported bucket "
+              "bytes, its measured compute_s, the engine's hand-offs where its auto probe "
+              "timed them; each bucket priced on the engine path it ran by the fitted "
+              "alpha-beta-gamma model (thread = native, ring, hier; inter-node beta the "
+              "fitted one where fitted at the run's link_gbps, else from its link_gbps)")
+
+
+def check_lines(checks: Sequence[OverlapCheck], skipped: Sequence[str],
+                head: str = CHECK_HEAD, runs: str = "bucketed runs") -> list[str]:
     """The report section: per run with its host verdict, then
     the medians against the 15 % goal, over the runs ``judged_on`` picks (and which they
-    were)."""
-    out = ["# overlap model vs measured bucketed runs: inputs per run are its compute profile "
-           "x compute_scale (ready times), its bucket caps and reported bucket bytes, its "
-           "measured compute_s, the engine's hand-offs where its auto probe timed them; each "
-           "bucket priced on the engine path it ran by the fitted alpha-beta-gamma model "
-           "(thread = native, ring, hier; inter-node beta the fitted one where fitted at the "
-           "run's link_gbps, else from its link_gbps)"]
+    were); ``head`` says what was predicted from what, ``runs`` which runs."""
+    out = [head]
     if not checks:
-        out.append("no bucketed runs with a compute profile to check against")
+        out.append(f"no {runs} with a compute profile to check against")
     else:
         out.append(f"{'run':24s} {'exposed pred ms':>15s} {'meas ms':>9s} {'step pred ms':>12s} "
                    f"{'meas ms':>9s}  host")

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from analysis import advise, match, overlap, sharded, straggler
 from analysis import costmodel as cost
-from analysis import match, overlap, straggler
 from analysis.alphabeta import (
     LATENCY_FLAG,
     ModelError,
@@ -214,6 +214,75 @@ def overlap_lines(records: list[dict], res) -> list[str]:
     return [*lines, "```", *overlap.check_lines(checks, skipped), "```", "", *auto]
 
 
+#: the unit-timed profile whose shape the sharded extrapolation borrows (the H200 one
+#: times no forward unit)
+UNIT_PROFILE = "cpu-resnet50-b8.json"
+SHARDED_RATE = 100.0  # Gbit/s per node for the sharded extrapolation
+
+
+def sharded_extrapolation_lines() -> list[str]:
+    """DDP-style buckets, ZeRO-2, HSDP and ZeRO-3 predicted at 8...1024 ranks on the device
+    scenario's node (``analysis.advise``'s schemes): each one's sync share."""
+    try:
+        dev = overlap.h200()
+        shape = overlap.load_profile(match.PROFILES / UNIT_PROFILE)
+    except overlap.ModelError as e:
+        return [f"No sharded extrapolation: {e}.", ""]
+    prof = shape.scaled(dev.profile.compute_s / shape.compute_s)
+    cluster = advise.Cluster(dev.local_size, dev.params(SHARDED_RATE))
+    schemes = [advise.Scheme("ddp: bucketed 25 MB on thread", "bucketed", "native", 25.0,
+                             "thread"),
+               advise.ShardedScheme("zero2 25 MB", "zero2", 25.0),
+               advise.ShardedScheme("hsdp 25 MB", "hsdp", 25.0),
+               advise.ShardedScheme("zero3 prefetch, shared", "zero3"),
+               advise.ShardedScheme("zero3 prefetch, separate", "zero3", separate=True)]
+    head = f"{'ranks':>6s} " + " ".join(f"{s.name:>30s}" for s in schemes)
+    rows = [head]
+    for ranks in overlap.RANKS:
+        cells = []
+        for s in schemes:
+            if s.family == "sharded" and s.strategy == "hsdp" and ranks <= dev.local_size:
+                cells.append(f"{'(one node)':>30s}")
+                continue
+            st = s.step(prof, cluster, ranks)
+            cells.append(f"{st.exposed_s / st.step_s:>30.1%}")
+        rows.append(f"{ranks:6d} " + " ".join(cells))
+    return [f"Sync share (exposed sync / step) predicted at scale: {dev.local_size} GPUs per "
+            f"node, {SHARDED_RATE:g} Gbit/s per node, {dev.alpha_inter * 1e6:g} µs per "
+            f"inter-node message; compute timed as `{UNIT_PROFILE}` (ResNet-50 on this "
+            f"machine's CPU, forward unit by unit) scaled to the device scenario's "
+            f"{dev.profile.compute_s * 1e3:.1f} ms step (the H200 profile times no forward "
+            "unit, which ZeRO-3's schedule needs). A reduce-scatter or an all-gather costs "
+            "half a ring all-reduce of its bytes; ZeRO-1 takes ZeRO-2's time.", "",
+            "```", *rows, "```", ""]
+
+
+def sharded_lines(records: list[dict], res) -> list[str]:
+    """The sharded family: the folder's runs side by side where it ran them, ZeRO-3's
+    schedule in the overlap model against its zero3 runs (``analysis.sharded``; without
+    a fit, priced on each run's measured link alone), and the family at scale."""
+    lines = ["## Sharded data parallel (ZeRO-1/2/3, HSDP, FSDP2)", ""]
+    compared = sharded.comparison_lines(records)
+    if compared:
+        lines += ["The folder's runs of the family beside the other strategies run on the "
+                  "same model, compute, layout, link, K and launcher:", "", "```", *compared,
+                  "```", ""]
+    memory = sharded.memory_lines(records)
+    if memory:
+        lines += ["```", *memory, "```", ""]
+    lines += sharded_extrapolation_lines()
+    if not any(r.get("kind") == "summary" and r.get("strategy") == "zero3" for r in records):
+        return lines
+    return [*lines, "### Overlap model: ZeRO-3 (per-unit gathers and reduce-scatters)", "",
+            "Each unit's all-gather waited for before its forward and again before its "
+            "backward (the next unit's prefetched), each unit's reduce-scatter handed over as "
+            "its last gradient is ready, the engines serving in order (`analysis/sharded.py`)"
+            + ("" if res is not None else "; no microbenchmark fit here: each collective is "
+               "priced on the run's measured link rate alone (no latency term)") + ".", "",
+            "```", *sharded.zero3_lines(records, res.params if res is not None else None),
+            "```", ""]
+
+
 def user_latency(records: Sequence[dict], latency_us: float | None
                  ) -> tuple[float | None, str]:
     """The per-message latency the report's model prices (µs) and the words that say so.
@@ -299,6 +368,7 @@ def build(records: list[dict], out: Path, native_is: dict[str, str] | None = Non
     lines += model_error_lines(res)
 
     lines += overlap_lines(records, res)
+    lines += sharded_lines(records, res)
     claims = check_all(records, res)
     lines += ["## Seed claims", "",
               "A claim that compares runs compares only runs of one matched set-up: runs "

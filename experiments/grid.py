@@ -77,11 +77,13 @@ from analysis.advise import (
     ClusterFlags,
     Prediction,
     Scheme,
+    ShardedScheme,
     advise,
     cap_words,
     cluster_params,
     predicted,
     profile_input,
+    sharded_schemes,
 )
 from analysis.alphabeta import FLAT_ALGOS, LATENCY_FLAG, ModelError, latency_arg
 from analysis.cli import UsageError
@@ -136,18 +138,21 @@ class RunAs:
     compression: str = "none"
     accum_steps: int = 1
     staleness: int | None = None
+    #: zero3's settings (``--prefetch``, ``--reduce-scatter-group``)
+    prefetch: str | None = None
+    reduce_scatter_group: str | None = None
     note: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple:
         """What makes two runs one: every setting but the note."""
         return (self.strategy, self.algo, self.bucket_mb, self.transfer, self.compression,
-                self.accum_steps, self.staleness)
+                self.accum_steps, self.staleness, self.prefetch, self.reduce_scatter_group)
 
     def sync(self) -> Sync:
         """The strategies' flags of the job (the rest at their defaults)."""
         values = {"compression": self.compression, "accum_steps": self.accum_steps}
-        for name in ("bucket_mb", "transfer", "staleness"):
+        for name in ("bucket_mb", "transfer", "staleness", "prefetch", "reduce_scatter_group"):
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         return Sync(**values)
@@ -160,9 +165,9 @@ class RunAs:
         if self.bucket_mb is not None:
             mb = self.bucket_mb
             out += f" --bucket-mb {mb if isinstance(mb, str) else format(mb, 'g')}"
-        for name in ("transfer", "staleness"):
+        for name in ("transfer", "staleness", "prefetch", "reduce_scatter_group"):
             if getattr(self, name) is not None:
-                out += f" --{name} {getattr(self, name)}"
+                out += f" --{name.replace('_', '-')} {getattr(self, name)}"
         if self.compression != "none":
             out += f" --compression {self.compression}"
         if self.accum_steps != 1:
@@ -207,6 +212,11 @@ def run_as(scheme: str) -> RunAs:
     elif m := re.fullmatch(r"bucketed (.+) on (\S+)", scheme):
         if m.group(2) in PATHS:
             return RunAs("bucketed", bucket_mb=_cap(m.group(1), scheme), transfer=m.group(2))
+    elif m := re.fullmatch(r"(zero2|hsdp) (.+)", scheme):
+        return RunAs(m.group(1), bucket_mb=_cap(m.group(2), scheme))
+    elif scheme in ZERO3_SCHEMES:
+        prefetch, group = ZERO3_SCHEMES[scheme]
+        return RunAs("zero3", prefetch=prefetch, reduce_scatter_group=group)
     raise ValueError(f"unknown scheme {scheme!r}: not a name analysis.advise gives")
 
 
@@ -221,7 +231,13 @@ def reference_run(entry: dict) -> RunAs:
     return RunAs(strategy, entry.get("algo", "native"), mb, transfer)
 
 
-def advisor_scheme(run: RunAs) -> Scheme | None:
+#: the advisor's zero3 rows (``analysis.advise.sharded_schemes``) -> zero3's settings
+ZERO3_SCHEMES = {s.name: ("on" if s.prefetch else "off",
+                          "separate" if s.separate else "shared")
+                 for s in sharded_schemes((), units=True, multi_node=False)}
+
+
+def advisor_scheme(run: RunAs) -> Scheme | ShardedScheme | None:
     """The advisor's scheme that prices ``run``, or None where it prices none (DDP, async,
     a changed-maths run)."""
     if run.compression != "none" or run.accum_steps != 1:
@@ -233,6 +249,14 @@ def advisor_scheme(run: RunAs) -> Scheme | None:
     if run.strategy == "bucketed" and run.transfer in PATHS and run.bucket_mb is not None:
         return Scheme(f"bucketed {cap_words(run.bucket_mb)} on {run.transfer}", "bucketed",
                       PATHS[run.transfer], run.bucket_mb)
+    if run.strategy in ("zero2", "hsdp") and run.bucket_mb not in (None, "auto"):
+        return ShardedScheme(f"{run.strategy} {cap_words(run.bucket_mb)}", run.strategy,
+                             run.bucket_mb)
+    if run.strategy == "zero3":
+        prefetch, group = run.prefetch or "on", run.reduce_scatter_group or "shared"
+        return next((ShardedScheme(name, "zero3", prefetch=p == "on", separate=g == "separate")
+                     for name, (p, g) in ZERO3_SCHEMES.items() if (p, g) == (prefetch, group)),
+                    None)
     return None
 
 

@@ -29,6 +29,8 @@ DATA = ROOT / "tests" / "data" / "advise"
 TRACE = DATA / "step.pt.trace.json"
 PROFILE = ROOT / "profiles" / "h200-resnet50-b256.json"
 TIMEOUT = 120
+#: the all-reduce families (the closed-form tests rank these; the sharded family apart)
+ALLREDUCE = ("flat", "hierarchical", "bucketed")
 
 # --- the ranking, in closed form ---------------------------------------------------------
 
@@ -63,7 +65,7 @@ def test_the_ranking_is_the_closed_form_one():
     on hier (2a + s b) < flat rd (a + 2 s b) < the four others (2a + 2 s b). The pick
     wins by a over the runner-up.
     """
-    got = advise.advise(two_gradients(), two_nodes_of_one(), 2, caps_mb=[25])
+    got = advise.advise(two_gradients(), two_nodes_of_one(), 2, ALLREDUCE, caps_mb=[25])
     names = [p.scheme for p in got.exact]
     compute = FORWARD + BACKWARD
     assert got.pick.scheme == "bucketed 25 MB on thread"
@@ -87,17 +89,17 @@ def test_a_margin_inside_the_models_error_is_called_a_tie():
     none; the tie line names them and asks for a measurement."""
     def tied(pct: float) -> list[str]:
         return [p.scheme for p in advise.advise(two_gradients(), two_nodes_of_one(), 2,
-                                                caps_mb=[25], tie_pct=pct).tied]
+                                                ALLREDUCE, caps_mb=[25], tie_pct=pct).tied]
 
     assert sorted(tied(1)) == ["bucketed 25 MB on hier", "bucketed 25 MB on ring"]
     assert len(tied(10)) == 7 and tied(0) == []
     lines = advise.pick_lines(advise.advise(two_gradients(), two_nodes_of_one(), 2,
-                                            caps_mb=[25], tie_pct=1))
+                                            ALLREDUCE, caps_mb=[25], tie_pct=1))
     assert "0.10 ms (0.3%) faster than the runner-up" in lines[1]
     assert lines[2].startswith("#   a tie: 2 other schemes within --tie-pct 1 % of its step")
     assert lines[2].endswith("measure them on your cluster before choosing")
     assert len(advise.pick_lines(advise.advise(two_gradients(), two_nodes_of_one(), 2,
-                                               caps_mb=[25], tie_pct=0))) == 2
+                                               ALLREDUCE, caps_mb=[25], tie_pct=0))) == 2
 
 
 def test_schemes_that_change_the_maths_are_apart_unless_asked_for():
@@ -117,6 +119,51 @@ def test_schemes_that_change_the_maths_are_apart_unless_asked_for():
     assert loose.pick.scheme == "async S=1 on thread"
 
 
+def test_the_sharded_family_in_closed_form():
+    """The same two nodes of one GPU. A reduce-scatter or all-gather of n bytes on 2 ranks is
+    half a 2-rank ring all-reduce, a + n b / 2. zero2 (25 MB, so a bucket a gradient):
+    the second bucket's reduce-scatter after backward, a + s b / 2, then the parameters'
+    all-gather after the step, a + s b: 2a + 1.5 s b. hsdp: nothing to shard in a node of
+    one, each bucket all-reduced across the two nodes, 2a + s b. No zero3 row: the profile
+    times no forward unit. zero2's time is zero1's; neither builds on fp16 or accumulation
+    (the sharded strategies refuse --compression)."""
+    got = advise.advise(two_gradients(), two_nodes_of_one(), 2, caps_mb=[25, "auto"])
+    rows = {p.scheme: p for p in got.exact if p.family == "sharded"}
+    assert set(rows) == {"zero2 25 MB", "hsdp 25 MB"}  # auto is bucketed's alone
+    assert rows["zero2 25 MB"].exposed_s == pytest.approx(2 * A + 1.5 * S * B)
+    assert rows["hsdp 25 MB"].exposed_s == pytest.approx(2 * A + S * B)
+    assert got.pick.scheme == "bucketed 25 MB on thread"  # a + s b: the sharded lose here
+    assert not any("zero" in p.scheme or "hsdp" in p.scheme for p in got.approximate)
+    one_node = advise.advise(two_gradients(), advise.Cluster(2, two_nodes_of_one().params), 2,
+                             ["sharded"], caps_mb=[25])
+    assert [p.scheme for p in one_node.exact] == ["zero2 25 MB"]  # hsdp needs two nodes
+
+
+def test_zero3_is_ranked_where_the_profile_times_its_units():
+    """A profile with forward units gets the three zero3 rows, each the overlap model's
+    ZeRO-3 schedule (analysis.sharded) at half a ring all-reduce per collective."""
+    from analysis.sharded import zero3_step
+    from commbench.profilefile import Unit
+
+    prof = Profile("units", FORWARD, BACKWARD, 0.0, [S, S], [BACKWARD / 2, BACKWARD], [0, 1],
+                   (Unit("", 0.0, FORWARD), Unit("a", 0.0, FORWARD / 2),
+                    Unit("b", FORWARD / 2, FORWARD)), (), ("b.w", "a.w"))
+    got = advise.advise(prof, two_nodes_of_one(), 2, ["sharded"], caps_mb=[25])
+    rows = {p.scheme: p for p in got.exact}
+    assert {"zero3 prefetch, shared", "zero3 prefetch, separate RS group",
+            "zero3 no prefetch"} <= set(rows)
+
+    def half(n: float) -> float:
+        return A + n * B / 2
+
+    for name, kw in (("zero3 prefetch, shared", {}),
+                     ("zero3 prefetch, separate RS group", {"separate": True}),
+                     ("zero3 no prefetch", {"prefetch": False})):
+        assert rows[name].exposed_s == pytest.approx(zero3_step(prof, half, half,
+                                                                **kw).exposed_s)
+    assert rows["zero3 no prefetch"].exposed_s > rows["zero3 prefetch, shared"].exposed_s
+
+
 def test_async_is_bounded_by_the_link_whatever_the_staleness():
     """One gradient per step crosses the link: a 25 ms all-reduce under 10 ms of compute
     leaves 15 ms exposed at S = 1 and at S = 4; a 5 ms one is hidden from S = 1."""
@@ -132,7 +179,15 @@ def test_every_scheme_every_cap_at_eight_scales():
     flags = advise.ClusterFlags(8, link_gbps=100.0, latency_us=10.0)
     cluster = advise.cluster_params(flags, None, multi_node=True)
     tables = [advise.advise(prof, cluster, r) for r in (8, 16, 32, 64, 128, 256, 512, 1024)]
-    assert all(len(t.exact) == 3 + 2 + 3 * len(advise.CAPS_MB) for t in tables)
+    assert all(len(t.exact) == rows_at(t.ranks, 8) for t in tables)
+
+
+def rows_at(ranks: int, local: int) -> int:
+    """The exact rows of the default table on a profile without units: flat's 3,
+    hierarchical's 2, bucketed's 3 paths at each cap, zero2 at each numeric cap, hsdp too
+    where there are several nodes."""
+    caps = len([c for c in advise.CAPS_MB if c != "auto"])
+    return 3 + 2 + 3 * len(advise.CAPS_MB) + caps + (caps if ranks > local else 0)
 
 
 # --- tables from the committed fixtures ----------------------------------------------------
@@ -179,7 +234,7 @@ def test_table_and_figure_from_a_committed_fit(tmp_path):
     assert sorted(tables) == [8, 16, 64]
     assert {"bucketed auto on thread", "bucketed 25 MB on hier"} <= {s for s, _ in tables[64]}
     for ranks, rows in tables.items():
-        assert len(rows) == 3 + 2 + 3 * len(advise.CAPS_MB)
+        assert len(rows) == rows_at(ranks, 8)
         steps = [s for _, s in rows]
         assert steps == sorted(steps)
         assert f"# recommended at {ranks} ranks: {rows[0][0]}," in text

@@ -120,6 +120,14 @@ def test_every_scheme_the_advisor_emits_maps_to_one_run_of_commbench_allreduce(t
      {"compression": "fp16"}),
     ("accumulate 4, flat ring", "flat", "ring", None, None, {"accum_steps": 4}),
     ("async S=2 on thread", "async", "native", None, "thread", {"staleness": 2}),
+    ("zero2 25 MB", "zero2", "native", 25.0, None, {}),
+    ("hsdp per-tensor", "hsdp", "native", 0.0, None, {}),
+    ("zero3 prefetch, shared", "zero3", "native", None, None,
+     {"prefetch": "on", "reduce_scatter_group": "shared"}),
+    ("zero3 prefetch, separate RS group", "zero3", "native", None, None,
+     {"prefetch": "on", "reduce_scatter_group": "separate"}),
+    ("zero3 no prefetch", "zero3", "native", None, None,
+     {"prefetch": "off", "reduce_scatter_group": "shared"}),
 ])
 def test_scheme_names_map_to_the_flags_that_run_them(name, strategy, algo, cap, path, extra):
     run = gr.run_as(name)
@@ -137,7 +145,7 @@ def test_scheme_names_map_to_the_flags_that_run_them(name, strategy, algo, cap, 
 
 def test_an_unknown_scheme_name_is_refused_by_name():
     for bad in ("flat nccl", "bucketed 25 MB on nbc", "hierarchical ring", "sharded zero3",
-                "bucketed lots on ring"):
+                "bucketed lots on ring", "zero3 prefetch", "hsdp lots"):
         with pytest.raises(ValueError, match="scheme"):
             gr.run_as(bad)
 
