@@ -185,13 +185,28 @@ def _check_contiguous(prof: Profile, home: Sequence[str], units: set[str]) -> No
 ALGO_PATH = {"native": "thread", "ring": "ring"}
 
 
-def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
-               ) -> tuple[list[OverlapCheck], list[str]]:
+def measured_costs(rec: dict) -> tuple[Cost, Cost] | None:
+    """The run's own seconds per byte of each kind, from its median step's time in each
+    (``comm_phases_s``: two all-gathers and one reduce-scatter of the gradient's bytes a
+    step): ``(allgather, reduce_scatter)``; None where the record lacks them."""
+    phases = rec.get("comm_phases_s") or {}
+    psi = num(rec.get("grad_bytes"))
+    ag, rs = num(phases.get("allgather")), num(phases.get("reduce_scatter"))
+    if not (psi > 0 and ag > 0 and rs > 0):
+        return None
+    return (lambda n: n * ag / (2 * psi)), (lambda n: n * rs / psi)
+
+
+def check_runs(records: Sequence[dict], params: Params, base: Path | None = None,
+               pricing: str = "measured") -> tuple[list[OverlapCheck], list[str]]:
     """Each zero3 summary with a compute profile that times units, predicted
     (``zero3_step``, its prefetch and reduce-scatter group as recorded) and compared with
-    what it measured; and why each other zero3 summary was left out. A collective is
-    priced as half the fitted model's all-reduce on its path (``analysis.overlap
-    .path_cost``; the inter-node beta as ``run_params`` picks it); the compute is the run's
+    what it measured; and why each other zero3 summary was left out. ``pricing``:
+    ``measured`` prices each collective at the run's own seconds per byte of its kind
+    (``measured_costs``: the schedule alone is checked; the backend's reduce-scatter may
+    cost more than its bytes, as Gloo's does), falling back to ``fit`` where the record
+    lacks them; ``fit``: half the fitted model's all-reduce on its path (``analysis.overlap
+    .path_cost``; the inter-node beta as ``run_params`` picks it). The compute is the run's
     measured ``compute_s``."""
     checks, skipped = [], []
     fit_links = [num(get(r, "link_gbps")) for r in records
@@ -231,8 +246,10 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         def half(n: float, allreduce: Cost = allreduce) -> float:
             return allreduce(n) / 2
 
+        costs = measured_costs(r) if pricing == "measured" else None
+        ag, rs = costs or (half, half)
         try:
-            st = zero3_step(prof, half, half, prefetch=knobs.get("prefetch", "on") == "on",
+            st = zero3_step(prof, ag, rs, prefetch=knobs.get("prefetch", "on") == "on",
                             separate=knobs.get("reduce_scatter_group") == "separate")
         except ModelError as e:
             skipped.append(f"{rid}: {e}")
@@ -247,11 +264,12 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
 
 CHECK_HEAD = ("# overlap model vs measured zero3 runs: inputs per run are its compute profile "
               "x compute_scale (forward units, ready times), its prefetch and reduce-scatter "
-              "group, its measured compute_s; each all-gather and reduce-scatter priced as "
-              "half the fitted alpha-beta-gamma model's all-reduce on its path (native: the "
-              "cheapest flat algorithm, ring; inter-node beta the fitted one where fitted at "
-              "the run's link_gbps, else from its link_gbps); exposed sync = the stalls for "
-              "gathers + the tail past backward (analysis/sharded.py)")
+              "group, its measured compute_s, and each collective kind's seconds per byte as "
+              "the run measured them (comm_phases_s: the schedule is what is checked; where "
+              "a run lacks them, half the fitted alpha-beta-gamma model's all-reduce on its "
+              "path); exposed sync = the stalls for gathers + the tail past backward; a "
+              "separate reduce-scatter group's two engines share the link, which the model "
+              "does not price (analysis/sharded.py)")
 
 
 def zero3_lines(records: Sequence[dict], params: Params | None) -> list[str]:
@@ -278,6 +296,17 @@ def _setup(r: dict) -> tuple:
             str(get(r, "launcher")))
 
 
+def _label(r: dict) -> str:
+    """A run's row: its strategy, and for zero3 its prefetch and reduce-scatter group."""
+    name = str(r["strategy"])
+    if name != "zero3":
+        return name
+    knobs = r.get("knobs") or {}
+    group = "separate" if knobs.get("reduce_scatter_group") == "separate" else "shared"
+    return f"zero3 {'prefetch' if knobs.get('prefetch', 'on') == 'on' else 'no-prefetch'} " \
+        f"{group}"
+
+
 def comparison_lines(records: Sequence[dict]) -> list[str]:
     """Per set-up where the folder ran a sharded strategy beside another of ``COMPARED``:
     each strategy's medians over its runs (step, exposed sync, sync share, model-state
@@ -285,16 +314,17 @@ def comparison_lines(records: Sequence[dict]) -> list[str]:
     sets: dict[tuple, dict[str, list[dict]]] = {}
     for r in records:
         if r.get("kind") == "summary" and r.get("strategy") in COMPARED:
-            sets.setdefault(_setup(r), {}).setdefault(str(r["strategy"]), []).append(r)
+            sets.setdefault(_setup(r), {}).setdefault(_label(r), []).append(r)
     out = []
     for key, by in sets.items():
-        if len(by) < 2 or not set(by) & {"zero1", "zero2", "zero3", "hsdp", "fsdp"}:
+        if len(by) < 2 or not {b.split()[0] for b in by} & {"zero1", "zero2", "zero3", "hsdp",
+                                                             "fsdp"}:
             continue
         model, prof, scale, ms, ranks, nodes, link, k, launcher = key
         what = f"{prof} x {scale:g}" if prof else f"{ms:g} ms"
         out += [f"# {model} ({what}) on {ranks} ranks, {nodes} node(s), "
-                f"{link:g} Gbit/s, K = {k:g}, {launcher}: medians over runs",
-                f"{'strategy':10s} {'runs':>4s} {'step ms':>9s} {'exposed ms':>10s} "
+                f"{link:.3g} Gbit/s, K = {k:g}, {launcher}: medians over runs",
+                f"{'strategy':25s} {'runs':>4s} {'step ms':>9s} {'exposed ms':>10s} "
                 f"{'sync share':>10s} {'state MB':>9s} {'RSS MB':>8s}"]
         rows = []
         for name, runs in by.items():
@@ -306,7 +336,7 @@ def comparison_lines(records: Sequence[dict]) -> list[str]:
             rows.append((name, len(runs), *med))
         for name, n, step, exposed, state, rss in sorted(rows, key=lambda row: row[2]):
             share = exposed / step if step > 0 else math.nan
-            out.append(f"{name:10s} {n:4d} {step * 1e3:9.1f} {exposed * 1e3:10.1f} "
+            out.append(f"{name:25s} {n:4d} {step * 1e3:9.1f} {exposed * 1e3:10.1f} "
                        f"{share:10.1%} {state:9.1f} {rss:8.1f}")
         out.append("")
     return out

@@ -124,8 +124,9 @@ def test_the_report_sets_the_family_beside_its_peers_on_one_setup():
                               run("flat", 1.0, ranks=4)])
     assert lines[0].startswith("# resnet50 (cpu-resnet50-b8.json x 0.84) on 8 ranks, "
                                "2 node(s), 1 Gbit/s, K = 8, torchrun")
-    rows = [ln.split() for ln in lines[2:4]]
-    assert [r[:3] for r in rows] == [["fsdp", "1", "1800.0"], ["zero3", "2", "2100.0"]]
+    rows = [ln.rsplit(None, 6) for ln in lines[2:4]]  # name, runs, step, exposed, share, ...
+    assert [r[:3] for r in rows] == [["fsdp", "1", "1800.0"],
+                                     ["zero3 prefetch shared", "2", "2100.0"]]
     assert rows[1][4] == "25.0%" and rows[1][5] == "91.0"
     assert len([ln for ln in lines if ln.startswith("#")]) == 1  # ddp + flat: no sharded run
 
@@ -143,6 +144,7 @@ def test_memory_is_set_against_the_bound_term_by_term():
     lines = memory_lines([run(95e6), run(120e6), run(200e6),
                           {"kind": "summary", "strategy": "zero3", "run_id": "old"}])
     assert len(lines) == 4  # the head and three runs: one written before the terms is left out
-    assert "bound shards + 3 x largest = 100.0 MB: within;" in lines[1]
-    assert "20.0 MB over: 1.00 x the largest unit, within the root's" in lines[2]
-    assert "100.0 MB over: 5.00 x the largest unit, beyond the root's" in lines[3]
+    words = [" ".join(ln.split()) for ln in lines]
+    assert "bound shards + 3 x largest = 100.0 MB: within;" in words[1]
+    assert "20.0 MB over: 1.00 x the largest unit, within the root's" in words[2]
+    assert "100.0 MB over: 5.00 x the largest unit, beyond the root's" in words[3]
