@@ -276,9 +276,10 @@ def sharded_lines(records: list[dict], res) -> list[str]:
     return [*lines, "### Overlap model: ZeRO-3 (per-unit gathers and reduce-scatters)", "",
             "Each unit's all-gather waited for before its forward and again before its "
             "backward (the next unit's prefetched), each unit's reduce-scatter handed over as "
-            "its last gradient is ready, the engines serving in order (`analysis/sharded.py`)"
-            + ("" if res is not None else "; no microbenchmark fit here: each collective is "
-               "priced on the run's measured link rate alone (no latency term)") + ".", "",
+            "its last gradient is ready, the engines serving in order (`analysis/sharded.py`); "
+            "each collective at the run's own measured rate of its kind"
+            + ("" if res is not None else " (a run without them: on its measured link rate "
+               "alone, no latency term: no microbenchmark fit here)") + ".", "",
             "```", *sharded.zero3_lines(records, res.params if res is not None else None),
             "```", ""]
 
