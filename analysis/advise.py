@@ -80,7 +80,7 @@ from analysis.costmodel import analyse
 from analysis.figures import save
 from analysis.load import LoadError, load, num
 from analysis.overlap import Profile, Step, bucketed_step, flat_step, load_profile
-from analysis.sharded import zero3_step
+from analysis.sharded import times_units, zero3_step
 from commbench.buckets import (
     AUTO,
     DEFAULT_BUCKET_MB,
@@ -367,8 +367,7 @@ def advise(prof: Profile, cluster: Cluster, ranks: int, families: Sequence[str] 
            staleness: Sequence[int] = STALENESS, allow_approximate: bool = False,
            tie_pct: float = TIE_PCT) -> Advice:
     """Every scheme of ``families`` predicted on ``ranks`` GPUs, ranked."""
-    units = bool(prof.units) and len(prof.names) == len(prof.nbytes)
-    schemes = exact_schemes(families, caps_mb, units, cluster.layout(ranks)[0] > 1)
+    schemes = exact_schemes(families, caps_mb, times_units(prof), cluster.layout(ranks)[0] > 1)
     steps = [(s, s.step(prof, cluster, ranks)) for s in schemes]
     best: dict[str, tuple[Scheme, Step]] = {}
     for s, st in steps:
@@ -692,8 +691,7 @@ def describe(prof: Profile, cluster: Cluster) -> list[str]:
             "algorithm, the thread path's buckets likewise; exposed sync = step - compute",
             "# sharded: a reduce-scatter or all-gather costs half a ring all-reduce of its "
             "bytes; zero2 (= zero1's time) and hsdp gather the parameters after the step; "
-            "zero3 " + ("gathers per unit (analysis/sharded.py)" if prof.units and
-                        len(prof.names) == len(prof.nbytes) else
+            "zero3 " + ("gathers per unit (analysis/sharded.py)" if times_units(prof) else
                         "not ranked: the model input times no forward unit (record a "
                         "profile with commbench.profile)"),
             *(f"# note: the profile has {note}" for note in prof.lacks)]

@@ -360,6 +360,56 @@ def probed_handoffs(rec: dict) -> tuple[float, float]:
     return (pickup if pickup > 0 else 0.0), (handback if handback > 0 else 0.0)
 
 
+def fitted_links(records: Sequence[dict]) -> list[float]:
+    """The link rates (Gbit/s) of the multi-host microbenchmarks the model was fitted on
+    (``run_params`` trusts the fitted inter-node beta only where every one matches)."""
+    links = [num(get(r, "link_gbps")) for r in records
+             if r.get("kind") == "microbench" and num(r.get("nodes")) > 1]
+    return [f for f in links if f > 0]
+
+
+def left_out(rec: dict, base: Path | None, extra: str | None = None) -> str | None:
+    """Why a run's schedule cannot be predicted from its compute profile (no profile,
+    stragglers, accumulation, ``extra`` where the caller's strategy has a reason of its own,
+    the profile not found); None where it can."""
+    name = get(rec, "compute_profile")
+    if not name:
+        return "no compute profile"
+    if get(rec, "slow_rank") or num(get(rec, "compute_jitter")) > 0:
+        return "straggler settings (the profile's times are every rank's)"
+    if num(get(rec, "accum_steps")) > 1:
+        return "accumulation (sync every k-th backward)"
+    if extra:
+        return extra
+    if profile_file(rec, base) is None:
+        return f"profile {name} not found"
+    return None
+
+
+def run_profile(rec: dict, base: Path | None) -> Profile:
+    """The run's compute profile times its ``compute_scale`` (missing: 1, the flag's
+    default)."""
+    scale = num(get(rec, "compute_scale"))
+    return load_profile(profile_file(rec, base)).scaled(scale if scale >= 0 else 1.0)
+
+
+def run_layout(rec: dict) -> tuple[int, int, int]:
+    """``(ranks, nodes, ranks per node)`` of a run (one node, all ranks where unsaid)."""
+    ranks = int(num(rec.get("world_size")))
+    nodes = int(num(rec.get("nodes"))) if num(rec.get("nodes")) >= 1 else 1
+    local = int(num(rec.get("local_size"))) if num(rec.get("local_size")) >= 1 else ranks
+    return ranks, nodes, local
+
+
+def checked(rid: str, rec: dict, st: Step) -> OverlapCheck:
+    """The prediction ``st`` beside what the run measured: the step is the run's measured
+    compute (the prediction's where the run has none) plus the predicted exposed sync."""
+    compute = stat(rec, "compute_s")
+    compute = compute if compute > 0 else st.compute_s
+    return OverlapCheck(rid, st.exposed_s, stat(rec, "exposed_sync_s"), compute + st.exposed_s,
+                        stat(rec, "step_s"), is_link_bound(rec))
+
+
 def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
                ) -> tuple[list[OverlapCheck], list[str]]:
     """Each bucketed summary with a compute profile, predicted and compared; and why each
@@ -373,36 +423,20 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     the run's measured ``compute_s`` (median), the overlap the profile's ready times.
     """
     checks, skipped = [], []
-    fit_links = [num(get(r, "link_gbps")) for r in records
-                 if r.get("kind") == "microbench" and num(r.get("nodes")) > 1]
-    fit_links = [f for f in fit_links if f > 0]
+    fit_links = fitted_links(records)
     for r in records:
         if r.get("kind") != "summary" or r.get("strategy") != "bucketed":
             continue
         rid = str(r.get("run_id"))
         knobs = r.get("knobs") or {}
-        name = get(r, "compute_profile")
-        why = None
-        if not name:
-            why = "no compute profile"
-        elif get(r, "slow_rank") or num(get(r, "compute_jitter")) > 0:
-            why = "straggler settings (the profile's times are every rank's)"
-        elif num(get(r, "accum_steps")) > 1:
-            why = "accumulation (sync every k-th backward)"
-        elif knobs.get("progress") == "poll":
-            why = "polled iallreduce (libnbc): not modelled"
-        elif profile_file(r, base) is None:
-            why = f"profile {name} not found"
+        why = left_out(r, base, "polled iallreduce (libnbc): not modelled"
+                       if knobs.get("progress") == "poll" else None)
         if why:
             skipped.append(f"{rid}: {why}")
             continue
-        scale = num(get(r, "compute_scale"))  # missing: 1 (the flag's default)
-        prof = load_profile(profile_file(r, base))
-        prof = prof.scaled(scale if scale >= 0 else 1.0)
+        prof = run_profile(r, base)
         p = run_params(r, params, fit_links)
-        ranks = int(num(r.get("world_size")))
-        nodes = int(num(r.get("nodes"))) if num(r.get("nodes")) >= 1 else 1
-        local = int(num(r.get("local_size"))) if num(r.get("local_size")) >= 1 else ranks
+        ranks, nodes, local = run_layout(r)
         bucket_bytes = knobs.get("bucket_bytes")
         bucket_mb = num(knob(r, "bucket_mb", DEFAULT_BUCKET_MB))
         first = num(knobs.get("first_bucket_mb", FIRST_BUCKET_MB))
@@ -427,10 +461,7 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         except ModelError as e:
             skipped.append(f"{rid}: {e}")
             continue
-        compute = stat(r, "compute_s")
-        compute = compute if compute > 0 else st.compute_s
-        checks.append(OverlapCheck(rid, st.exposed_s, stat(r, "exposed_sync_s"),
-                                   compute + st.exposed_s, stat(r, "step_s"), is_link_bound(r)))
+        checks.append(checked(rid, r, st))
     return checks, skipped
 
 

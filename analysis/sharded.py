@@ -49,17 +49,19 @@ import numpy as np
 
 from analysis.alphabeta import ModelError, Params
 from analysis.load import get, num, stat
-from analysis.match import profile_file
 from analysis.overlap import (
     OverlapCheck,
     Profile,
     Step,
     check_lines,
-    load_profile,
+    checked,
+    fitted_links,
+    left_out,
     path_cost,
+    run_layout,
     run_params,
+    run_profile,
 )
-from commbench.hostload import is_link_bound
 
 ROOT = ""
 Cost = Callable[[float], float]
@@ -94,6 +96,12 @@ class _Engine:
         self.busy_s += seconds
         self.ends.append(self.free_at)
         return self.free_at
+
+
+def times_units(prof: Profile) -> bool:
+    """Whether ``zero3_step`` can schedule ``prof``: it times forward unit by unit and names
+    its gradients."""
+    return bool(prof.units) and len(prof.names) == len(prof.nbytes)
 
 
 def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch: bool = True,
@@ -209,35 +217,21 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     .path_cost``; the inter-node beta as ``run_params`` picks it). The compute is the run's
     measured ``compute_s``."""
     checks, skipped = [], []
-    fit_links = [num(get(r, "link_gbps")) for r in records
-                 if r.get("kind") == "microbench" and num(r.get("nodes")) > 1]
-    fit_links = [f for f in fit_links if f > 0]
+    fit_links = fitted_links(records)
     for r in records:
         if r.get("kind") != "summary" or r.get("strategy") != "zero3":
             continue
         rid = str(r.get("run_id"))
         knobs = r.get("knobs") or {}
         path = ALGO_PATH.get(str(knobs.get("algo") or "native"))
-        why = None
-        if not get(r, "compute_profile"):
-            why = "no compute profile"
-        elif get(r, "slow_rank") or num(get(r, "compute_jitter")) > 0:
-            why = "straggler settings (the profile's times are every rank's)"
-        elif num(get(r, "accum_steps")) > 1:
-            why = "accumulation (sync every k-th backward)"
-        elif path is None:
-            why = f"no model of algorithm {knobs.get('algo')}"
-        elif profile_file(r, base) is None:
-            why = f"profile {get(r, 'compute_profile')} not found"
+        why = left_out(r, base, None if path is not None
+                       else f"no model of algorithm {knobs.get('algo')}")
         if why:
             skipped.append(f"{rid}: {why}")
             continue
-        scale = num(get(r, "compute_scale"))
-        prof = load_profile(profile_file(r, base)).scaled(scale if scale >= 0 else 1.0)
+        prof = run_profile(r, base)
         p = run_params(r, params, fit_links)
-        ranks = int(num(r.get("world_size")))
-        nodes = int(num(r.get("nodes"))) if num(r.get("nodes")) >= 1 else 1
-        local = int(num(r.get("local_size"))) if num(r.get("local_size")) >= 1 else ranks
+        ranks, nodes, local = run_layout(r)
         if nodes > 1 and math.isnan(p.beta_inter):
             skipped.append(f"{rid}: multi-node without a fitted or measured link")
             continue
@@ -254,11 +248,7 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         except ModelError as e:
             skipped.append(f"{rid}: {e}")
             continue
-        compute = stat(r, "compute_s")
-        compute = compute if compute > 0 else st.compute_s
-        checks.append(OverlapCheck(rid, st.exposed_s, stat(r, "exposed_sync_s"),
-                                   compute + st.exposed_s, stat(r, "step_s"),
-                                   is_link_bound(r)))
+        checks.append(checked(rid, r, st))
     return checks, skipped
 
 
