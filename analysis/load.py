@@ -235,6 +235,7 @@ KNOB_STRATEGIES: dict[str, tuple[str, ...]] = {
     # zero3's overlap settings (a unit is its bucket: --bucket-mb does not apply)
     "prefetch": ("zero3",),
     "reduce_scatter_group": ("zero3",),
+    "reshard_root": ("zero3",),
 }
 
 #: (strategy, knob) -> the name that strategy's ``knobs`` use for it (its flag keeps the name)

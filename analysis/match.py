@@ -111,7 +111,8 @@ def scheme_words(r: dict) -> str:
     if family == "zero3":
         settings = [words for name, off, words in (
             ("prefetch", "off", "prefetch off"),
-            ("reduce_scatter_group", "separate", "separate reduce-scatter group"))
+            ("reduce_scatter_group", "separate", "separate reduce-scatter group"),
+            ("reshard_root", "off", "root kept from forward to backward"))
             if knob(r, name) == off]
         return f"zero3 ({algo})" + "".join(f", {w}" for w in settings)
     if family is None:

@@ -18,7 +18,8 @@ unit (``forward_units``: ``commbench.profile``):
    for, a stall of ``max(0, end - arrival)``, and with prefetch the next unit's is handed
    over.
 3. Backward. The root is gathered again at its start (the head's backward) and waited
-   for; with prefetch the unit backward reaches first is handed over. Unit ``k``'s
+   for, unless it was kept gathered from forward (``reshard_root`` off: FSDP2's root);
+   with prefetch the unit backward reaches first is handed over. Unit ``k``'s
    backward begins when its output's gradient is in: at the ready time of the gradient
    backward announces just before the unit's first (``order``), moved by the stalls; its
    gather is waited for there and the next unit in backward's order prefetched. Each
@@ -105,9 +106,10 @@ def times_units(prof: Profile) -> bool:
 
 
 def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch: bool = True,
-               separate: bool = False) -> ShardedStep:
+               separate: bool = False, reshard_root: bool = True) -> ShardedStep:
     """Predicted step of ZeRO-3 on ``prof`` (module docstring); ``allgather(bytes)`` and
-    ``reduce_scatter(bytes)`` -> seconds of one collective of a unit's bytes."""
+    ``reduce_scatter(bytes)`` -> seconds of one collective of a unit's bytes;
+    ``reshard_root``: the root is freed after forward and gathered again for backward."""
     if not prof.units:
         raise ModelError(f"profile {prof.name} times no forward unit: ZeRO-3 gathers per "
                          "unit (record one with commbench.profile)")
@@ -148,7 +150,7 @@ def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch
     gathered.clear()  # every unit freed after its forward
     # backward
     t0 = prof.forward_s + forward_stall
-    back = ensure(ROOT, t0)
+    back = ensure(ROOT, t0) if reshard_root else 0.0
     reverse = list(reversed(order))
     if prefetch and reverse:
         start(reverse[0], t0 + back)
@@ -244,7 +246,8 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         ag, rs = costs or (half, half)
         try:
             st = zero3_step(prof, ag, rs, prefetch=knobs.get("prefetch", "on") == "on",
-                            separate=knobs.get("reduce_scatter_group") == "separate")
+                            separate=knobs.get("reduce_scatter_group") == "separate",
+                            reshard_root=knobs.get("reshard_root", "on") == "on")
         except ModelError as e:
             skipped.append(f"{rid}: {e}")
             continue
@@ -253,13 +256,13 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
 
 
 CHECK_HEAD = ("# overlap model vs measured zero3 runs: inputs per run are its compute profile "
-              "x compute_scale (forward units, ready times), its prefetch and reduce-scatter "
-              "group, its measured compute_s, and each collective kind's seconds per byte as "
-              "the run measured them (comm_phases_s: the schedule is what is checked; where "
-              "a run lacks them, half the fitted alpha-beta-gamma model's all-reduce on its "
-              "path); exposed sync = the stalls for gathers + the tail past backward; a "
-              "separate reduce-scatter group's two engines share the link, which the model "
-              "does not price (analysis/sharded.py)")
+              "x compute_scale (forward units, ready times), its prefetch, reduce-scatter "
+              "group and root resharding, its measured compute_s, and each collective "
+              "kind's seconds per byte as the run measured them (comm_phases_s: the "
+              "schedule is what is checked; where a run lacks them, half the fitted "
+              "alpha-beta-gamma model's all-reduce on its path); exposed sync = the stalls "
+              "for gathers + the tail past backward; a separate reduce-scatter group's two "
+              "engines share the link, which the model does not price (analysis/sharded.py)")
 
 
 def zero3_lines(records: Sequence[dict], params: Params | None) -> list[str]:
@@ -287,14 +290,16 @@ def _setup(r: dict) -> tuple:
 
 
 def _label(r: dict) -> str:
-    """A run's row: its strategy, and for zero3 its prefetch and reduce-scatter group."""
+    """A run's row: its strategy, and for zero3 its prefetch, reduce-scatter group and
+    whether the root stays gathered from forward to backward."""
     name = str(r["strategy"])
     if name != "zero3":
         return name
     knobs = r.get("knobs") or {}
     group = "separate" if knobs.get("reduce_scatter_group") == "separate" else "shared"
+    kept = " root-kept" if knobs.get("reshard_root") == "off" else ""
     return f"zero3 {'prefetch' if knobs.get('prefetch', 'on') == 'on' else 'no-prefetch'} " \
-        f"{group}"
+        f"{group}{kept}"
 
 
 def comparison_lines(records: Sequence[dict]) -> list[str]:

@@ -14,13 +14,18 @@ lack the units) on a layout (``--layouts``, default 2x4) at ``--rate`` (default
 1 Gbit/s). The profile's compute is scaled as ``peer_fairness`` scales it: backward
 lasts ``--balance`` times the bytes a ring all-reduce of the gradient moves through a
 node link (ZeRO-3 moves 1.5 times that: its gathers in forward and backward and its
-reduce-scatters). Three jobs per cell, all under ``torchrun`` (the peer runs on
-torch.distributed only; the project's ZeRO-3 runs there on the same Gloo group):
+reduce-scatters). Four jobs per cell, all under ``torchrun`` (the peer runs on
+torch.distributed only; the project's ZeRO-3 runs there on the same Gloo group). The
+first three keep zero3's root unit gathered from forward to backward
+(``--reshard-root off``), as FSDP2 keeps its root module, so that both sides gather
+the same bytes:
 
 1. ``--strategy zero3,fsdp``: prefetch on, one engine (``shared``) for both collectives,
    against FSDP2 with its explicit forward prefetch (``--strategy fsdp``);
 2. ``--strategy zero3 --prefetch off``;
-3. ``--strategy zero3 --reduce-scatter-group separate``.
+3. ``--strategy zero3 --reduce-scatter-group separate``;
+4. ``--strategy zero3 --reshard-root on``: the root freed after forward and gathered
+   again for backward, as ZeRO §7.2 counts it (3Ψ(n−1)/n a rank).
 
 Waits for a unit's gather count as sync, not compute, on both sides (the workload's
 ``stall``: docs/strategies.md, "Timing a unit's wait").
@@ -29,8 +34,8 @@ It prints one row per run (step, compute, exposed sync, comm, the all-gathers' a
 the reduce-scatters' time per step, #wrong, the run's verdict), then per cell:
 
 - the goals, zero3 ÷ FSDP2 in the first job: step <= 1.00 and exposed sync <= 1.10;
-- prefetch on ÷ off (step and exposed sync) and separate ÷ shared (exposed sync),
-  each with its interval and whether it is below 1.
+- prefetch on ÷ off (step and exposed sync), separate ÷ shared (exposed sync) and the
+  root kept ÷ resharded (step), each with its interval and whether it is below 1.
 
 Each is decided on the paired repeats as ``peer_fairness`` decides (``analysis.stats
 .decide``: a 95 % confidence sequence from 3 runs a side; undecided below, or where the
@@ -98,9 +103,10 @@ PROFILES = {
 #: the goals: zero3 ÷ the FSDP2 peer, in one job
 STEP_GOAL, EXPOSED_GOAL = 1.00, 1.10
 #: each cell's jobs: (name, strategies, the zero3 settings away from the defaults)
-JOBS = (("zero3+fsdp", ["zero3", "fsdp"], {}),
-        ("prefetch off", ["zero3"], {"prefetch": "off"}),
-        ("separate", ["zero3"], {"reduce_scatter_group": "separate"}))
+JOBS = (("zero3+fsdp", ["zero3", "fsdp"], {"reshard_root": "off"}),
+        ("prefetch off", ["zero3"], {"prefetch": "off", "reshard_root": "off"}),
+        ("separate", ["zero3"], {"reduce_scatter_group": "separate", "reshard_root": "off"}),
+        ("reshard root", ["zero3"], {"reshard_root": "on"}))
 
 
 @dataclass(frozen=True)
@@ -210,6 +216,7 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> tuple[list[str], dict[str,
     sides, notes = by_strategy(runs)
     zero3, fsdp = sides.get(("zero3+fsdp", "zero3")), sides.get(("zero3+fsdp", "fsdp"))
     off, separate = sides.get(("prefetch off", "zero3")), sides.get(("separate", "zero3"))
+    resharded = sides.get(("reshard root", "zero3"))
     every = [s for ss in sides.values() for s in ss]
     host = [s for s in every if is_link_bound(s) is False]
     lines, met = [], {"step": None, "exposed": None}
@@ -229,6 +236,11 @@ def judge(cell: Cell, runs: dict[str, list[dict]]) -> tuple[list[str], dict[str,
         a, _ = compare("separate / shared reduce-scatter group: exposed sync", separate, zero3,
                        exposed, 1.0, bool(host))
         lines.append(f"  {a}")
+    if zero3 and resharded:
+        a, _ = compare("root kept / resharded after forward: step", zero3, resharded, step,
+                       1.0, bool(host))
+        b, _ = compare("exposed sync", zero3, resharded, exposed, 1.0, bool(host))
+        lines.append(f"  {a}, {b}")
     if host:
         names = ", ".join(sorted({s["strategy"] for s in host}))
         lines.append(f"  {len(host)} compared runs host-bound ({names}): not judged")

@@ -21,17 +21,21 @@ def summary(strategy: str, step_s: float, exposed_s: float, repeat: int, **knobs
 
 
 def cell_runs(zero3: list[float], fsdp: list[float], off: list[float],
-              separate: list[float]) -> dict[str, list[dict]]:
-    """A cell's three jobs, a run per repeat: each value a step (its exposed sync a third)."""
-    on = {"prefetch": "on", "reduce_scatter_group": "shared"}
+              separate: list[float],
+              resharded: list[float] | None = None) -> dict[str, list[dict]]:
+    """A cell's jobs, a run per repeat: each value a step (its exposed sync a third); the
+    root-resharded job where ``resharded`` is given."""
+    on = {"prefetch": "on", "reduce_scatter_group": "shared", "reshard_root": "off"}
 
     def runs(strategy, values, **knobs):
         return [summary(strategy, v, v / 3, r + 1, **knobs) for r, v in enumerate(values)]
 
-    return {"zero3+fsdp": runs("zero3", zero3, **on) + runs("fsdp", fsdp),
-            "prefetch off": runs("zero3", off, prefetch="off", reduce_scatter_group="shared"),
-            "separate": runs("zero3", separate, prefetch="on",
-                             reduce_scatter_group="separate")}
+    out = {"zero3+fsdp": runs("zero3", zero3, **on) + runs("fsdp", fsdp),
+           "prefetch off": runs("zero3", off, **{**on, "prefetch": "off"}),
+           "separate": runs("zero3", separate, **{**on, "reduce_scatter_group": "separate"})}
+    if resharded is not None:
+        out["reshard root"] = runs("zero3", resharded, **{**on, "reshard_root": "on"})
+    return out
 
 
 def cell() -> st.Cell:
@@ -51,6 +55,15 @@ def test_a_cell_is_judged_on_its_paired_repeats():
     assert "prefetch on / off: step 0.69" in lines[1] and "[met]" in lines[1]
     # the same within noise: neither below 1 nor above it
     assert "separate / shared" in lines[2] and "[undecided]" in lines[2]
+    assert len(lines) == 3  # no root-resharded job: no line for it
+
+
+def test_the_root_kept_is_judged_against_the_root_resharded():
+    a = [1.00, 1.01, 0.99, 1.02, 0.98, 1.00]
+    runs = cell_runs(a, a, a, a, resharded=[1.1 * n for n in reversed(a)])
+    lines, _ = st.judge(cell(), runs)
+    assert "root kept / resharded after forward: step 0.9" in lines[3]
+    assert "[met]" in lines[3]
 
 
 def test_fewer_than_three_runs_a_side_decide_nothing():
@@ -97,23 +110,26 @@ def test_a_profile_without_forward_units_is_refused_with_the_command(tmp_path, m
     assert "times no forward unit" in err and "python -m ..." in err
 
 
-def test_the_dry_run_plans_three_torchrun_jobs_a_cell_in_one_set(tmp_path, monkeypatch,
-                                                                 capsys):
+def test_the_dry_run_plans_four_torchrun_jobs_a_cell_in_one_set(tmp_path, monkeypatch,
+                                                                capsys):
     with_units_profile(tmp_path, monkeypatch, units=True)
     args = st.build_parser().parse_args(["--models", "gpt-tiny", "--layouts", "2x2,2x4",
                                          "--outdir", str(tmp_path / "o")])
     jobs = st.plan(args)
     assert [j.name for j in jobs] == [f"gpt-tiny {lay} {name}" for lay in ("2x2", "2x4")
-                                      for name in ("zero3+fsdp", "prefetch off", "separate")]
+                                      for name in ("zero3+fsdp", "prefetch off", "separate",
+                                                   "reshard root")]
     assert {j.placement.launcher for j in jobs} == {"torchrun"}
-    assert [j.sets for j in jobs[:3]] == [{"gpt-tiny 2x2"}] * 3
+    assert [j.sets for j in jobs[:4]] == [{"gpt-tiny 2x2"}] * 4
     assert jobs[0].config.strategies == ["zero3", "fsdp"]
     assert jobs[1].config.sync.values["prefetch"] == "off"
     assert jobs[2].config.sync.values["reduce_scatter_group"] == "separate"
+    # like FSDP2's root module, but in the job that times ZeRO-3's own 3x
+    assert [j.config.sync.values["reshard_root"] for j in jobs[:4]] == ["off"] * 3 + ["on"]
     Runner(jobs, tmp_path / "o").dry_run()
     out = capsys.readouterr().out
     assert "--strategy zero3,fsdp" in out and "--prefetch off" in out
-    assert "--reduce-scatter-group separate" in out
+    assert "--reduce-scatter-group separate" in out and "--reshard-root off" in out
 
 
 @pytest.mark.parametrize("argv", [["--models", "vgg16"], ["--layouts", "2y4"],

@@ -45,6 +45,17 @@ def test_without_prefetch_every_gather_is_a_stall_and_a_backward_gather_queues_b
     assert st.buckets == 3
 
 
+def test_a_root_kept_from_forward_to_backward_is_not_gathered_again():
+    """As the test above, less the root's backward gather: its 0.1 s stall, and 0.1 s of
+    the engine's time (FSDP2 keeps its root module gathered)."""
+    st = zero3_step(two_units(), cost, cost, prefetch=False, reshard_root=False)
+    assert st.forward_stall_s == pytest.approx(0.4)
+    assert st.backward_stall_s == pytest.approx(0.4)
+    assert st.tail_s == pytest.approx(0.2)
+    assert st.step_s == pytest.approx(2.7)
+    assert st.comm_s == pytest.approx(2 * 0.4 + 0.4 - 0.1)
+
+
 def test_a_separate_reduce_scatter_engine_takes_the_gather_out_of_the_queue():
     st = zero3_step(two_units(), cost, cost, prefetch=False, separate=True)
     assert st.backward_stall_s == pytest.approx(0.4)  # a's gather no longer waits for b's RS

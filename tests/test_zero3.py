@@ -44,6 +44,9 @@ def test_each_rank_hands_over_the_other_ranks_parts_three_times():
     for ranks in (1, 2, 3, 5):
         total = sum(library_bytes(numels, ranks, r, 2) for r in range(ranks))
         assert total == 3 * (ranks - 1) * sum(numels) * 2
+        # the first unit (a root kept gathered from forward to backward) counted twice
+        kept = sum(library_bytes(numels, ranks, r, 2, [2, 3, 3, 3, 3]) for r in range(ranks))
+        assert kept == total - (ranks - 1) * numels[0] * 2
 
 
 # --- one rank: gathered per unit, freed at rest, stepped as torch's SGD ------------------
@@ -73,16 +76,20 @@ class _Plain:
         pass
 
 
-@pytest.mark.parametrize("prefetch", ["on", "off"])
-@pytest.mark.parametrize("group", ["shared", "separate"])
-def test_one_rank_gathers_each_unit_for_its_passes_and_steps_as_sgd(prefetch, group):
+@pytest.mark.parametrize("prefetch,group,reshard_root", [
+    ("on", "shared", "on"), ("off", "shared", "on"), ("on", "separate", "on"),
+    ("off", "separate", "on"), ("on", "shared", "off"), ("off", "separate", "off")])
+def test_one_rank_gathers_each_unit_for_its_passes_and_steps_as_sgd(prefetch, group,
+                                                                     reshard_root):
     """gpt-tiny (two blocks, the embedding tied to the head: the root's): each unit is
-    whole while its forward runs and freed between steps; the parameters follow torch's
-    SGD with momentum step for step."""
+    whole while its forward runs and freed between steps; the root gathered once a step
+    where it is kept from forward to backward; the parameters follow torch's SGD with
+    momentum step for step."""
     ref = RealWorkload("gpt-tiny", rank=0, batch_size=2)
     wl = RealWorkload("gpt-tiny", rank=0, batch_size=2)
     zero = make_strategy("zero3", _OneRank(), wl.grads, backward_order=wl.backward_order,
-                         workload=wl, prefetch=prefetch, reduce_scatter_group=group)
+                         workload=wl, prefetch=prefetch, reduce_scatter_group=group,
+                         reshard_root=reshard_root)
     units = {u.path: u for u in zero.units}
     assert list(units) == [ROOT, "transformer.h.0", "transformer.h.1"]
     assert wl.param_names.index("transformer.wte.weight") in units[ROOT].indices
@@ -97,8 +104,9 @@ def test_one_rank_gathers_each_unit_for_its_passes_and_steps_as_sgd(prefetch, gr
         sample = _step(wl, zero, k)
         assert all(u.storage().nbytes() == 0 for u in zero.units)  # sharded at rest
         assert all(u.grad_storage().nbytes() == 0 for u in zero.units)  # gradients too
-        # two gathers and one reduce-scatter a unit, each kind's time apart
-        assert sample.comm_calls == 3 * len(units)
+        # two gathers and one reduce-scatter a unit (a kept root: one gather), each kind's
+        # time apart
+        assert sample.comm_calls == 3 * len(units) - (reshard_root == "off")
         assert set(sample.comm_phases) == {"allgather", "reduce_scatter"}
     assert whole == [(u.path, u.nbytes) for _ in range(3) for u in zero.units if u.path]
     zero.finish_run()
@@ -107,6 +115,7 @@ def test_one_rank_gathers_each_unit_for_its_passes_and_steps_as_sgd(prefetch, gr
     knobs = zero.knobs()
     assert knobs["library_bytes_per_step_ranks"] == [0]
     assert knobs["prefetch"] == prefetch and knobs["reduce_scatter_group"] == group
+    assert knobs["reshard_root"] == reshard_root
     assert knobs["optimizer"]["momentum"] == 0.9
     assert zero.record_fields("step")["model_state_bytes_peak"] > 0
     zero.close()
@@ -243,9 +252,14 @@ def test_what_it_cannot_honour_is_refused_and_its_options_are_flags():
     with pytest.raises(ConfigError, match="--strategy zero3 with --compression bf16"):
         parse_config(["--strategy", "flat,zero3", "--compression", "bf16"])
     cfg = parse_config(["--strategy", "zero3", "--prefetch", "off",
-                        "--reduce-scatter-group", "separate", "--accum-steps", "2"])
+                        "--reduce-scatter-group", "separate", "--accum-steps", "2",
+                        "--reshard-root", "off"])
     s = cfg.sync.settings("zero3")
-    assert (s.prefetch, s.reduce_scatter_group, s.accum_steps) == ("off", "separate", 2)
+    assert (s.prefetch, s.reduce_scatter_group, s.accum_steps, s.reshard_root) == \
+        ("off", "separate", 2, "off")
+    assert parse_config(["--strategy", "zero3"]).sync.settings("zero3").reshard_root == "on"
+    with pytest.raises(ConfigError, match="--reshard-root: invalid choice: 'maybe'"):
+        parse_config(["--strategy", "zero3", "--reshard-root", "maybe"])
     with pytest.raises(ConfigError, match="--prefetch: invalid choice: 'sometimes'"):
         parse_config(["--strategy", "zero3", "--prefetch", "sometimes"])
 
@@ -277,14 +291,21 @@ def test_zero3_equals_flat_horovod(launcher):
 @pytest.mark.mpi
 def test_jobs_step_as_flat_and_record_the_gathers(tmp_path):
     """Whole jobs on 3 ranks (nodes of 2 + 1): the real gpt-tiny (tied weights) with
-    momentum and accumulation, and the replay unit by unit; the records carry both
-    collectives' times, 1.5x the gradient's bytes, and the model state's peak."""
+    momentum and accumulation, its root kept from forward to backward, and the replay unit
+    by unit; the records carry both collectives' times, 1.5x the gradient's bytes (less a
+    kept root's second gather), and the model state's peak."""
     real = ["--workload", "real", "--model", "gpt-tiny", "--batch-size", "2", "--steps", "2",
             "--warmup", "1", "--algo", "native", "--accum-steps", "2"]
     recs = run_tool("mpirun", 3, "commbench.allreduce",
-                    [*real, "--strategy", "flat,zero3", "--reduce-scatter-group", "separate"],
+                    [*real, "--strategy", "flat,zero3", "--reduce-scatter-group", "separate",
+                     "--reshard-root", "off"],
                     tmp_path / "real.jsonl", nodes="a,a,b", timeout=300).records
-    same_parameters_as_flat(summaries(recs), "zero3")
+    summ = summaries(recs)
+    same_parameters_as_flat(summ, "zero3")
+    k = summ["zero3"]["knobs"]
+    assert k["units"][0] == "" and k["reshard_root"] == "off"
+    assert sum(k["library_bytes_per_step_ranks"]) == \
+        2 * (3 * summ["flat"]["grad_bytes"] - k["unit_bytes"][0])
     prof = with_units(R50, tmp_path / "r50.json")
     recs = run_tool("mpirun", 3, "commbench.allreduce",
                     ["--model", "resnet50", "--compute-profile", str(prof),

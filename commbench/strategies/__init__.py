@@ -68,7 +68,7 @@ SETTINGS: dict[str, type[CommonSettings]] = {
 #: lists them and records carry them
 SYNC_FLAGS = ("compression", "bucket_mb", "first_bucket_mb", "progress", "transfer",
               "staleness", "staleness_lr", "staleness_warmup", "accum_steps", "prefetch",
-              "reduce_scatter_group")
+              "reduce_scatter_group", "reshard_root")
 
 #: each flag's owner: the first registered settings class with the field, which declares it
 #: (another that reads the same flag takes its field with ``flags.same_flag``)

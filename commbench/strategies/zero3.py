@@ -31,8 +31,11 @@ per wrapped block this follows.
    the unit that backward reaches next (the reverse of forward's order) is handed to the
    engine (FSDP's ``BACKWARD_PRE``). The root's output hook gathers the root first
    (the head's backward). Every unit, the root included, is resharded after forward and
-   gathered twice a step, so a rank hands over 3Ψ(n−1)/n (ZeRO §7.2; FSDP2 keeps the
-   root gathered between forward and backward, saving its second gather).
+   gathered twice a step, so a rank hands over 3Ψ(n−1)/n (ZeRO §7.2). With
+   ``--reshard-root off`` the root stays gathered from its forward to its backward, as
+   FSDP2 keeps its root module (``fully_shard``'s root does not reshard after forward):
+   one gather of the root a step, not two, and no more memory at the peak (the root is
+   whole through the whole forward either way).
 4. As backward announces a unit's last gradient (``on_ready``), its parameters are freed
    and its reduce-scatter (``reduce_scatter_v`` of the flat gradient buffer) is handed
    to the engine, units in one order on every rank (that in which the workload's
@@ -101,16 +104,21 @@ from commbench.strategies.zero import ShardedStrategy, sgd_step, shard_counts
 from commbench.timing import NullTimer, StepTimer
 
 PREFETCH_CHOICES = ("on", "off")
+RESHARD_ROOT_CHOICES = ("on", "off")
 RS_GROUP_CHOICES = ("shared", "separate")
 
 
-def library_bytes(unit_numels: Sequence[int], ranks: int, rank: int, itemsize: int) -> int:
+def library_bytes(unit_numels: Sequence[int], ranks: int, rank: int, itemsize: int,
+                  collectives: Sequence[int] | None = None) -> int:
     """Bytes rank ``rank`` hands across ranks per step under ZeRO-3: for each unit the
-    other ranks' parts, received in each of its two all-gathers and sent in its
-    reduce-scatter. Summed over ranks 3(n−1)Ψ for Ψ parameter bytes, 3Ψ(n−1)/n a rank
-    (ZeRO §7.2: 1.5× a ring all-reduce's 2Ψ(n−1)/n)."""
-    others = sum(numel - shard_counts(numel, ranks)[rank] for numel in unit_numels)
-    return 3 * others * itemsize
+    other ranks' parts, received in each of its all-gathers and sent in its
+    reduce-scatter (``collectives``: how many a unit runs a step; 3 for every unit by
+    default, 2 for a root kept gathered from forward to backward). Summed over ranks
+    3(n−1)Ψ for Ψ parameter bytes, 3Ψ(n−1)/n a rank (ZeRO §7.2: 1.5× a ring all-reduce's
+    2Ψ(n−1)/n)."""
+    times = [3] * len(unit_numels) if collectives is None else list(collectives)
+    return itemsize * sum(k * (numel - shard_counts(numel, ranks)[rank])
+                          for numel, k in zip(unit_numels, times, strict=True))
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,9 @@ class Zero3Settings(CommonSettings):
             when the unit needs it, and waited for (to judge the prefetch).
         reduce_scatter_group: ``shared``: gathers and reduce-scatters on one engine and
             communicator; ``separate``: reduce-scatters on one of their own.
+        reshard_root: ``on``: the root unit is freed after forward and gathered again for
+            backward, as every other unit (ZeRO §7.2's 3Ψ(n−1)/n); ``off``: kept gathered
+            from forward to backward (FSDP2's root module).
 
     ``--accum-steps`` is honoured (gradients accumulate in the whole gradient buffers, one
     reduce-scatter per unit on the last micro-batch, as FSDP's ``no_sync``);
@@ -142,10 +153,18 @@ class Zero3Settings(CommonSettings):
              "and communicator (in the order handed over, as one NCCL communicator runs "
              "them), separate = reduce-scatters on an engine and communicator of their own")
 
+    reshard_root: str = flag(
+        "--reshard-root", default="on", choices=RESHARD_ROOT_CHOICES,
+        help="--strategy zero3: on = free the root unit's parameters after forward and "
+             "gather them again for backward, as every unit (ZeRO-3's 3x the parameters a "
+             "step), off = keep the root gathered from forward to backward (FSDP2's root "
+             "module: one gather of the root a step fewer)")
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("prefetch", self.prefetch, PREFETCH_CHOICES)
         check_choice("reduce_scatter_group", self.reduce_scatter_group, RS_GROUP_CHOICES)
+        check_choice("reshard_root", self.reshard_root, RESHARD_ROOT_CHOICES)
 
     def check_steps(self, steps: int) -> None:
         """What zero3 cannot honour, refused where a job runs it (``check_unbuilt``)."""
@@ -230,6 +249,7 @@ class Zero3Strategy(ShardedStrategy):
         self._stall = stall_of(workload)
         self.prefetch = self.settings.prefetch == "on"
         self.separate = self.settings.reduce_scatter_group == "separate"
+        self.reshard_root = self.settings.reshard_root == "on"
         net: nn.Module = workload.net
         paths = list(workload.unit_paths)
         names = list(workload.param_names)
@@ -378,21 +398,24 @@ class Zero3Strategy(ShardedStrategy):
         return hook
 
     def _root_post_forward(self, _module: nn.Module, _args: Any, output: Any) -> None:
-        """After the whole forward: learn the units' order, free the root's parameters, and
-        hook the model's outputs (where backward begins: the root is gathered again there,
-        and the first unit of backward prefetched)."""
+        """After the whole forward: learn the units' order, free the root's parameters
+        (``--reshard-root on``), and hook the model's outputs (where backward begins: the
+        root is gathered again there where it was freed, and the first unit of backward
+        prefetched)."""
         self._learn_order()
-        self._after_forward(self._root, output)
+        self._after_forward(self._root, output, free=self.reshard_root)
 
     def _post_forward_of(self, u: _Unit):
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
             self._after_forward(u, output)
         return hook
 
-    def _after_forward(self, u: _Unit | None, output: Any) -> None:
-        """Free ``u`` (resharded after forward) and hook its outputs for its backward."""
+    def _after_forward(self, u: _Unit | None, output: Any, free: bool = True) -> None:
+        """Free ``u`` (resharded after forward; kept gathered where not ``free``) and hook
+        its outputs for its backward."""
         if u is not None:
-            self._free(u)
+            if free:
+                self._free(u)
             u.backward_gathered = False
         for t in _tensors(output):
             if t.requires_grad:
@@ -551,9 +574,12 @@ class Zero3Strategy(ShardedStrategy):
     def knobs(self) -> dict:
         size, itemsize = self.comm.size, self.dtype.itemsize
         numels = [u.numel for u in self.units]
+        collectives = [2 if u.path == ROOT and not self.reshard_root else 3
+                       for u in self.units]
         largest = max((u.nbytes for u in self.units), default=0)
         return {**super().knobs(), "stage": 3, "prefetch": self.settings.prefetch,
                 "reduce_scatter_group": self.settings.reduce_scatter_group,
+                "reshard_root": self.settings.reshard_root,
                 "units": [u.path for u in self.units],
                 "unit_bytes": [n * itemsize for n in numels],
                 "algo": self.algo,
@@ -565,7 +591,8 @@ class Zero3Strategy(ShardedStrategy):
                                  else "one engine thread and communicator"),
                 "shard_elements_ranks": [sum(shard_counts(n, size)[r] for n in numels)
                                          for r in range(size)],
-                "library_bytes_per_step_ranks": [library_bytes(numels, size, r, itemsize)
+                "library_bytes_per_step_ranks": [library_bytes(numels, size, r, itemsize,
+                                                               collectives)
                                                  for r in range(size)],
                 "model_state_bytes": {
                     "what": "bytes this rank's strategy holds: parameter, gradient and "
