@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -23,6 +24,17 @@ from tests.tiers import (  # noqa: F401 - the suite's tiers' hooks (make check: 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 JOB_TIMEOUT = 240  # seconds; a job that takes longer has hung
+
+# Open MPI 4.1.4's shared-memory transport (vader) moves a large message by a single copy
+# (CMA, process_vm_readv) from the peer's memory. On ranks oversubscribing 2 cores it now
+# and then read from memory the peer no longer held ("Read -1, expected 4194304, errno =
+# 14", EFAULT, 4 MiB: a piece of an earlier blocking collective's 8 MiB exchange) and the
+# heap of both ranks of a node was corrupt at their next allocation (6 ranks as 3 fake
+# nodes of 2, hier_vs_native: 3 aborts in about 64 runs under load, two printing that
+# read; with the single copy off, none in 60; docs/microbench.md). Every job a test
+# starts (mpirun, horovodrun's mpirun) copies through the shared segment instead; the
+# variable reaches them through mpirun's environment.
+os.environ.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
 
 
 def ctrl_c_reaches_it() -> None:

@@ -57,7 +57,7 @@ def test_the_registry_holds_each_strategys_settings_class_beside_it():
     assert set(Zero1Settings.flag_fields()) == set(Zero2Settings.flag_fields()) == {
         "compression", "accum_steps", "bucket_mb", "first_bucket_mb"}
     assert set(Zero3Settings.flag_fields()) == {
-        "compression", "accum_steps", "prefetch", "reduce_scatter_group"}
+        "compression", "accum_steps", "prefetch", "reduce_scatter_group", "reshard_root"}
     assert settings_for("bucketed", bucket_mb=5) == BucketedSettings(bucket_mb=5)
     with pytest.raises(ValueError, match="unknown strategy 'flatt'"):
         settings_for("flatt")
