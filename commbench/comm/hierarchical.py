@@ -396,6 +396,10 @@ class _Interleaved(Generic[T]):
     reduce-scatter; 18 runs of that test alone under load passed), so the node's
     collectives here are the project's own on point-to-point messages (``p2pcoll``),
     which the ring's messages show sound: nothing of libnbc runs in the pipeline.
+    The abort came back on those messages too, always on that layout, and two of its
+    three repeats printed vader's failed single copy first ("Read -1, expected 4194304,
+    errno = 14"): Open MPI's shared-memory single copy (CMA), not the pipeline
+    (docs/microbench.md; the test suite turns it off).
 
     Spans as ``_Pipeline``'s: first phases from the call's start to the last one's end,
     the inter-node phase from the first segment's hand-off to the last segment's end,
