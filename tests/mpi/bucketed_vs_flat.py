@@ -16,7 +16,8 @@ the transfer engine (``progress="thread"``), on each of its transfer paths the
 backend has (``engine_paths``: the project's ring needs point-to-point messages,
 the two-level ``hier`` several nodes with two ranks on one), and where it has
 them once more as auto's ``by-size`` leaves the buckets: on the ring's engine,
-the buckets' paths taking turns. Exits 1 on a mismatch.
+the buckets' paths taking turns. Auto must choose a cap, or say for each path it
+probed why the probe's times gave no cost. Exits 1 on a mismatch.
 
     mpirun -np 3 python tests/mpi/bucketed_vs_flat.py mpi
 """
@@ -121,8 +122,14 @@ def main() -> int:
                            f"{bucketed.nbytes}")
             if not sample.comm_s > 0:
                 bad.append(f"bucket_mb={mb} {how}: no comm time recorded")
-        if mb == "auto" and knobs["bucket_mb_auto"].get("chosen") is None:
-            bad.append(f"bucket_mb=auto ({path}): nothing chosen: {knobs['bucket_mb_auto']}")
+        auto = knobs.get("bucket_mb_auto") or {}
+        # auto chooses from a probe of the path's times; where those fit no cost (on
+        # oversubscribed cores Horovod's first 8 KiB all-reduces took 40 ms, more than
+        # 8 MiB) it keeps its first buckets and must say why: a timing outcome, not a
+        # correctness one (the buckets above were checked either way)
+        if mb == "auto" and auto.get("chosen") is None and not all(
+                auto.get("why", {}).get(p) for p in auto.get("probe") or {path: None}):
+            bad.append(f"bucket_mb=auto ({path}): nothing chosen and no reason: {auto}")
         bucketed.close()
         del bucketed
     return verdict(comm, bad, f"OK bucketed == flat on {n} ranks, bucket_mb {BUCKET_MB}")
