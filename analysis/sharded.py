@@ -34,6 +34,10 @@ unit (``forward_units``: ``commbench.profile``):
    interleaves units (``commbench.workloads.synthetic.forward_plan`` then replays the
    chain in the root) is a ModelError.
 
+The FSDP2 peer on Gloo (``fsdp_step``) issues every collective from one thread, its
+backward gathers and its reduce-scatters blocking; the replay's device computes on
+while the host waits, and a unit's computation begins no earlier than its gather's end.
+
 Each collective of ``x`` bytes costs half an all-reduce of ``x`` on the same path (a ring
 all-reduce is a reduce-scatter then an all-gather: ``analysis.alphabeta``'s ring,
 ``(p-1)`` latencies and ``(p-1)/p x`` bytes through the busiest link each).
@@ -105,11 +109,27 @@ def times_units(prof: Profile) -> bool:
     return bool(prof.units) and len(prof.names) == len(prof.nbytes)
 
 
-def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch: bool = True,
-               separate: bool = False, reshard_root: bool = True) -> ShardedStep:
-    """Predicted step of ZeRO-3 on ``prof`` (module docstring); ``allgather(bytes)`` and
-    ``reduce_scatter(bytes)`` -> seconds of one collective of a unit's bytes;
-    ``reshard_root``: the root is freed after forward and gathered again for backward."""
+class _Gathers:
+    """Each unit's all-gather on engine ``ag``: when the one in flight ends."""
+
+    def __init__(self, ag: _Engine, size: dict[str, float], cost: Cost) -> None:
+        self.ag, self.size, self.cost = ag, size, cost
+        self.ends: dict[str, float] = {}  # unit -> when its gather in flight ends
+
+    def start(self, u: str, t: float) -> None:
+        if u in self.size and u not in self.ends:
+            self.ends[u] = self.ag.submit(t, self.cost(self.size[u]))
+
+    def ensure(self, u: str, t: float) -> float:
+        """Wait at ``t`` for ``u``'s gather (handed over now where it was not): the stall."""
+        if u not in self.size:
+            return 0.0
+        self.start(u, t)
+        return max(0.0, self.ends.pop(u) - t)
+
+
+def _units(prof: Profile) -> tuple[list[str], dict[str, float], list]:
+    """Each gradient's unit, each unit's bytes, and the units with bytes in forward order."""
     if not prof.units:
         raise ModelError(f"profile {prof.name} times no forward unit: ZeRO-3 gathers per "
                          "unit (record one with commbench.profile)")
@@ -120,40 +140,40 @@ def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch
     for u, n in zip(home, prof.nbytes):
         size[u] = size.get(u, 0.0) + n
     forward = [u for u in sorted(prof.units[1:], key=lambda u: u.start_s) if u.name in size]
+    _check_contiguous(prof, home, {u.name for u in forward})
+    return home, size, forward
+
+
+def _forward(gathers: _Gathers, forward: list, prefetch: bool) -> float:
+    """Forward's stalls (module docstring, 2); every unit freed after its forward."""
     order = [u.name for u in forward]
-    _check_contiguous(prof, home, set(order))
+    stall = gathers.ensure(ROOT, 0.0)
+    if prefetch and order:
+        gathers.start(order[0], stall)
+    for k, u in enumerate(forward):
+        stall += gathers.ensure(u.name, u.start_s + stall)
+        if prefetch and k + 1 < len(order):
+            gathers.start(order[k + 1], u.start_s + stall)
+    gathers.ends.clear()
+    return stall
+
+
+def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch: bool = True,
+               separate: bool = False, reshard_root: bool = True) -> ShardedStep:
+    """Predicted step of ZeRO-3 on ``prof`` (module docstring); ``allgather(bytes)`` and
+    ``reduce_scatter(bytes)`` -> seconds of one collective of a unit's bytes;
+    ``reshard_root``: the root is freed after forward and gathered again for backward."""
+    home, size, forward = _units(prof)
     ag = _Engine()
     rs = _Engine() if separate else ag
-    gathered: dict[str, float] = {}  # unit -> when its gather in flight ends
-
-    def start(u: str, t: float) -> None:
-        if u in size and u not in gathered:
-            gathered[u] = ag.submit(t, allgather(size[u]))
-
-    def ensure(u: str, t: float) -> float:
-        """Wait at ``t`` for ``u``'s gather (handed over now where it was not): the stall."""
-        if u not in size:
-            return 0.0
-        start(u, t)
-        return max(0.0, gathered.pop(u) - t)
-
-    # forward
-    stall = ensure(ROOT, 0.0)
-    if prefetch and order:
-        start(order[0], stall)
-    for k, u in enumerate(forward):
-        t = u.start_s + stall
-        stall += ensure(u.name, t)
-        if prefetch and k + 1 < len(order):
-            start(order[k + 1], u.start_s + stall)
-    forward_stall = stall
-    gathered.clear()  # every unit freed after its forward
+    gathers = _Gathers(ag, size, allgather)
+    forward_stall = _forward(gathers, forward, prefetch)
     # backward
     t0 = prof.forward_s + forward_stall
-    back = ensure(ROOT, t0) if reshard_root else 0.0
-    reverse = list(reversed(order))
+    back = gathers.ensure(ROOT, t0) if reshard_root else 0.0
+    reverse = [u.name for u in reversed(forward)]
     if prefetch and reverse:
-        start(reverse[0], t0 + back)
+        gathers.start(reverse[0], t0 + back)
     left = {u: home.count(u) for u in size}
     begun: set[str] = set()
     previous_ready = 0.0
@@ -162,10 +182,10 @@ def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch
         if u != ROOT and u not in begun:
             begun.add(u)
             t = t0 + previous_ready + back
-            back += ensure(u, t)
+            back += gathers.ensure(u, t)
             k = reverse.index(u)
             if prefetch and k + 1 < len(reverse):
-                start(reverse[k + 1], t0 + previous_ready + back)
+                gathers.start(reverse[k + 1], t0 + previous_ready + back)
         previous_ready = max(previous_ready, prof.ready_s[i])
         left[u] -= 1
         if not left[u]:
@@ -175,6 +195,64 @@ def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch
     tail = max(0.0, last - end_backward)
     busy = ag.busy_s + (rs.busy_s if separate else 0.0)
     return ShardedStep(prof.compute_s, forward_stall + back + tail, busy, len(size),
+                       forward_stall, back, tail)
+
+
+def fsdp_step(prof: Profile, allgather: Cost, reduce_scatter: Cost) -> ShardedStep:
+    """Predicted step of the FSDP2 peer (``--strategy fsdp``, commbench/strategies/fsdp.py)
+    on Gloo under the replay: one thread issues its collectives, in its order, on one
+    group.
+
+    Forward is ZeRO-3's with prefetch (the peer's explicit forward prefetch; the root
+    gathered first). Backward is the host's: FSDP2 keeps the root gathered; at backward's
+    start and at each unit's backward it gathers the next unit in backward's order,
+    *blocking* (its implicit prefetch: CPU streams are no-ops); as a unit's last gradient
+    is in it reduce-scatters the unit's gradients, also blocking, but that holds the host
+    only: the replay's device computes on (a gradient is due at its time moved by the
+    waits). A unit's computation begins no earlier than its gather's end
+    (``Workload.hold``), which the host, behind the device, may have asked for late. The
+    root's reduce-scatter is last. Exposed sync = the stalls + what the host runs past the
+    device's end of backward."""
+    home, size, forward = _units(prof)
+    engine = _Engine()
+    gathers = _Gathers(engine, size, allgather)
+    forward_stall = _forward(gathers, forward, True)
+    t0 = prof.forward_s + forward_stall
+    reverse = [u.name for u in reversed(forward)]
+    back = 0.0  # how far backward's schedule moved
+    host = t0
+    arrived: dict[str, float] = {}
+
+    def gather(u: str) -> None:
+        nonlocal host
+        host = arrived[u] = engine.submit(host, allgather(size[u]))
+
+    if reverse:
+        gather(reverse[0])  # the root's pre-backward prefetches backward's first unit
+    left = {u: home.count(u) for u in size}
+    begun: set[str] = set()
+    previous_ready = 0.0
+    for i in prof.order:
+        u = home[i]
+        if u != ROOT and u not in begun:
+            begun.add(u)
+            device = t0 + previous_ready + back
+            back += max(0.0, arrived[u] - device)
+            host = max(host, device)  # its output's gradient is in
+            k = reverse.index(u)
+            if k + 1 < len(reverse):
+                gather(reverse[k + 1])
+        previous_ready = max(previous_ready, prof.ready_s[i])
+        host = max(host, t0 + prof.ready_s[i] + back)
+        left[u] -= 1
+        if not left[u] and u != ROOT:
+            host = engine.submit(host, reduce_scatter(size[u]))
+    end_backward = t0 + prof.backward_s + back
+    host = max(host, end_backward)
+    if ROOT in size:
+        host = engine.submit(host, reduce_scatter(size[ROOT]))
+    tail = host - end_backward
+    return ShardedStep(prof.compute_s, forward_stall + back + tail, engine.busy_s, len(size),
                        forward_stall, back, tail)
 
 
@@ -195,23 +273,45 @@ def _check_contiguous(prof: Profile, home: Sequence[str], units: set[str]) -> No
 ALGO_PATH = {"native": "thread", "ring": "ring"}
 
 
-def measured_costs(rec: dict) -> tuple[Cost, Cost] | None:
+def measured_costs(rec: dict, kept: float = 0.0) -> tuple[Cost, Cost] | None:
     """The run's own seconds per byte of each kind, from its median step's time in each
-    (``comm_phases_s``: two all-gathers and one reduce-scatter of the gradient's bytes a
-    step): ``(allgather, reduce_scatter)``; None where the record lacks them."""
+    (``comm_phases_s``: two all-gathers, less ``kept`` bytes (a root kept gathered from
+    forward to backward), and one reduce-scatter of the gradient's bytes a step):
+    ``(allgather, reduce_scatter)``; None where the record lacks them."""
     phases = rec.get("comm_phases_s") or {}
     psi = num(rec.get("grad_bytes"))
     ag, rs = num(phases.get("allgather")), num(phases.get("reduce_scatter"))
     if not (psi > 0 and ag > 0 and rs > 0):
         return None
-    return (lambda n: n * ag / (2 * psi)), (lambda n: n * rs / psi)
+    return (lambda n: n * ag / (2 * psi - kept)), (lambda n: n * rs / psi)
+
+
+def _predict(r: dict, prof: Profile, ag: Cost, rs: Cost) -> ShardedStep:
+    """The run's strategy on ``prof``: zero3 with its recorded settings, or the peer."""
+    if r.get("strategy") == "fsdp":
+        return fsdp_step(prof, ag, rs)
+    knobs = r.get("knobs") or {}
+    return zero3_step(prof, ag, rs, prefetch=knobs.get("prefetch", "on") == "on",
+                      separate=knobs.get("reduce_scatter_group") == "separate",
+                      reshard_root=knobs.get("reshard_root", "on") == "on")
+
+
+def _kept(r: dict, prof: Profile) -> float:
+    """The bytes the run keeps gathered from forward to backward: the root's, for the peer
+    and for zero3 with ``--reshard-root off``."""
+    if r.get("strategy") != "fsdp" and (r.get("knobs") or {}).get("reshard_root",
+                                                                  "on") == "on":
+        return 0.0
+    _, size, _ = _units(prof)
+    return size.get(ROOT, 0.0)
 
 
 def check_runs(records: Sequence[dict], params: Params, base: Path | None = None,
                pricing: str = "measured") -> tuple[list[OverlapCheck], list[str]]:
     """Each zero3 summary with a compute profile that times units, predicted
-    (``zero3_step``, its prefetch and reduce-scatter group as recorded) and compared with
-    what it measured; and why each other zero3 summary was left out. ``pricing``:
+    (``zero3_step``, its prefetch, reduce-scatter group and root as recorded), and each
+    summary of the FSDP2 peer (``fsdp_step``), compared with what it measured; and why each
+    other such summary was left out. ``pricing``:
     ``measured`` prices each collective at the run's own seconds per byte of its kind
     (``measured_costs``: the schedule alone is checked; the backend's reduce-scatter may
     cost more than its bytes, as Gloo's does), falling back to ``fit`` where the record
@@ -221,7 +321,7 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     checks, skipped = [], []
     fit_links = fitted_links(records)
     for r in records:
-        if r.get("kind") != "summary" or r.get("strategy") != "zero3":
+        if r.get("kind") != "summary" or r.get("strategy") not in ("zero3", "fsdp"):
             continue
         rid = str(r.get("run_id"))
         knobs = r.get("knobs") or {}
@@ -242,12 +342,10 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
         def half(n: float, allreduce: Cost = allreduce) -> float:
             return allreduce(n) / 2
 
-        costs = measured_costs(r) if pricing == "measured" else None
-        ag, rs = costs or (half, half)
         try:
-            st = zero3_step(prof, ag, rs, prefetch=knobs.get("prefetch", "on") == "on",
-                            separate=knobs.get("reduce_scatter_group") == "separate",
-                            reshard_root=knobs.get("reshard_root", "on") == "on")
+            costs = measured_costs(r, _kept(r, prof)) if pricing == "measured" else None
+            ag, rs = costs or (half, half)
+            st = _predict(r, prof, ag, rs)
         except ModelError as e:
             skipped.append(f"{rid}: {e}")
             continue
@@ -255,7 +353,7 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     return checks, skipped
 
 
-CHECK_HEAD = ("# overlap model vs measured zero3 runs: inputs per run are its compute profile "
+CHECK_HEAD = ("# overlap model vs measured zero3 and FSDP2-peer runs (fsdp_step): inputs per run are its compute profile "
               "x compute_scale (forward units, ready times), its prefetch, reduce-scatter "
               "group and root resharding, its measured compute_s, and each collective "
               "kind's seconds per byte as the run measured them (comm_phases_s: the "
@@ -269,7 +367,7 @@ def zero3_lines(records: Sequence[dict], params: Params | None) -> list[str]:
     """The report's lines: each zero3 run predicted against measured, the medians against
     the overlap model's goal (``analysis.overlap.GOAL``)."""
     checks, skipped = check_runs(records, params if params is not None else Params())
-    return check_lines(checks, skipped, CHECK_HEAD, "zero3 runs")
+    return check_lines(checks, skipped, CHECK_HEAD, "zero3 and fsdp runs")
 
 
 #: the strategies the report's comparison sets side by side (the peers beside the family)

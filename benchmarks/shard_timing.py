@@ -27,7 +27,8 @@ the same bytes:
 4. ``--strategy zero3 --reshard-root on``: the root freed after forward and gathered
    again for backward, as ZeRO §7.2 counts it (3Ψ(n−1)/n a rank).
 
-Waits for a unit's gather count as sync, not compute, on both sides (the workload's
+``--jobs`` runs some of them (a verdict needs both its jobs). Waits for a unit's gather
+count as sync, not compute, on both sides (the workload's
 ``stall``: docs/strategies.md, "Timing a unit's wait").
 
 It prints one row per run (step, compute, exposed sync, comm, the all-gathers' and
@@ -166,6 +167,8 @@ def plan(args: argparse.Namespace) -> list[Job]:
     for cell in cells(args):
         path, batch, _ = PROFILES[cell.model]
         for name, strategies, settings in JOBS:
+            if name not in args.jobs:
+                continue
             cfg = replay_config(cell.model, ROOT / path, batch, cell.scale, cell.steps,
                                 args.warmup, strategies, sync=Sync(**settings))
             jobs.append(Job.place(f"{cell.name} {name}", cfg, cell.nodes, cell.slots,
@@ -260,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every job N times; the ratios are decided on the paired repeats")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--jobs", type=names_arg(tuple(name for name, _, _ in JOBS), "job"),
+                   default=[name for name, _, _ in JOBS],
+                   help="which of each cell's jobs to run (the verdicts need theirs): "
+                        + ", ".join(name for name, _, _ in JOBS))
     add_output_flags(p, "shard-timing")
     return p
 

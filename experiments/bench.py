@@ -55,14 +55,14 @@ def repeats_arg(text: str) -> int:
     return int(text)
 
 
-def names_arg(choices: Sequence[str]) -> Callable[[str], list[str]]:
-    """A type for a comma list of names out of ``choices`` (``--models``): unknown or none
-    exits 2, naming the choices."""
+def names_arg(choices: Sequence[str], what: str = "model") -> Callable[[str], list[str]]:
+    """A type for a comma list of names out of ``choices`` (``--models``; ``what`` they
+    are): unknown or none exits 2, naming the choices."""
     def parse(text: str) -> list[str]:
         out = [m.strip() for m in text.split(",") if m.strip()]
         bad = [m for m in out if m not in choices]
         if bad or not out:
-            raise argparse.ArgumentTypeError(f"unknown model(s) {bad or text!r}; choose from "
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {bad or text!r}; choose from "
                                              f"{', '.join(choices)}")
         return out
     return parse

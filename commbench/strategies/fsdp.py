@@ -38,10 +38,20 @@ On the CPU over Gloo (torch 2.13; FSDP1 refuses CPU tensors, so it is no fallbac
   blocking.
 - A unit's wait for its parameters is sync, not compute: FSDP2's forward pre-hook (where
   it waits for the unit's gather) sits between two hooks of the peer's that make it the
-  workload's ``stall``, and so does a blocking all-gather (its prefetch in backward).
+  workload's ``stall``.
 - The reduce-scatter stays blocking: FSDP2 issues it synchronously (on a CUDA stream it
-  would run beside compute; on the CPU it holds backward until it is done), so its time
-  shows as exposed sync.
+  would run beside compute; on the CPU it holds the host until it is done). The replay's
+  device computes on meanwhile (``commbench.workloads.synthetic``: a gradient is due at
+  its time whatever the host does), as a GPU's would beside a reduce-scatter on its own
+  stream; what the host runs past the device shows as exposed sync.
+- So in backward the host falls behind the replay's device, and a unit's parameters
+  arrive (FSDP2's blocking gather, its prefetch one unit ahead) later on the device's
+  schedule than when the host asked for them. Each blocking gather therefore *holds*
+  its unit's gradients (``Workload.hold``): their computation begins no earlier than the
+  gather's end, as on a device that waits for the parameters it computes with. (A stall
+  there instead, the gather's time added to the schedule, let the device compute a unit
+  before its parameters were in whenever the host was behind: the peer's step came out
+  8 % under the same schedule's, ``analysis.sharded.fsdp_step`` says how.)
 
 Records. Each collective FSDP2 runs goes through the peer's own ``AllGather`` and
 ``ReduceScatter`` (FSDP2's ``set_custom_all_gather`` / ``set_custom_reduce_scatter``,
@@ -125,10 +135,11 @@ class _Flight:
 
 
 class _TimedAllGather(AllGather):
-    """FSDP2's default all-gather (``dist.all_gather_single``), timed."""
+    """FSDP2's default all-gather (``dist.all_gather_single``) of one wrapped module's
+    parameters, timed; ``indices``: the workload's gradients of those parameters."""
 
-    def __init__(self, peer: FSDPStrategy) -> None:
-        self.peer = peer
+    def __init__(self, peer: FSDPStrategy, indices: list[int]) -> None:
+        self.peer, self.indices = peer, indices
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -136,10 +147,10 @@ class _TimedAllGather(AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False):
         start = now()
-        # a blocking gather (FSDP2's own prefetch in backward) holds the unit's compute
-        with contextlib.nullcontext() if async_op else self.peer.stall():
-            work = dist.all_gather_single(output_tensor, input_tensor, group=group,
-                                          async_op=async_op)
+        work = dist.all_gather_single(output_tensor, input_tensor, group=group,
+                                      async_op=async_op)
+        if not async_op:  # FSDP2's own prefetch in backward: the module computes after it
+            self.peer.workload.hold(self.indices, now())
         received = (output_tensor.numel() - input_tensor.numel()) * output_tensor.element_size()
         self.peer._flown(_Flight("allgather", start, 0), work, received)
         return work
@@ -265,13 +276,15 @@ class FSDPStrategy(Strategy):
         home = dict(net.named_parameters())  # the sharded parameters, by name
         wrapped = [net, *modules]  # each wrapped module, the root first: its own parameters
         self.unit_bytes = {}
+        index = {n: k for k, n in enumerate(workload.param_names)}
         for path, m in zip([ROOT, *self.units], wrapped):
             mine = [n for n in home if self._owner(n) == path]
             nbytes = sum(self._originals[n].numel() * self._originals[n].element_size()
                          for n in mine if n in self._originals)
             self.unit_bytes[path] = nbytes
             m.set_force_sum_reduction_for_comms(True)  # each module's own: Gloo has no AVG
-            m.set_custom_all_gather(_TimedAllGather(self))
+            m.set_custom_all_gather(_TimedAllGather(self, [index[n] for n in mine
+                                                            if n in index]))
             m.set_custom_reduce_scatter(_TimedReduceScatter(self, nbytes))
         # FSDP2's pre-forward (prepended at fully_shard) waits for the unit's gather: a
         # stall, between a hook prepended before it and one appended after it

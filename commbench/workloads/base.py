@@ -125,6 +125,11 @@ class Workload(abc.ABC):
                 self.stalled_s += waited
                 self._stalled(waited)
 
+    def hold(self, indices: Sequence[int], t: float) -> None:  # noqa: B027 - real: none
+        """In backward, gradients ``indices`` are not computed before ``t`` (``now()``): the
+        replay's device waits (``SyntheticWorkload.hold``); real compute ran on the host,
+        after whatever the host waited for."""
+
     def _stalled(self, seconds: float) -> None:  # noqa: B027 - the real workload has none
         """The phase waited ``seconds`` on sync (``stall``): the replay moves its schedule."""
 

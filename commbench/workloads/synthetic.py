@@ -94,6 +94,10 @@ class ReplayClock:
         self.factor = 1.0
         self.t0 = 0.0
         self.poll: Callable[[], None] | None = None
+        #: backward: gradient -> the host time before which its computation cannot begin
+        #: (``hold``), and the latest ready time reached (where the next one's begins)
+        self.holds: dict[int, float] = {}
+        self.reached_s = 0.0
         #: host seconds spent producing the gradients (the replay's own work: from each
         #: gradient's deadline to its announcing hook)
         self.host = 0.0
@@ -111,8 +115,16 @@ class ReplayClock:
         self.stores = stores
         self._expanded = [torch.full((), v).expand_as(g) for v, g in zip(self.values, stores)]
 
+    def hold(self, i: int, t: float) -> None:
+        """Gradient ``i``'s computation begins no earlier than ``t`` (this rank's clock)."""
+        self.holds[i] = max(t, self.holds.get(i, t))
+
     def wait_for(self, i: int) -> torch.Tensor:
         """Wait until gradient ``i`` is due; return what autograd accumulates.
+
+        Where ``i`` is held (``hold``: it needs what arrives at ``t``) and its computation
+        would begin before ``t`` (at the ready time reached before it), the rest of the
+        schedule moves later so that it begins at ``t``.
 
         A step's first micro-batch writes the constant into the workload's own
         gradient tensor and hands autograd a fresh view of it: ``param.grad`` is
@@ -121,6 +133,11 @@ class ReplayClock:
         (one pass, no zeroing). Later micro-batches hand a stride-0 view of the
         constant, which autograd adds (one pass).
         """
+        held = self.holds.pop(i, None)
+        if held is not None:
+            begins = self.t0 + self.reached_s * self.factor
+            self.t0 += max(0.0, held - begins)
+        self.reached_s = max(self.reached_s, self.ready_s[i])
         _wait_until(self.deadline(i), self.poll)
         self._returned = now()
         if not self.fresh:
@@ -387,6 +404,8 @@ class SyntheticWorkload(Workload):
         c = self.clock
         c.factor, c.host, c.poll = self.factor, 0.0, poll
         c.t0 = now()  # deadlines count from here, whatever the host does in between
+        c.holds.clear()
+        c.reached_s = 0.0
         self.stalled_s = 0.0
         self._run_backward(on_ready, poll)
         c.poll = None
@@ -401,6 +420,13 @@ class SyntheticWorkload(Workload):
         gradient's deadline in backward) moves ``seconds`` later: what was due after the
         wait is computed after it, as on a device that waits for the unit's parameters."""
         self.clock.t0 += seconds
+
+    def hold(self, indices: Sequence[int], t: float) -> None:
+        """In backward: the computation of gradients ``indices`` begins no earlier than
+        ``t`` (``now()``): they need what arrives then (a unit's parameters, gathered
+        while the host was behind the replay's device)."""
+        for i in indices:
+            self.clock.hold(i, t)
 
     def _hook(self, i: int):
         announce = super()._hook(i)
