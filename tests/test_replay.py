@@ -112,3 +112,33 @@ def test_every_strategy_and_peer_on_the_replay(tmp_path, launcher, strategies):
         assert k["grads_hooked_in_backward"] == summaries["horovod"]["grad_tensors"]
     k = summaries["ddp"]["knobs"]  # DDP's buckets started before backward ended
     assert k["buckets_per_step"] > 2 and k["buckets_before_last_grad"] >= k["buckets_per_step"] - 1
+
+
+def test_a_held_gradient_is_computed_no_earlier_than_its_hold():
+    """``hold`` (the FSDP2 peer's, as a unit's parameters arrive while the host is behind
+    the replay's device): the held gradient's computation begins at the hold, so it is due
+    that much later, and the rest of backward's schedule moves with it; the step's
+    backward compute stays the replayed one (the wait is sync)."""
+    wl = SyntheticWorkload("resnet18", 90, rank=1, seed=4)
+    _step(wl)  # warm-up
+    order, ready = wl.backward_order, wl.clock.ready_s
+    held = order[10]
+    hold: list[float] = []
+    seen: list[tuple[int, float]] = []
+
+    def on_ready(i: int) -> None:
+        if i == order[0]:
+            hold.append(now() + 0.05)
+            wl.hold([held], hold[0])
+        seen.append((i, now()))
+
+    timer = StepTimer()
+    timer.begin_step(0, False)
+    wl.forward(timer)
+    wl.backward(timer, on_ready)
+    at = dict(seen)
+    reached = max(ready[j] for j in order[:10])  # where the held one's computation begins
+    assert at[held] >= hold[0] + (ready[held] - reached) * wl.factor - 1e-3
+    last = order[-1]
+    assert at[last] >= hold[0] + (ready[last] - reached) * wl.factor - 1e-3
+    assert timer.end_step().backward_s == pytest.approx(0.060, rel=0.10)

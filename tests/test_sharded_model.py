@@ -159,3 +159,60 @@ def test_memory_is_set_against_the_bound_term_by_term():
     assert "bound shards + 3 x largest = 100.0 MB: within;" in words[1]
     assert "20.0 MB over: 1.00 x the largest unit, within the root's" in words[2]
     assert "100.0 MB over: 5.00 x the largest unit, beyond the root's" in words[3]
+
+
+def three_units() -> Profile:
+    """A root (stem and head, 0.5 MB each) around units ``a``, ``b``, ``c`` (1 MB each):
+    forward 1 s (a from 0.1, b from 0.4, c from 0.6 to 0.9), backward 1 s in the order
+    head (ready at 0.05), c (0.3), b (0.55), a (0.8), stem (1.0)."""
+    return Profile("three units", 1.0, 1.0, 0.0, [5e5, 1e6, 1e6, 1e6, 5e5],
+                   [1.0, 0.8, 0.55, 0.3, 0.05], [4, 3, 2, 1, 0],
+                   (Unit("", 0.0, 1.0), Unit("a", 0.1, 0.4), Unit("b", 0.4, 0.6),
+                    Unit("c", 0.6, 0.9)), (), ("stem.w", "a.w", "b.w", "c.w", "head.w"))
+
+
+def test_the_fsdp_peer_computes_a_unit_once_its_blocking_gather_ends_however_late_the_host():
+    """Worked by hand (``fsdp_step``), reduce-scatters 5 x a gather's cost. Forward: the
+    root's gather, 0.1 s. Backward from 1.1: c's gather (handed over by the root's
+    pre-backward, blocking) ends at 1.2, 0.05 s after c's computation would begin; at c's
+    backward b's gather runs 1.2-1.3; c's reduce-scatter holds the host 1.45-1.95 while the
+    device computes b; at b's backward, a's gather runs 1.95-2.05, and a's computation,
+    due to begin at 1.70, begins at 2.05 (0.35 s). The host's reduce-scatters of b
+    (2.05-2.55), a (2.55-3.05) and the root (3.05-3.55) end 1.05 s past the device's end
+    of backward (2.5)."""
+    from analysis.sharded import fsdp_step
+
+    st = fsdp_step(three_units(), cost, lambda n: 5 * cost(n))
+    assert st.forward_stall_s == pytest.approx(0.1)
+    assert st.backward_stall_s == pytest.approx(0.40)
+    assert st.tail_s == pytest.approx(1.05)
+    assert st.step_s == pytest.approx(3.55)  # the one thread's collectives, end to end
+    assert st.comm_s == pytest.approx(0.3 + 0.3 + 0.1 + 5 * 0.4)  # root kept in backward
+
+
+def test_the_fsdp_peer_and_zero3_with_its_root_kept_share_a_schedule_where_the_host_keeps_up():
+    """Cheap reduce-scatters: the peer's host is never behind, its blocking gathers are
+    each a prefetch one unit ahead, and its step is zero3's with prefetch on one engine
+    and the root kept (the schedule both run, issued from one thread or from the engine)."""
+    from analysis.sharded import fsdp_step
+
+    def rs(n: float) -> float:
+        return cost(n) / 10
+
+    peer = fsdp_step(three_units(), cost, rs)
+    zero3 = zero3_step(three_units(), cost, rs, reshard_root=False)
+    assert peer.step_s == pytest.approx(zero3.step_s)
+    assert peer.comm_s == pytest.approx(zero3.comm_s)
+
+
+def test_an_fsdp_run_is_checked_by_the_peers_model():
+    """A summary of the peer is priced by ``fsdp_step``; its all-gathers' time per byte
+    counts the root once (kept gathered), as zero3's with --reshard-root off does."""
+    fsdp, zero3 = check_runs([_run(run_id="f", strategy="fsdp", knobs={},
+                                   comm_phases_s={"allgather": 1.0, "reduce_scatter": 1.0},
+                                   grad_bytes=102_228_128),
+                              _run(run_id="k", knobs={"prefetch": "on", "reshard_root": "off"},
+                                   comm_phases_s={"allgather": 1.0, "reduce_scatter": 1.0},
+                                   grad_bytes=102_228_128)], Params())[0]
+    assert (fsdp.run_id, zero3.run_id) == ("f", "k")
+    assert 0 < fsdp.predicted_exposed_s < 3.0 and 0 < zero3.predicted_exposed_s < 3.0
