@@ -24,7 +24,8 @@ One table per scale: every scheme the toolkit has, ranked by its predicted step 
   all-gathered after the step; ``hsdp CAP MB`` (nodes > 1), each bucket reduce-scattered
   in the node and its part all-reduced across nodes, the parameters all-gathered in the
   node after the step; ``zero3`` with prefetch on a shared or a separate reduce-scatter
-  group, and without prefetch, where the profile times forward unit by unit
+  group (on the shared one also with the root kept gathered from forward to backward,
+  FSDP2's rule), and without prefetch, where the profile times forward unit by unit
   (``analysis.sharded``). A reduce-scatter or an all-gather costs half a ring all-reduce
   of the same bytes on the same ranks —
 
@@ -207,6 +208,8 @@ class ShardedScheme:
     bucket_mb: float | str | None = None
     prefetch: bool = True
     separate: bool = False
+    #: zero3: the root freed after forward (ZeRO's 3 gathers' worth); False: kept, FSDP2's rule
+    reshard_root: bool = True
     family: str = "sharded"
 
     def step(self, prof: Profile, cluster: Cluster, ranks: int, wire: float = 1.0) -> Step:
@@ -214,7 +217,7 @@ class ShardedScheme:
         world = half_ring(cluster, ranks, nodes, local, wire)
         if self.strategy == "zero3":
             return zero3_step(prof, world, world, prefetch=self.prefetch,
-                              separate=self.separate)
+                              separate=self.separate, reshard_root=self.reshard_root)
         if self.strategy == "zero2":
             scatter, gather = world, world
         else:  # hsdp: in the node, then the node's part across nodes
@@ -232,13 +235,16 @@ class ShardedScheme:
 def sharded_schemes(caps_mb: Sequence[float | str], units: bool, multi_node: bool
                     ) -> list[ShardedScheme]:
     """The sharded family's rows: zero2 (and hsdp on several nodes) at each numeric cap
-    (``auto`` is the bucketed strategy's), zero3 where the profile times units."""
+    (``auto`` is the bucketed strategy's), zero3 where the profile times units (with the
+    root kept gathered from forward to backward too: FSDP2's rule, the schedule the FSDP2
+    peer runs, one gather of the root fewer for the root whole through backward)."""
     caps = [c for c in caps_mb if c != AUTO]
     out = [ShardedScheme(f"zero2 {cap_words(c)}", "zero2", c) for c in caps]
     if multi_node:
         out += [ShardedScheme(f"hsdp {cap_words(c)}", "hsdp", c) for c in caps]
     if units:
         out += [ShardedScheme("zero3 prefetch, shared", "zero3"),
+                ShardedScheme("zero3 prefetch, shared, root kept", "zero3", reshard_root=False),
                 ShardedScheme("zero3 prefetch, separate RS group", "zero3", separate=True),
                 ShardedScheme("zero3 no prefetch", "zero3", prefetch=False)]
     return out

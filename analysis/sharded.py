@@ -353,14 +353,15 @@ def check_runs(records: Sequence[dict], params: Params, base: Path | None = None
     return checks, skipped
 
 
-CHECK_HEAD = ("# overlap model vs measured zero3 and FSDP2-peer runs (fsdp_step): inputs per run are its compute profile "
-              "x compute_scale (forward units, ready times), its prefetch, reduce-scatter "
-              "group and root resharding, its measured compute_s, and each collective "
-              "kind's seconds per byte as the run measured them (comm_phases_s: the "
-              "schedule is what is checked; where a run lacks them, half the fitted "
-              "alpha-beta-gamma model's all-reduce on its path); exposed sync = the stalls "
-              "for gathers + the tail past backward; a separate reduce-scatter group's two "
-              "engines share the link, which the model does not price (analysis/sharded.py)")
+CHECK_HEAD = ("# overlap model vs measured zero3 and FSDP2-peer runs (fsdp_step): inputs "
+              "per run are its compute profile x compute_scale (forward units, ready "
+              "times), its prefetch, reduce-scatter group and root resharding, its "
+              "measured compute_s, and each collective kind's seconds per byte as the run "
+              "measured them (comm_phases_s: the schedule is what is checked; where a run "
+              "lacks them, half the fitted alpha-beta-gamma model's all-reduce on its "
+              "path); exposed sync = the stalls for gathers + the tail past backward; a "
+              "separate reduce-scatter group's two engines share the link, which the model "
+              "does not price (analysis/sharded.py)")
 
 
 def zero3_lines(records: Sequence[dict], params: Params | None) -> list[str]:

@@ -126,6 +126,10 @@ class BadInput(Exception):
 
 # --- a scheme as a job runs it --------------------------------------------------------
 
+#: zero3's settings a run names (``Sync``'s fields and the flags' names)
+ZERO3_FLAGS = ("prefetch", "reduce_scatter_group", "reshard_root")
+
+
 @dataclass(frozen=True)
 class RunAs:
     """One scheme as ``commbench.allreduce`` runs it: ``--strategy``, ``--algo`` and the
@@ -138,21 +142,23 @@ class RunAs:
     compression: str = "none"
     accum_steps: int = 1
     staleness: int | None = None
-    #: zero3's settings (``--prefetch``, ``--reduce-scatter-group``)
+    #: zero3's settings (``--prefetch``, ``--reduce-scatter-group``, ``--reshard-root``)
     prefetch: str | None = None
     reduce_scatter_group: str | None = None
+    reshard_root: str | None = None
     note: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple:
         """What makes two runs one: every setting but the note."""
         return (self.strategy, self.algo, self.bucket_mb, self.transfer, self.compression,
-                self.accum_steps, self.staleness, self.prefetch, self.reduce_scatter_group)
+                self.accum_steps, self.staleness, self.prefetch, self.reduce_scatter_group,
+                self.reshard_root)
 
     def sync(self) -> Sync:
         """The strategies' flags of the job (the rest at their defaults)."""
         values = {"compression": self.compression, "accum_steps": self.accum_steps}
-        for name in ("bucket_mb", "transfer", "staleness", "prefetch", "reduce_scatter_group"):
+        for name in ("bucket_mb", "transfer", "staleness", *ZERO3_FLAGS):
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         return Sync(**values)
@@ -165,7 +171,7 @@ class RunAs:
         if self.bucket_mb is not None:
             mb = self.bucket_mb
             out += f" --bucket-mb {mb if isinstance(mb, str) else format(mb, 'g')}"
-        for name in ("transfer", "staleness", "prefetch", "reduce_scatter_group"):
+        for name in ("transfer", "staleness", *ZERO3_FLAGS):
             if getattr(self, name) is not None:
                 out += f" --{name.replace('_', '-')} {getattr(self, name)}"
         if self.compression != "none":
@@ -215,8 +221,7 @@ def run_as(scheme: str) -> RunAs:
     elif m := re.fullmatch(r"(zero2|hsdp) (.+)", scheme):
         return RunAs(m.group(1), bucket_mb=_cap(m.group(2), scheme))
     elif scheme in ZERO3_SCHEMES:
-        prefetch, group = ZERO3_SCHEMES[scheme]
-        return RunAs("zero3", prefetch=prefetch, reduce_scatter_group=group)
+        return RunAs("zero3", **dict(zip(ZERO3_FLAGS, ZERO3_SCHEMES[scheme])))
     raise ValueError(f"unknown scheme {scheme!r}: not a name analysis.advise gives")
 
 
@@ -231,10 +236,13 @@ def reference_run(entry: dict) -> RunAs:
     return RunAs(strategy, entry.get("algo", "native"), mb, transfer)
 
 
-#: the advisor's zero3 rows (``analysis.advise.sharded_schemes``) -> zero3's settings
+#: the advisor's zero3 rows (``analysis.advise.sharded_schemes``) -> zero3's settings, as
+#: ``ZERO3_FLAGS`` (the root's None where it is the default, resharded)
 ZERO3_SCHEMES = {s.name: ("on" if s.prefetch else "off",
-                          "separate" if s.separate else "shared")
-                 for s in sharded_schemes((), units=True, multi_node=False)}
+                          "separate" if s.separate else "shared",
+                          None if s.reshard_root else "off")
+                 for s in sharded_schemes((), units=True, multi_node=False)
+                 if s.strategy == "zero3"}
 
 
 def advisor_scheme(run: RunAs) -> Scheme | ShardedScheme | None:
@@ -253,9 +261,11 @@ def advisor_scheme(run: RunAs) -> Scheme | ShardedScheme | None:
         return ShardedScheme(f"{run.strategy} {cap_words(run.bucket_mb)}", run.strategy,
                              run.bucket_mb)
     if run.strategy == "zero3":
-        prefetch, group = run.prefetch or "on", run.reduce_scatter_group or "shared"
-        return next((ShardedScheme(name, "zero3", prefetch=p == "on", separate=g == "separate")
-                     for name, (p, g) in ZERO3_SCHEMES.items() if (p, g) == (prefetch, group)),
+        settings = (run.prefetch or "on", run.reduce_scatter_group or "shared",
+                    None if run.reshard_root in (None, "on") else run.reshard_root)
+        return next((ShardedScheme(name, "zero3", prefetch=p == "on", separate=g == "separate",
+                                   reshard_root=r is None)
+                     for name, (p, g, r) in ZERO3_SCHEMES.items() if (p, g, r) == settings),
                     None)
     return None
 

@@ -151,14 +151,15 @@ def test_zero3_is_ranked_where_the_profile_times_its_units():
     got = advise.advise(prof, two_nodes_of_one(), 2, ["sharded"], caps_mb=[25])
     rows = {p.scheme: p for p in got.exact}
     assert {"zero3 prefetch, shared", "zero3 prefetch, separate RS group",
-            "zero3 no prefetch"} <= set(rows)
+            "zero3 no prefetch", "zero3 prefetch, shared, root kept"} <= set(rows)
 
     def half(n: float) -> float:
         return A + n * B / 2
 
     for name, kw in (("zero3 prefetch, shared", {}),
                      ("zero3 prefetch, separate RS group", {"separate": True}),
-                     ("zero3 no prefetch", {"prefetch": False})):
+                     ("zero3 no prefetch", {"prefetch": False}),
+                     ("zero3 prefetch, shared, root kept", {"reshard_root": False})):
         assert rows[name].exposed_s == pytest.approx(zero3_step(prof, half, half,
                                                                 **kw).exposed_s)
     assert rows["zero3 no prefetch"].exposed_s > rows["zero3 prefetch, shared"].exposed_s

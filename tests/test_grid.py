@@ -128,6 +128,8 @@ def test_every_scheme_the_advisor_emits_maps_to_one_run_of_commbench_allreduce(t
      {"prefetch": "on", "reduce_scatter_group": "separate"}),
     ("zero3 no prefetch", "zero3", "native", None, None,
      {"prefetch": "off", "reduce_scatter_group": "shared"}),
+    ("zero3 prefetch, shared, root kept", "zero3", "native", None, None,
+     {"prefetch": "on", "reduce_scatter_group": "shared", "reshard_root": "off"}),
 ])
 def test_scheme_names_map_to_the_flags_that_run_them(name, strategy, algo, cap, path, extra):
     run = gr.run_as(name)
