@@ -158,6 +158,22 @@ def _forward(gathers: _Gathers, forward: list, prefetch: bool) -> float:
     return stall
 
 
+def _backward(prof: Profile, home: Sequence[str]):
+    """Backward's gradients in its order, each as ``(i, unit, begins, ends, ready)``:
+    ``begins`` where ``i`` is the first of a unit's (never the root's), ``ends`` where it is
+    its unit's last, ``ready`` the latest ready time of the gradients before it."""
+    left = {u: home.count(u) for u in set(home)}
+    begun: set[str] = set()
+    previous_ready = 0.0
+    for i in prof.order:
+        u = home[i]
+        begins = u != ROOT and u not in begun
+        begun.add(u)
+        left[u] -= 1
+        yield i, u, begins, not left[u], previous_ready
+        previous_ready = max(previous_ready, prof.ready_s[i])
+
+
 def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch: bool = True,
                separate: bool = False, reshard_root: bool = True) -> ShardedStep:
     """Predicted step of ZeRO-3 on ``prof`` (module docstring); ``allgather(bytes)`` and
@@ -174,21 +190,14 @@ def zero3_step(prof: Profile, allgather: Cost, reduce_scatter: Cost, *, prefetch
     reverse = [u.name for u in reversed(forward)]
     if prefetch and reverse:
         gathers.start(reverse[0], t0 + back)
-    left = {u: home.count(u) for u in size}
-    begun: set[str] = set()
-    previous_ready = 0.0
-    for i in prof.order:
-        u = home[i]
-        if u != ROOT and u not in begun:
-            begun.add(u)
+    for i, u, begins, ends, previous_ready in _backward(prof, home):
+        if begins:
             t = t0 + previous_ready + back
             back += gathers.ensure(u, t)
             k = reverse.index(u)
             if prefetch and k + 1 < len(reverse):
                 gathers.start(reverse[k + 1], t0 + previous_ready + back)
-        previous_ready = max(previous_ready, prof.ready_s[i])
-        left[u] -= 1
-        if not left[u]:
+        if ends:
             rs.submit(t0 + prof.ready_s[i] + back, reduce_scatter(size[u]))
     end_backward = t0 + prof.backward_s + back
     last = max([*ag.ends, *rs.ends], default=end_backward)
@@ -229,23 +238,16 @@ def fsdp_step(prof: Profile, allgather: Cost, reduce_scatter: Cost) -> ShardedSt
 
     if reverse:
         gather(reverse[0])  # the root's pre-backward prefetches backward's first unit
-    left = {u: home.count(u) for u in size}
-    begun: set[str] = set()
-    previous_ready = 0.0
-    for i in prof.order:
-        u = home[i]
-        if u != ROOT and u not in begun:
-            begun.add(u)
+    for i, u, begins, ends, previous_ready in _backward(prof, home):
+        if begins:
             device = t0 + previous_ready + back
             back += max(0.0, arrived[u] - device)
             host = max(host, device)  # its output's gradient is in
             k = reverse.index(u)
             if k + 1 < len(reverse):
                 gather(reverse[k + 1])
-        previous_ready = max(previous_ready, prof.ready_s[i])
         host = max(host, t0 + prof.ready_s[i] + back)
-        left[u] -= 1
-        if not left[u] and u != ROOT:
+        if ends and u != ROOT:
             host = engine.submit(host, reduce_scatter(size[u]))
     end_backward = t0 + prof.backward_s + back
     host = max(host, end_backward)
