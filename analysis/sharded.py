@@ -219,7 +219,7 @@ def fsdp_step(prof: Profile, allgather: Cost, reduce_scatter: Cost) -> ShardedSt
     is in it reduce-scatters the unit's gradients, also blocking, but that holds the host
     only: the replay's device computes on (a gradient is due at its time moved by the
     waits). A unit's computation begins no earlier than its gather's end
-    (``Workload.hold``), which the host, behind the device, may have asked for late. The
+    (``Workload.blocked``), which the host, behind the device, may have asked for late. The
     root's reduce-scatter is last. Exposed sync = the stalls + what the host runs past the
     device's end of backward."""
     home, size, forward = _units(prof)

@@ -93,12 +93,17 @@ def test_fsdp_without_forward_units_shards_the_root_alone(tmp_path):
 def test_fsdp_on_the_real_model_and_with_accumulation_steps_as_flat(tmp_path):
     real = ["--workload", "real", "--model", "resnet18", "--image-size", "32",
             "--batch-size", "4", "--num-classes", "10", *STEPS]
-    summ = summaries(run_tool("torchrun", 2, "commbench.allreduce",
-                              [*real, "--strategy", "flat,fsdp"], tmp_path / "real.jsonl",
-                              timeout=300).records)
+    recs = run_tool("torchrun", 2, "commbench.allreduce", [*real, "--strategy", "flat,fsdp"],
+                    tmp_path / "real.jsonl", timeout=300).records
+    summ = summaries(recs)
     # SGD with momentum 0.9: the state is the shards'
     same_parameters_as_flat(summ, "fsdp")
     assert summ["fsdp"]["knobs"]["units"] == R18_UNITS + 1
+    # the model computes on the host's thread: a blocking reduce-scatter inside
+    # loss.backward() is sync, not backward compute (Workload.blocked)
+    steps = [r for r in of_kind(recs, "step") if r["strategy"] == "fsdp"]
+    assert steps and all(r["exposed_sync_s"] >= r["comm_phases_s"]["reduce_scatter"] - 1e-3
+                         for r in steps)
     prof = with_units(R18, tmp_path / "r18.json")
     summ = summaries(run_tool("torchrun", 2, "commbench.allreduce",
                               ["--model", "resnet18", "--compute-profile", str(prof), *STEPS,

@@ -47,7 +47,7 @@ On the CPU over Gloo (torch 2.13; FSDP1 refuses CPU tensors, so it is no fallbac
 - So in backward the host falls behind the replay's device, and a unit's parameters
   arrive (FSDP2's blocking gather, its prefetch one unit ahead) later on the device's
   schedule than when the host asked for them. Each blocking gather therefore *holds*
-  its unit's gradients (``Workload.hold``): their computation begins no earlier than the
+  its unit's gradients (``Workload.blocked``): their computation begins no earlier than the
   gather's end, as on a device that waits for the parameters it computes with. (A stall
   there instead, the gather's time added to the schedule, let the device compute a unit
   before its parameters were in whenever the host was behind: the peer's step came out
@@ -66,9 +66,11 @@ padding included): about 3Ψ(n−1)/n with every unit resharded after forward (Z
 ``knobs.gathers_prefetched_per_step`` how many of its all-gathers ran asynchronously
 (the forward prefetches: one a unit).
 
-On ``--workload real`` the reduce-scatters run inside ``loss.backward()``, which the real
-workload times as backward compute (FSDP2 announces no gradient through the workload's
-hooks): its exposed sync there leaves them out.
+On ``--workload real`` the model computes on the host's thread, so each blocking
+collective (FSDP2's reduce-scatters and backward gathers, inside ``loss.backward()``) is
+the real workload's ``stall`` (``Workload.blocked``): sync, taken out of backward compute,
+and so in exposed sync. (Until 2026-12-07 the reduce-scatters counted as backward
+compute there.)
 
 Not built: ``--compression`` (FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` would
 be the way), a model on a GPU, HSDP (a 2-D mesh) and a separate reduce-scatter group
@@ -147,10 +149,11 @@ class _TimedAllGather(AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False):
         start = now()
-        work = dist.all_gather_single(output_tensor, input_tensor, group=group,
-                                      async_op=async_op)
-        if not async_op:  # FSDP2's own prefetch in backward: the module computes after it
-            self.peer.workload.hold(self.indices, now())
+        # blocking: FSDP2's own prefetch in backward, whose unit computes after it
+        with contextlib.nullcontext() if async_op else self.peer.workload.blocked(
+                self.indices):
+            work = dist.all_gather_single(output_tensor, input_tensor, group=group,
+                                          async_op=async_op)
         received = (output_tensor.numel() - input_tensor.numel()) * output_tensor.element_size()
         self.peer._flown(_Flight("allgather", start, 0), work, received)
         return work
@@ -169,8 +172,9 @@ class _TimedReduceScatter(ReduceScatter):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: Any, async_op: bool = False):
         start = now()
-        work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor,
-                                          group=group, op=op, async_op=async_op)
+        with contextlib.nullcontext() if async_op else self.peer.workload.blocked():
+            work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor,
+                                              group=group, op=op, async_op=async_op)
         sent = (input_tensor.numel() - output_tensor.numel()) * input_tensor.element_size()
         self.peer._flown(_Flight("reduce_scatter", start, self.nbytes), work, sent)
         return work

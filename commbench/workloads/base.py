@@ -125,10 +125,16 @@ class Workload(abc.ABC):
                 self.stalled_s += waited
                 self._stalled(waited)
 
-    def hold(self, indices: Sequence[int], t: float) -> None:  # noqa: B027 - real: none
-        """In backward, gradients ``indices`` are not computed before ``t`` (``now()``): the
-        replay's device waits (``SyntheticWorkload.hold``); real compute ran on the host,
-        after whatever the host waited for."""
+    @contextlib.contextmanager
+    def blocked(self, indices: Sequence[int] = ()) -> Iterator[None]:
+        """The host blocked inside a phase in a collective (a peer's blocking all-gather or
+        reduce-scatter, FSDP2's on the CPU). Where the model computes on this thread (the
+        real workload) nothing computes meanwhile: a ``stall``, sync and not compute. The
+        replay's device computes on instead (``SyntheticWorkload.blocked``) and only
+        gradients ``indices``, which need what the collective brings (a unit's parameters),
+        wait for its end."""
+        with self.stall():
+            yield
 
     def _stalled(self, seconds: float) -> None:  # noqa: B027 - the real workload has none
         """The phase waited ``seconds`` on sync (``stall``): the replay moves its schedule."""

@@ -50,9 +50,10 @@ seeded per rank).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
 
@@ -427,6 +428,14 @@ class SyntheticWorkload(Workload):
         while the host was behind the replay's device)."""
         for i in indices:
             self.clock.hold(i, t)
+
+    @contextlib.contextmanager
+    def blocked(self, indices: Sequence[int] = ()) -> Iterator[None]:
+        """The host blocked in a collective (``Workload.blocked``): the replay's device
+        computes on, as a GPU's beside a collective on its own stream, and gradients
+        ``indices`` are held until the collective ends (``hold``)."""
+        yield
+        self.hold(indices, now())
 
     def _hook(self, i: int):
         announce = super()._hook(i)
