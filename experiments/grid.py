@@ -236,13 +236,15 @@ def reference_run(entry: dict) -> RunAs:
     return RunAs(strategy, entry.get("algo", "native"), mb, transfer)
 
 
-#: the advisor's zero3 rows (``analysis.advise.sharded_schemes``) -> zero3's settings, as
-#: ``ZERO3_FLAGS`` (the root's None where it is the default, resharded)
+#: the advisor's zero3 rows (``analysis.advise.sharded_schemes``), by name
+ZERO3_ROWS = {s.name: s for s in sharded_schemes((), units=True, multi_node=False)
+              if s.strategy == "zero3"}
+#: each zero3 row -> zero3's settings, as ``ZERO3_FLAGS`` (the root's None where it is the
+#: default, resharded)
 ZERO3_SCHEMES = {s.name: ("on" if s.prefetch else "off",
                           "separate" if s.separate else "shared",
                           None if s.reshard_root else "off")
-                 for s in sharded_schemes((), units=True, multi_node=False)
-                 if s.strategy == "zero3"}
+                 for s in ZERO3_ROWS.values()}
 
 
 def advisor_scheme(run: RunAs) -> Scheme | ShardedScheme | None:
@@ -263,10 +265,8 @@ def advisor_scheme(run: RunAs) -> Scheme | ShardedScheme | None:
     if run.strategy == "zero3":
         settings = (run.prefetch or "on", run.reduce_scatter_group or "shared",
                     None if run.reshard_root in (None, "on") else run.reshard_root)
-        return next((ShardedScheme(name, "zero3", prefetch=p == "on", separate=g == "separate",
-                                   reshard_root=r is None)
-                     for name, (p, g, r) in ZERO3_SCHEMES.items() if (p, g, r) == settings),
-                    None)
+        return next((ZERO3_ROWS[name] for name, flags in ZERO3_SCHEMES.items()
+                     if flags == settings), None)
     return None
 
 
