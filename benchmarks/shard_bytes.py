@@ -59,7 +59,14 @@ from pathlib import Path
 
 from commbench.strategies import STRATEGIES
 from commbench.tables import Column, format_table
-from experiments.bench import Benchmark, add_output_flags, parse_layout, parser, records
+from experiments.bench import (
+    Benchmark,
+    add_output_flags,
+    names_arg,
+    parse_layout,
+    parser,
+    records,
+)
 from experiments.job import Job
 from experiments.replay import replay_config
 from experiments.runner import Runner
@@ -76,7 +83,7 @@ FORMS = ("ring", "topology", "pairwise")
 #: the sharded strategies, where registered, and the reference ones
 SHARDED = ("zero1", "zero2", "zero3", "hsdp")
 FLAT_ALGOS = ("ring", "native", "hier")
-#: the strategies whose rows are one per --algo (the zeros': native and ring)
+#: the strategies whose rows are one per --algo (the zeros': native, ring and hier)
 ALGO_STRATEGIES = ("flat", "zero1", "zero2", "zero3")
 #: a library's own choice is read as a column of the table only within this share of it
 READ_TOLERANCE = 0.05
@@ -93,7 +100,8 @@ class Scheme:
 
 
 def scheme(strategy: str, algo: str | None) -> Scheme:
-    ring = "ring" if algo == "ring" else None  # else the backend's RS and AG: its choice
+    # the project's ring or topology-aware forms; else the backend's RS and AG: its choice
+    ring = {"ring": "ring", "hier": "topology"}.get(algo or "")
     if strategy == "flat":
         return Scheme(2, {"ring": "ring", "hier": "topology"}.get(algo or ""))
     return {"ddp": Scheme(2, "ring"),  # Gloo's ring all-reduce
@@ -142,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher", choices=LAUNCHERS, default="mpirun",
                    help="mpirun: the mpi backend (zero's collectives are Open MPI's) with "
                         "DDP on Gloo beside; torchrun: the torch backend on Gloo")
+    p.add_argument("--algos", type=names_arg(FLAT_ALGOS, "algorithm"), default=FLAT_ALGOS,
+                   help="the algorithms each strategy that takes --algo runs, of "
+                        f"{','.join(FLAT_ALGOS)} (default all; fewer runs make the job "
+                        "shorter and its ranks' memory smaller)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)
     add_output_flags(p, "shard-bytes")
@@ -157,7 +169,7 @@ def plan(args: argparse.Namespace) -> list[Job]:
     path, batch = PROFILES[args.model]
     nodes, slots = args.layout
     cfg = replay_config(args.model, ROOT / path, batch, 1.0, args.steps, args.warmup,
-                        strategies(), algos=FLAT_ALGOS)
+                        strategies(), algos=tuple(args.algos))
     name = f"{args.model}-{nodes}x{slots}-{args.launcher}"
     return [Job.place(name, cfg, nodes, slots, args.rate, launcher=args.launcher,
                       timeout_s=JOB_TIMEOUT_S, sets={name})]
@@ -169,6 +181,7 @@ TABLE = [Column("strategy", "", 9), Column("algo", "", 7), Column("MB/step", "",
          Column("topo", "Ψ", 6, ".3f"), Column("pairw", "Ψ", 6, ".3f"),
          Column("form", "", 9), Column("÷ form", "", 7, ".3f"),
          Column("÷ DDP", "", 7, ".3f"), Column("÷ ring", "", 7, ".3f"),
+         Column("÷ hier", "", 7, ".3f"),
          Column("#wrong", "", 6)]
 
 
@@ -193,7 +206,7 @@ def rows_of(summaries: list[dict], steps: list[dict], nodes: int, local: int
         pay = payload[key]
         form = sch.form or nearest_form(pay, sch.ops, psi, nodes, local)
         cols = [per_psi(f, sch.ops, nodes, local) for f in FORMS]
-        ddp, ring = payload.get("ddp"), payload.get("flat ring")
+        ddp, ring, hier = payload.get("ddp"), payload.get("flat ring"), payload.get("flat hier")
         vs_form = pay / expected_bytes(form, sch.ops, psi, nodes, local)
         if sch.form:
             reading = form
@@ -204,6 +217,7 @@ def rows_of(summaries: list[dict], steps: list[dict], nodes: int, local: int
         rows.append([s["strategy"], algo or "-", med / 1e6, f"{lo / 1e6:.1f}-{hi / 1e6:.1f}",
                      pay / 1e6, pay / psi, *cols, reading, vs_form,
                      pay / ddp if ddp else None, pay / ring if ring else None,
+                     pay / hier if hier else None,
                      s.get("wrong")])
     return rows, payload
 
@@ -228,7 +242,8 @@ def check(args: argparse.Namespace, jobs: list[Job], runner: Runner) -> int:
                 "form: the scheme's own column; 'X?': the column a library's own choice "
                 f"matched within {READ_TOLERANCE:.0%} (a reading, not an expectation); 'none': "
                 "it matched no column (÷ form is against the nearest)",
-                "goals: zero1, zero2 ÷ DDP 1.00 ± 0.03; zero3 ÷ DDP 1.50 ± 0.03; "
+                "goals: ring forms: zero1, zero2 ÷ DDP 1.00 ± 0.03, zero3 ÷ DDP 1.50 ± 0.03; "
+                "topology-aware forms (--algo hier) ÷ flat hier: the same; "
                 "hsdp ÷ flat hier 1.00 ± 0.03",
                 f"records: {out}"]))
     return 0

@@ -454,6 +454,8 @@ class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
                              f"{placement.library}")
         self._placement = placement
         self._made: list[Any] = []  # subgroups' process groups, destroyed by close
+        #: the subgroups made (``subgroup``), whose process groups ``close`` lets go of
+        self._groups: weakref.WeakSet[TorchDistGroup] = weakref.WeakSet()
         self._owns_group = group is not None
         self._initialised = False  # whether close destroys the default group (connect's)
         self.name = f"torch-{self.library}"
@@ -503,7 +505,9 @@ class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
         if self.rank not in members:
             return None
         self._made.append(pg)
-        return TorchDistGroup(pg, members, self)
+        made = TorchDistGroup(pg, members, self)
+        self._groups.add(made)
+        return made
 
     def barrier(self) -> None:
         dist.barrier(group=self.pg)
@@ -565,6 +569,19 @@ class TorchDistCommunicator(_ProcessGroupOps, Communicator, Group):
             if self._initialised:
                 dist.destroy_process_group()
         self._made.clear()
+        # Let go of the process groups too, so that each is freed now, its worker threads
+        # joined while the interpreter is whole. One freed at the interpreter's exit (a
+        # strategy's groups, still referenced) can have a worker thread let go of its last
+        # work's tensors then, which needs Python's lock: the process aborted ("terminate
+        # called without an active exception") on one rank of one run of
+        # tests/mpi/check_hsdp_vs_flat.py in CI, after its check had passed (pytorch #179291
+        # describes the same at exit)
+        for g in list(self._groups):
+            g.pg = None
+        self._groups.clear()
+        if self._owns_group or self._initialised:
+            self.pg = self.process_group = None
+        gc.collect()
         self._owns_group = self._initialised = False
 
     def versions(self) -> dict[str, str]:

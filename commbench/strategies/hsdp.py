@@ -63,25 +63,19 @@ from typing import ClassVar
 
 import torch
 
-from commbench.comm.base import Communicator, Group, Topology
+from commbench.comm.base import Communicator, Topology
+from commbench.comm.shardcoll import (
+    OneLevel,
+    node_and_replica_groups,
+    node_ranks,
+    replica_groups,
+)
 from commbench.strategies.zero import (
     ZeroSettings,
     ZeroStrategy,
     _Bucket,
     shard_counts,
 )
-
-
-def node_ranks(topo: Topology) -> list[list[int]]:
-    """Every node's ranks, ascending, nodes in order of their first rank."""
-    hosts = topo.hostnames
-    return [[r for r, h in enumerate(hosts) if h == host] for host in dict.fromkeys(hosts)]
-
-
-def replica_groups(shard_groups: Sequence[Sequence[int]]) -> list[list[int]]:
-    """The ranks that hold the same part: the ``i``-th rank of every shard group, ascending
-    (as torch orders a group's ranks), for each ``i``; the shard groups of equal size."""
-    return [sorted(g[i] for g in shard_groups) for i in range(len(shard_groups[0]))]
 
 
 def check_shard_group(strategy: str, shard_group: int, ranks: int) -> None:
@@ -143,29 +137,6 @@ def node_link_bytes(grad_bytes: int, nodes: int) -> float:
     return 2 * grad_bytes * (nodes - 1) / nodes
 
 
-class _OneRank(Group):
-    """A node of one rank as a group: its reduce-scatter and all-gather are copies (no
-    library call; the library is not asked for groups of one rank)."""
-
-    name = "one rank"
-    rank, size = 0, 1
-
-    def allreduce(self, tensor: torch.Tensor) -> None:
-        pass
-
-    def reduce_scatter_v(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return tensor.clone()
-
-    def allgather_v(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
-        out.view(-1).copy_(part.view(-1))
-
-    def reduce(self, tensor: torch.Tensor, root: int = 0) -> None:
-        pass
-
-    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
-        pass
-
-
 @dataclass(frozen=True)
 class HsdpSettings(ZeroSettings):
     """``hsdp``'s settings (``ZeroSettings``: its buckets; ``--compression`` and
@@ -202,18 +173,12 @@ class HsdpStrategy(ZeroStrategy):
         node = next(n for n in node_ranks(self.comm.topo) if self.comm.rank in n)
         return node.index(self.comm.rank), len(node)
 
-    def open_groups(self, engine_comm: Communicator) -> Group:
-        """The node's group, which the buckets are sharded over; the replica group
-        (``self._cross``) beside it. Every rank asks for every group, in one order."""
-        nodes = node_ranks(self.comm.topo)
-        mine = next(k for k, n in enumerate(nodes) if self.comm.rank in n)
-        if len(nodes[0]) == 1:  # a rank a node: no node group, the replicas are the job
-            self._cross = engine_comm.world_group()
-            return _OneRank()
-        local = [engine_comm.subgroup(n) for n in nodes][mine]
-        cross = [engine_comm.subgroup(g) for g in replica_groups(nodes)]
-        self._cross = cross[nodes[mine].index(self.comm.rank)]
-        return local
+    def open_collectives(self, engine_comm: Communicator) -> OneLevel:
+        """The backend's reduce-scatter and all-gather over the node's group, which the
+        buckets are sharded over; the replica group (``self._cross``) beside it
+        (``node_and_replica_groups``)."""
+        local, self._cross = node_and_replica_groups(engine_comm)
+        return OneLevel("native", local)
 
     def _submit_reduction(self, b: _Bucket) -> None:
         """The node's reduce-scatter of ``b`` (its sum into the gradient shard, the buffer
@@ -252,7 +217,7 @@ class HsdpStrategy(ZeroStrategy):
         grad_bytes = sum(numels) * itemsize
         return {**super().knobs(),
                 "collective": f"reduce_scatter_v and allgather_v of the node's "
-                              f"{self._group.name} group, allreduce of the "
+                              f"{self._coll.group.name} group, allreduce of the "
                               f"{self._cross.name} replica group across nodes, on the engine "
                               "thread",
                 "nodes": replicas, "shard_group_size": shard_group,

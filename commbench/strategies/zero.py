@@ -75,10 +75,10 @@ import torch
 from torch.optim.sgd import sgd as torch_sgd
 
 from commbench.buckets import AUTO, MB, assign_buckets
-from commbench.comm.base import Communicator, Group
+from commbench.comm.base import Communicator
 from commbench.comm.engine import Transfer, TransferEngine
-from commbench.comm.p2pcoll import allgather_by, reduce_scatter_by
 from commbench.comm.ring import chunk_counts
+from commbench.comm.shardcoll import ShardCollectives, check_two_level, shard_collectives
 from commbench.flags import same_flag
 from commbench.flatbuf import FlatBuffer, flat_views
 from commbench.strategies.base import Strategy
@@ -312,15 +312,18 @@ class ShardedStrategy(Strategy):
 
     needs_model = True  # it steps the workload's parameters with the workload's SGD settings
     #: --algo: ``native`` = the backend's reduce_scatter_v and allgather_v; ``ring`` = the
-    #: project's ring forms of the two on point-to-point messages (``comm.p2pcoll``)
+    #: project's ring forms of the two on point-to-point messages (``comm.p2pcoll``);
+    #: ``hier`` = topology-aware, inside the node then across (``comm.shardcoll``)
     uses_algo = True
-    algos = ("native", "ring")
+    algos = ("native", "ring", "hier")
     #: what it keeps in host memory, for the message refusing a model on a device
     held: ClassVar[str] = "its shards"
 
     @classmethod
     def check(cls, comm: Communicator, algo: str) -> None:
         super().check(comm, algo)
+        if algo == "hier":
+            check_two_level(comm.topo, f"--strategy {cls.name}")
         device = comm.placement().device
         if device.type != "cpu":
             raise ValueError(f"--strategy {cls.name} keeps {cls.held} in host memory and "
@@ -406,7 +409,7 @@ class ZeroStrategy(ShardedStrategy):
         # A collective (its communicator's dup): every rank opens its engine here, and asks
         # for the engine's groups on this thread, where a backend may make them collectively
         self._engine = TransferEngine(comm, "thread")
-        self._group = self.open_groups(self._engine.comm)
+        self._coll = self.open_collectives(self._engine.comm)
         self._next = 0  # the first bucket not yet handed to the engine
         self.begin_step(self.timer)
 
@@ -415,12 +418,12 @@ class ZeroStrategy(ShardedStrategy):
         that shards over fewer ranks (HSDP: the node's) says so here."""
         return self.comm.rank, self.comm.size
 
-    def open_groups(self, engine_comm: Communicator) -> Group:
-        """The group the buckets are sharded over, of the engine's communicator (its
-        reduce-scatters and all-gathers run there): its world group. Called once, on the main
-        thread, where a backend may make groups collectively; a strategy that needs more
-        groups makes them here too."""
-        return engine_comm.world_group()
+    def open_collectives(self, engine_comm: Communicator) -> ShardCollectives:
+        """The reduce-scatter and all-gather of ``--algo`` over the job's ranks, on the
+        engine's communicator (``commbench.comm.shardcoll``). Called once, on the main
+        thread, where a backend may make groups collectively; a strategy that shards over
+        other groups makes them here."""
+        return shard_collectives(self.algo, engine_comm)
 
     # -- backward: buckets filled, reduce-scattered in order ---------------------------------
 
@@ -475,7 +478,7 @@ class ZeroStrategy(ShardedStrategy):
 
     def _reduce_scatter(self, b: _Bucket, buffer: torch.Tensor) -> None:
         """On the engine's thread: this rank's part of the bucket's sum."""
-        b.summed = reduce_scatter_by(self.algo, self._group, buffer, b.counts)
+        b.summed = self._coll.reduce_scatter(buffer, b.counts)
 
     def _take_mean(self, b: _Bucket) -> None:
         """On the engine's thread, once the sum is in: its mean into the gradient shard; under
@@ -513,7 +516,7 @@ class ZeroStrategy(ShardedStrategy):
 
     def _allgather(self, part: torch.Tensor, counts: list[int], out: torch.Tensor) -> None:
         """On the engine's thread: every rank's ``part`` into ``out``."""
-        allgather_by(self.algo, self._group, part, counts, out)
+        self._coll.allgather(part, counts, out)
 
     def finish(self) -> None:
         self._reduce()
@@ -566,11 +569,7 @@ class ZeroStrategy(ShardedStrategy):
                 "first_bucket_mb": self.first_bucket_mb, "buckets": len(self.buckets),
                 "bucket_bytes": [n * itemsize for n in numels],
                 "algo": self.algo,
-                "collective": ("the project's ring reduce-scatter and all-gather on "
-                               f"point-to-point messages of the {self._group.name} group"
-                               if self.algo == "ring" else
-                               f"reduce_scatter_v and allgather_v of the {self._group.name} "
-                               "group") + ", on the engine thread",
+                "collective": self._coll.describe() + ", on the engine thread",
                 "shard_elements_ranks": [sum(shard_counts(n, size)[r] for n in numels)
                                          for r in range(size)],
                 "library_bytes_per_step_ranks": [library_bytes(numels, size, r, itemsize)

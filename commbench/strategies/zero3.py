@@ -94,7 +94,7 @@ from torch import nn
 
 from commbench.comm.base import Communicator
 from commbench.comm.engine import Transfer, TransferEngine
-from commbench.comm.p2pcoll import allgather_by, reduce_scatter_by
+from commbench.comm.shardcoll import shard_collectives
 from commbench.flags import flag
 from commbench.flatbuf import FlatBuffer
 from commbench.models.units import ROOT, parameter_units
@@ -275,9 +275,10 @@ class Zero3Strategy(ShardedStrategy):
         # A collective each (a dup of the communicator): every rank opens its engines here, in
         # one order, and asks for each engine's world group on this thread
         self._ag = TransferEngine(comm, "thread")
-        self._ag_group = self._ag.comm.world_group()
+        self._ag_coll = shard_collectives(self.algo, self._ag.comm)
         self._rs = TransferEngine(comm, "thread") if self.separate else self._ag
-        self._rs_group = self._rs.comm.world_group() if self.separate else self._ag_group
+        self._rs_coll = shard_collectives(self.algo, self._rs.comm) if self.separate \
+            else self._ag_coll
         self._step_transfers: list[tuple[Transfer, str, int]] = []
         #: whole parameters and gradient buffers held now, and their peak this step (the
         #: engine's thread frees gradient buffers: a lock)
@@ -336,7 +337,7 @@ class Zero3Strategy(ShardedStrategy):
         its memory (``torch.from_dlpack``: the same bytes, a storage of its own). The mpi
         backend hands MPI a numpy view, and ``Tensor.numpy`` makes the storage it views
         unresizable for good (torch 2.13), which would keep a unit from being freed."""
-        allgather_by(self.algo, self._ag_group, part, counts, torch.from_dlpack(out))
+        self._ag_coll.allgather(part, counts, torch.from_dlpack(out))
 
     def _ensure(self, u: _Unit | None) -> None:
         """``u``'s parameters whole: gathered now, or its gather (prefetched) waited for."""
@@ -487,8 +488,7 @@ class Zero3Strategy(ShardedStrategy):
     def _reduce_scatter(self, u: _Unit, buffer: torch.Tensor) -> None:
         """On the engine's thread: this rank's part of the unit's gradient sum, through an
         alias of the buffer's memory (``_allgather`` says why: the buffer is freed after)."""
-        u.summed = reduce_scatter_by(self.algo, self._rs_group, torch.from_dlpack(buffer),
-                                     u.counts)
+        u.summed = self._rs_coll.reduce_scatter(torch.from_dlpack(buffer), u.counts)
 
     def _take_mean(self, u: _Unit) -> None:
         """On the engine's thread, once the sum is in: its mean into the gradient shard, and
@@ -583,10 +583,7 @@ class Zero3Strategy(ShardedStrategy):
                 "units": [u.path for u in self.units],
                 "unit_bytes": [n * itemsize for n in numels],
                 "algo": self.algo,
-                "collective": ("the project's ring all-gather and reduce-scatter on "
-                               "point-to-point messages" if self.algo == "ring" else
-                               "allgather_v and reduce_scatter_v")
-                              + f" of the {self._ag_group.name} world group, on "
+                "collective": self._ag_coll.describe() + ", on "
                               + ("two engine threads and communicators" if self.separate
                                  else "one engine thread and communicator"),
                 "shard_elements_ranks": [sum(shard_counts(n, size)[r] for n in numels)

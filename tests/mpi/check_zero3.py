@@ -95,6 +95,7 @@ def workload(rank: int) -> RealWorkload:
 
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
+    algo = sys.argv[2] if len(sys.argv) > 2 else "native"  # --algo
     n, r = comm.size, comm.rank
     bad: list[str] = []
     ref = workload(r)
@@ -106,7 +107,7 @@ def main() -> int:
         run = "zero3 " + " ".join(f"{k}={v}" for k, v in fields.items())
         wl = workload(r)
         zero = make_strategy("zero3", comm, wl.grads, backward_order=wl.backward_order,
-                             workload=wl, **fields)
+                             workload=wl, algo=algo, **fields)
         units = zero.units
         paths = [u.path for u in units]
         if paths != [ROOT, "blocks.0", "blocks.1", "blocks.2", "blocks.3"]:
@@ -131,6 +132,8 @@ def main() -> int:
                 bad.append(f"{run} step {s.step}: {s.comm_bytes} comm bytes, not 1.5x "
                            f"{nbytes}")
         knobs = zero.knobs()
+        if knobs["algo"] != algo:
+            bad.append(f"{run}: ran --algo {knobs['algo']}, not {algo}")
         if sum(knobs["library_bytes_per_step_ranks"]) != 3 * (n - 1) * nbytes:
             bad.append(f"{run}: ranks hand over {knobs['library_bytes_per_step_ranks']}, "
                        f"not 3(n-1) x {nbytes} in all")
@@ -150,7 +153,7 @@ def main() -> int:
             bad.append(f"{run}: the validation pass moved the parameters")
         zero.close()
     return verdict(comm, bad, f"OK zero3 == flat + SGD on {n} ranks, "
-                              f"{len(SETTINGS)} settings")
+                              f"{len(SETTINGS)} settings, algo {algo}")
 
 
 if __name__ == "__main__":

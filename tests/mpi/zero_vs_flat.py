@@ -17,6 +17,8 @@ pass must give the closed-form mean (``count_wrong``: 0) and leave the parameter
 and the bytes each rank hands over must sum to 2(n-1) times the gradient's. Exits 1 on
 a mismatch.
 
+The second argument is ``--algo`` (default ``native``; ``hier`` wants nodes of equal size).
+
     mpirun -np 3 python tests/mpi/zero_vs_flat.py mpi
 """
 
@@ -35,6 +37,7 @@ BUCKET_MB = [0, 0.01, 1, 1000]
 
 def main() -> int:
     comm = make_communicator(sys.argv[1] if len(sys.argv) > 1 else "mpi")
+    algo = sys.argv[2] if len(sys.argv) > 2 else "native"
     n = comm.size
     ref = reference(comm, 600_000)
     nbytes = ref.nbytes
@@ -44,9 +47,11 @@ def main() -> int:
             run = f"{name} bucket_mb={mb}"
             wl = model(ref.start)
             zero = make_strategy(name, comm, ref.grads, bucket_mb=mb, backward_order=ref.order,
-                                 workload=wl)
+                                 workload=wl, algo=algo)
             knobs = zero.knobs()
             buckets = knobs["buckets"]
+            if knobs["algo"] != algo:
+                bad.append(f"{run}: ran --algo {knobs['algo']}, not {algo}")
             if sum(knobs["bucket_bytes"]) != nbytes:
                 bad.append(f"{run}: buckets hold {sum(knobs['bucket_bytes'])} bytes, "
                            f"gradients {nbytes}")
@@ -65,7 +70,7 @@ def main() -> int:
                 bad.append(f"{run}: holds {held} bytes of gradient buffers")
             zero.close()
     return verdict(comm, bad, f"OK zero1, zero2 == flat + SGD on {n} ranks, "
-                              f"bucket_mb {BUCKET_MB}")
+                              f"bucket_mb {BUCKET_MB}, algo {algo}")
 
 
 if __name__ == "__main__":
