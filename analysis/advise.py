@@ -27,7 +27,10 @@ One table per scale: every scheme the toolkit has, ranked by its predicted step 
   group (on the shared one also with the root kept gathered from forward to backward,
   FSDP2's rule), and without prefetch, where the profile times forward unit by unit
   (``analysis.sharded``). A reduce-scatter or an all-gather costs half a ring all-reduce
-  of the same bytes on the same ranks —
+  of the same bytes on the same ranks (``--algo ring``, the form the runs take); on several
+  nodes ``zero2 CAP MB topology-aware`` and ``zero3 prefetch, shared, topology-aware``
+  (``--algo hier``: in the node, then across nodes, ``commbench.comm.shardcoll``) cost half
+  the two-level all-reduce's (``hier``) —
 
 with its predicted step, exposed sync, sync share and scaling efficiency (compute / step,
 docs/metrics.md), and ends with the recommendation and its predicted margin over the
@@ -191,11 +194,13 @@ def cap_words(cap: float | str) -> str:
     return "per-tensor" if cap == 0 else f"{cap:g} MB"
 
 
-def half_ring(cluster: Cluster, ranks: int, nodes: int, local: int, wire: float = 1.0
-              ) -> Callable[[float], float]:
+def half_ring(cluster: Cluster, ranks: int, nodes: int, local: int, wire: float = 1.0,
+              algo: str = "ring") -> Callable[[float], float]:
     """Seconds of a reduce-scatter or an all-gather of n bytes on ``ranks`` laid out as
-    ``nodes`` x ``local``: half a ring all-reduce of n (a ring all-reduce is one of each)."""
-    return lambda n: predict("ring", n * wire, ranks, cluster.params, nodes, local) / 2
+    ``nodes`` x ``local``: half an all-reduce of n by ``algo`` (a ring all-reduce is one of
+    each; ``hier``'s is the node's reduce-scatter, the cross-node all-reduce of its parts and
+    the node's all-gather, of which the topology-aware reduce-scatter is the first half)."""
+    return lambda n: predict(algo, n * wire, ranks, cluster.params, nodes, local) / 2
 
 
 @dataclass(frozen=True)
@@ -210,26 +215,36 @@ class ShardedScheme:
     separate: bool = False
     #: zero3: the root freed after forward (ZeRO's 3 gathers' worth); False: kept, FSDP2's rule
     reshard_root: bool = True
+    #: zero2, zero3: the collectives' ``--algo``: ``ring``, or ``hier`` (topology-aware)
+    algo: str = "ring"
     family: str = "sharded"
 
     def step(self, prof: Profile, cluster: Cluster, ranks: int, wire: float = 1.0) -> Step:
         nodes, local = cluster.layout(ranks)
-        world = half_ring(cluster, ranks, nodes, local, wire)
+        world = half_ring(cluster, ranks, nodes, local, wire, self.algo)
         if self.strategy == "zero3":
             return zero3_step(prof, world, world, prefetch=self.prefetch,
                               separate=self.separate, reshard_root=self.reshard_root)
         if self.strategy == "zero2":
             scatter, gather = world, world
-        else:  # hsdp: in the node, then the node's part across nodes
+        else:  # hsdp: in the node, then the node's parts across nodes at once
             inner = half_ring(cluster, local, 1, local, wire)
 
-            def across(n: float) -> float:
-                return predict("ring", n * wire / local, nodes, cluster.params, nodes, 1)
+            def scatter(n: float) -> float:
+                # the two-level all-reduce but its last phase, the node's all-gather: the
+                # node's L parts cross together, sharing its link (1.0 psi on 2 x 4, as the
+                # links measured, docs/strategies.md)
+                return predict("hier", n * wire, ranks, cluster.params, nodes, local) \
+                    - inner(n)
 
-            scatter, gather = (lambda n: inner(n) + across(n)), inner
+            gather = inner
         st = bucketed_step(prof, scatter, self.bucket_mb, FIRST_BUCKET_MB)
         after = gather(prof.grad_bytes)  # the parameters all-gathered after the step
         return Step(st.compute_s, st.exposed_s + after, st.comm_s + after, st.buckets)
+
+
+#: the word a sharded row's name ends with where its collectives are topology-aware
+TOPOLOGY = "topology-aware"
 
 
 def sharded_schemes(caps_mb: Sequence[float | str], units: bool, multi_node: bool
@@ -241,12 +256,17 @@ def sharded_schemes(caps_mb: Sequence[float | str], units: bool, multi_node: boo
     caps = [c for c in caps_mb if c != AUTO]
     out = [ShardedScheme(f"zero2 {cap_words(c)}", "zero2", c) for c in caps]
     if multi_node:
+        out += [ShardedScheme(f"zero2 {cap_words(c)} {TOPOLOGY}", "zero2", c, algo="hier")
+                for c in caps]
         out += [ShardedScheme(f"hsdp {cap_words(c)}", "hsdp", c) for c in caps]
     if units:
         out += [ShardedScheme("zero3 prefetch, shared", "zero3"),
                 ShardedScheme("zero3 prefetch, shared, root kept", "zero3", reshard_root=False),
                 ShardedScheme("zero3 prefetch, separate RS group", "zero3", separate=True),
                 ShardedScheme("zero3 no prefetch", "zero3", prefetch=False)]
+        if multi_node:
+            out.append(ShardedScheme(f"zero3 prefetch, shared, {TOPOLOGY}", "zero3",
+                                     algo="hier"))
     return out
 
 
@@ -696,7 +716,9 @@ def describe(prof: Profile, cluster: Cluster) -> list[str]:
             "# flat native (the library's own all-reduce) is predicted as the cheapest flat "
             "algorithm, the thread path's buckets likewise; exposed sync = step - compute",
             "# sharded: a reduce-scatter or all-gather costs half a ring all-reduce of its "
-            "bytes; zero2 (= zero1's time) and hsdp gather the parameters after the step; "
+            "bytes (topology-aware: half the two-level all-reduce's; hsdp's crosses the "
+            "node's link with its parts together); zero2 (= zero1's time) and hsdp gather "
+            "the parameters after the step; "
             "zero3 " + ("gathers per unit (analysis/sharded.py)" if times_units(prof) else
                         "not ranked: the model input times no forward unit (record a "
                         "profile with commbench.profile)"),

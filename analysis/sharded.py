@@ -271,8 +271,9 @@ def _check_contiguous(prof: Profile, home: Sequence[str], units: set[str]) -> No
             seen.append(u)
 
 
-#: zero3's ``knobs.algo`` -> the engine path whose all-reduce model prices it
-ALGO_PATH = {"native": "thread", "ring": "ring"}
+#: zero3's ``knobs.algo`` -> the engine path whose all-reduce model prices it (``hier``: the
+#: topology-aware forms, half the two-level all-reduce each)
+ALGO_PATH = {"native": "thread", "ring": "ring", "hier": "hier"}
 
 
 def measured_costs(rec: dict, kept: float = 0.0) -> tuple[Cost, Cost] | None:

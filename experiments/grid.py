@@ -74,6 +74,7 @@ from analysis.advise import (
     EXACT,
     HIER_ALGOS,
     PATHS,
+    TOPOLOGY,
     ClusterFlags,
     Prediction,
     Scheme,
@@ -126,6 +127,8 @@ class BadInput(Exception):
 
 # --- a scheme as a job runs it --------------------------------------------------------
 
+#: the strategies a run names ``--algo`` for (the others have one form)
+ALGO_STRATEGIES = ("flat", "hierarchical", "zero1", "zero2", "zero3")
 #: zero3's settings a run names (``Sync``'s fields and the flags' names)
 ZERO3_FLAGS = ("prefetch", "reduce_scatter_group", "reshard_root")
 
@@ -166,7 +169,7 @@ class RunAs:
     def words(self) -> str:
         """The run as flags: ``--strategy bucketed --bucket-mb 25 --transfer ring``."""
         out = f"--strategy {self.strategy}"
-        if self.strategy in ("flat", "hierarchical"):
+        if self.strategy in ALGO_STRATEGIES:
             out += f" --algo {self.algo}"
         if self.bucket_mb is not None:
             mb = self.bucket_mb
@@ -218,10 +221,14 @@ def run_as(scheme: str) -> RunAs:
     elif m := re.fullmatch(r"bucketed (.+) on (\S+)", scheme):
         if m.group(2) in PATHS:
             return RunAs("bucketed", bucket_mb=_cap(m.group(1), scheme), transfer=m.group(2))
-    elif m := re.fullmatch(r"(zero2|hsdp) (.+)", scheme):
-        return RunAs(m.group(1), bucket_mb=_cap(m.group(2), scheme))
+    elif m := re.fullmatch(rf"zero2 (.+?)( {TOPOLOGY})?", scheme):
+        return RunAs("zero2", "hier" if m.group(2) else "ring",
+                     bucket_mb=_cap(m.group(1), scheme))
+    elif m := re.fullmatch(r"hsdp (.+)", scheme):
+        return RunAs("hsdp", bucket_mb=_cap(m.group(1), scheme))
     elif scheme in ZERO3_SCHEMES:
-        return RunAs("zero3", **dict(zip(ZERO3_FLAGS, ZERO3_SCHEMES[scheme])))
+        return RunAs("zero3", ZERO3_ROWS[scheme].algo,
+                     **dict(zip(ZERO3_FLAGS, ZERO3_SCHEMES[scheme])))
     raise ValueError(f"unknown scheme {scheme!r}: not a name analysis.advise gives")
 
 
@@ -236,8 +243,9 @@ def reference_run(entry: dict) -> RunAs:
     return RunAs(strategy, entry.get("algo", "native"), mb, transfer)
 
 
-#: the advisor's zero3 rows (``analysis.advise.sharded_schemes``), by name
-ZERO3_ROWS = {s.name: s for s in sharded_schemes((), units=True, multi_node=False)
+#: the advisor's zero3 rows (``analysis.advise.sharded_schemes``, the topology-aware one
+#: included), by name
+ZERO3_ROWS = {s.name: s for s in sharded_schemes((), units=True, multi_node=True)
               if s.strategy == "zero3"}
 #: each zero3 row -> zero3's settings, as ``ZERO3_FLAGS`` (the root's None where it is the
 #: default, resharded)
@@ -259,14 +267,19 @@ def advisor_scheme(run: RunAs) -> Scheme | ShardedScheme | None:
     if run.strategy == "bucketed" and run.transfer in PATHS and run.bucket_mb is not None:
         return Scheme(f"bucketed {cap_words(run.bucket_mb)} on {run.transfer}", "bucketed",
                       PATHS[run.transfer], run.bucket_mb)
+    # zero2 and zero3 priced on the ring unless topology-aware (``--algo hier``)
+    algo = "hier" if run.algo == "hier" else "ring"
     if run.strategy in ("zero2", "hsdp") and run.bucket_mb not in (None, "auto"):
-        return ShardedScheme(f"{run.strategy} {cap_words(run.bucket_mb)}", run.strategy,
-                             run.bucket_mb)
+        name = f"{run.strategy} {cap_words(run.bucket_mb)}"
+        if run.strategy == "hsdp":
+            return ShardedScheme(name, "hsdp", run.bucket_mb)
+        return ShardedScheme(name + (f" {TOPOLOGY}" if algo == "hier" else ""), "zero2",
+                             run.bucket_mb, algo=algo)
     if run.strategy == "zero3":
         settings = (run.prefetch or "on", run.reduce_scatter_group or "shared",
                     None if run.reshard_root in (None, "on") else run.reshard_root)
         return next((ZERO3_ROWS[name] for name, flags in ZERO3_SCHEMES.items()
-                     if flags == settings), None)
+                     if flags == settings and ZERO3_ROWS[name].algo == algo), None)
     return None
 
 

@@ -129,14 +129,29 @@ def test_the_sharded_family_in_closed_form():
     (the sharded strategies refuse --compression)."""
     got = advise.advise(two_gradients(), two_nodes_of_one(), 2, caps_mb=[25, "auto"])
     rows = {p.scheme: p for p in got.exact if p.family == "sharded"}
-    assert set(rows) == {"zero2 25 MB", "hsdp 25 MB"}  # auto is bucketed's alone
+    # auto is bucketed's alone
+    assert set(rows) == {"zero2 25 MB", "zero2 25 MB topology-aware", "hsdp 25 MB"}
     assert rows["zero2 25 MB"].exposed_s == pytest.approx(2 * A + 1.5 * S * B)
+    # a rank a node: the two levels are the cross-node one, the ring's
+    assert rows["zero2 25 MB topology-aware"].exposed_s == pytest.approx(2 * A + 1.5 * S * B)
     assert rows["hsdp 25 MB"].exposed_s == pytest.approx(2 * A + S * B)
     assert got.pick.scheme == "bucketed 25 MB on thread"  # a + s b: the sharded lose here
     assert not any("zero" in p.scheme or "hsdp" in p.scheme for p in got.approximate)
     one_node = advise.advise(two_gradients(), advise.Cluster(2, two_nodes_of_one().params), 2,
                              ["sharded"], caps_mb=[25])
     assert [p.scheme for p in one_node.exact] == ["zero2 25 MB"]  # hsdp needs two nodes
+
+
+def test_topology_aware_rows_cross_the_link_once_per_node():
+    """2 nodes x 4 GPUs, the node's links free: a topology-aware reduce-scatter or
+    all-gather is half the two-level all-reduce, whose one crossing carries n each way in
+    two steps: a + n b / 2, as on two nodes of one GPU, so zero2's row is again
+    2a + 1.5 s b; the ring's crosses the link at each of its 7 steps, 7a + 7/8 n b."""
+    cluster = advise.Cluster(4, two_nodes_of_one().params)
+    got = advise.advise(two_gradients(), cluster, 8, ["sharded"], caps_mb=[25])
+    rows = {p.scheme: p for p in got.exact}
+    assert rows["zero2 25 MB topology-aware"].exposed_s == pytest.approx(2 * A + 1.5 * S * B)
+    assert rows["zero2 25 MB"].exposed_s == pytest.approx(14 * A + 7 / 8 * 3 * S * B)
 
 
 def test_zero3_is_ranked_where_the_profile_times_its_units():
@@ -185,10 +200,10 @@ def test_every_scheme_every_cap_at_eight_scales():
 
 def rows_at(ranks: int, local: int) -> int:
     """The exact rows of the default table on a profile without units: flat's 3,
-    hierarchical's 2, bucketed's 3 paths at each cap, zero2 at each numeric cap, hsdp too
-    where there are several nodes."""
+    hierarchical's 2, bucketed's 3 paths at each cap, zero2 at each numeric cap, zero2
+    topology-aware and hsdp too where there are several nodes."""
     caps = len([c for c in advise.CAPS_MB if c != "auto"])
-    return 3 + 2 + 3 * len(advise.CAPS_MB) + caps + (caps if ranks > local else 0)
+    return 3 + 2 + 3 * len(advise.CAPS_MB) + caps + (2 * caps if ranks > local else 0)
 
 
 # --- tables from the committed fixtures ----------------------------------------------------

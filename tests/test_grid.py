@@ -120,16 +120,20 @@ def test_every_scheme_the_advisor_emits_maps_to_one_run_of_commbench_allreduce(t
      {"compression": "fp16"}),
     ("accumulate 4, flat ring", "flat", "ring", None, None, {"accum_steps": 4}),
     ("async S=2 on thread", "async", "native", None, "thread", {"staleness": 2}),
-    ("zero2 25 MB", "zero2", "native", 25.0, None, {}),
+    # the sharded rows run the collectives the advisor prices: the ring, or topology-aware
+    ("zero2 25 MB", "zero2", "ring", 25.0, None, {}),
+    ("zero2 25 MB topology-aware", "zero2", "hier", 25.0, None, {}),
     ("hsdp per-tensor", "hsdp", "native", 0.0, None, {}),
-    ("zero3 prefetch, shared", "zero3", "native", None, None,
+    ("zero3 prefetch, shared", "zero3", "ring", None, None,
      {"prefetch": "on", "reduce_scatter_group": "shared"}),
-    ("zero3 prefetch, separate RS group", "zero3", "native", None, None,
+    ("zero3 prefetch, separate RS group", "zero3", "ring", None, None,
      {"prefetch": "on", "reduce_scatter_group": "separate"}),
-    ("zero3 no prefetch", "zero3", "native", None, None,
+    ("zero3 no prefetch", "zero3", "ring", None, None,
      {"prefetch": "off", "reduce_scatter_group": "shared"}),
-    ("zero3 prefetch, shared, root kept", "zero3", "native", None, None,
+    ("zero3 prefetch, shared, root kept", "zero3", "ring", None, None,
      {"prefetch": "on", "reduce_scatter_group": "shared", "reshard_root": "off"}),
+    ("zero3 prefetch, shared, topology-aware", "zero3", "hier", None, None,
+     {"prefetch": "on", "reduce_scatter_group": "shared"}),
 ])
 def test_scheme_names_map_to_the_flags_that_run_them(name, strategy, algo, cap, path, extra):
     run = gr.run_as(name)
@@ -143,6 +147,7 @@ def test_scheme_names_map_to_the_flags_that_run_them(name, strategy, algo, cap, 
         assert sync.transfer == path
     # the toolkit has no rd or Rabenseifner of its own: run as native, and said so
     assert bool(run.note) == (name in ("flat rd", "flat rabenseifner"))
+    assert (f"--algo {algo}" in run.words()) == (strategy in gr.ALGO_STRATEGIES)
 
 
 def test_an_unknown_scheme_name_is_refused_by_name():

@@ -52,7 +52,9 @@ reduce-scatter and an all-gather of Ψ bytes move the bus bytes of one all-reduc
 ``allgather_v``); ``ring`` as the project's ring forms on point-to-point messages
 (``comm.p2pcoll.ring_reduce_scatter_steps`` and ``ring_allgather_steps``), which move
 (n−1)/n of a bucket per collective through each node's link: on Open MPI 4.1 the
-native pair measured twice that (docs/strategies.md).
+native pair measured twice that (docs/strategies.md); ``hier`` as the topology-aware
+forms, in the node and then across nodes (``comm.shardcoll.TwoLevel``), which move
+(N−1)/N of it on N nodes of equal size. Each is ``comm.shardcoll.shard_collectives``.
 
 Not built: ``--compression``, ``--bucket-mb auto`` (exit 2, naming the pair), tensors
 on a GPU (ZeRO-3 is ``zero3``).
