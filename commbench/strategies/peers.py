@@ -259,7 +259,10 @@ class DDPStrategy(Strategy):
                                            process_group=self.group, **devices,
                                            find_unused_parameters=self.find_unused, **sync)
         self._cast = COMPRESSIONS[self.compression]
-        self.ddp.register_comm_hook(None, self._hook)
+        # the hook's state is a weak reference: DDP's reducer holds the hook in C++, out of
+        # the garbage collector's sight, and a bound method would keep this strategy, DDP
+        # and the workload's model alive after the run (one leaked workload a DDP run)
+        self.ddp.register_comm_hook(weakref.ref(self), _ddp_comm_hook)
         workload.net = self.ddp
         workload.sync_in_backward = True
         self.workload = workload
@@ -308,7 +311,7 @@ class DDPStrategy(Strategy):
         self._callbacks.add(done)  # gone once Gloo's thread has let go of it (``close``)
         return fut.then(done)
 
-    def _hook(self, _state, bucket):  # DDP rejects a return annotation that is a string
+    def _hook(self, bucket):
         self._buckets += 1
         self._bucket_starts.append(now())
         return self._reduce(bucket.buffer())
@@ -353,3 +356,9 @@ class DDPStrategy(Strategy):
                 "broadcast_buffers": self.broadcast_buffers, "buckets_per_step": self._step_buckets,
                 "find_unused_parameters": self.find_unused,
                 "buckets_before_last_grad": self._early}
+
+
+def _ddp_comm_hook(state, bucket):  # DDP rejects a return annotation that is a string
+    """DDP's communication hook: the bucket to ``DDPStrategy._hook`` of the strategy
+    ``state`` refers to (a weak reference, ``DDPStrategy.__init__`` says why)."""
+    return state()._hook(bucket)

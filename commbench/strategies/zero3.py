@@ -84,6 +84,7 @@ Example::
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -420,7 +421,12 @@ class Zero3Strategy(ShardedStrategy):
             u.backward_gathered = False
         for t in _tensors(output):
             if t.requires_grad:
-                t.register_hook(self._pre_backward_of(u))
+                # through a weak reference: autograd holds a tensor's hooks in C++, out of the
+                # garbage collector's sight, so an output kept past the run (the workload's
+                # last one) would keep this strategy and the workload alive for good
+                # (and the unit by its place: a hook left on a tensor holds nothing)
+                t.register_hook(partial(_pre_backward_weakly, weakref.ref(self),
+                                        None if u is None else self.units.index(u)))
 
     def _learn_order(self) -> None:
         """The order the units ran in: the next step's prefetch order (kept where a unit
@@ -436,22 +442,20 @@ class Zero3Strategy(ShardedStrategy):
 
     # -- backward ------------------------------------------------------------------------------
 
-    def _pre_backward_of(self, u: _Unit | None):
+    def _pre_backward(self, u: _Unit | None) -> None:
         """The hook on the outputs of unit ``u`` (None: a root without parameters): it fires
         once their gradient is in, before the unit's backward."""
-        def hook(_grad: torch.Tensor) -> None:
-            if u is not None:
-                if u.backward_gathered:  # one of several outputs, or a unit run twice
-                    return
-                u.backward_gathered = True
-                self._ensure(u)
-                self._make_grads(u)  # before autograd accumulates into it
-            if self.prefetch:
-                order = list(reversed(self._forward_order))
-                nxt = order[0] if u is self._root and order else self._after(order, u)
-                if nxt is not None and nxt.pending:
-                    self._start_gather(nxt)
-        return hook
+        if u is not None:
+            if u.backward_gathered:  # one of several outputs, or a unit run twice
+                return
+            u.backward_gathered = True
+            self._ensure(u)
+            self._make_grads(u)  # before autograd accumulates into it
+        if self.prefetch:
+            order = list(reversed(self._forward_order))
+            nxt = order[0] if u is self._root and order else self._after(order, u)
+            if nxt is not None and nxt.pending:
+                self._start_gather(nxt)
 
     def begin_step(self, timer: StepTimer | NullTimer) -> None:
         super().begin_step(timer)
@@ -604,10 +608,23 @@ class Zero3Strategy(ShardedStrategy):
                 "optimizer": self.optimizer_knob()}
 
     def close(self) -> None:
-        """Stop the transfer engines (after their last transfers)."""
+        """Stop the transfer engines (after their last transfers) and take the hooks off the
+        workload's modules."""
         if self._rs is not self._ag:
             self._rs.close()
         self._ag.close()
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def _pre_backward_weakly(strategy: weakref.ref, unit: int | None, _grad: torch.Tensor
+                         ) -> None:
+    """The output hook of unit ``unit`` (its place in ``units``; None: a root without
+    parameters): ``Zero3Strategy._pre_backward`` while the strategy lives."""
+    zero = strategy()
+    if zero is not None:
+        zero._pre_backward(None if unit is None else zero.units[unit])
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:

@@ -437,13 +437,9 @@ class SyntheticWorkload(Workload):
         yield
         self.hold(indices, now())
 
-    def _hook(self, i: int):
-        announce = super()._hook(i)
-
-        def hook(param: torch.Tensor) -> None:
-            self.clock.accumulated()
-            announce(param)
-        return hook
+    def _announce(self, i: int) -> None:
+        self.clock.accumulated()
+        super()._announce(i)
 
     def optimizer_step(self, timer) -> None:
         """SGD on the real parameters; a profile's optimizer time is replayed as a floor."""
