@@ -425,8 +425,9 @@ class Zero3Strategy(ShardedStrategy):
                 # garbage collector's sight, so an output kept past the run (the workload's
                 # last one) would keep this strategy and the workload alive for good
                 # (and the unit by its place: a hook left on a tensor holds nothing)
-                t.register_hook(partial(_pre_backward_weakly, weakref.ref(self),
-                                        None if u is None else self.units.index(u)))
+                place = None if u is None else next(k for k, x in enumerate(self.units)
+                                                    if x is u)
+                t.register_hook(partial(_pre_backward_weakly, weakref.ref(self), place))
 
     def _learn_order(self) -> None:
         """The order the units ran in: the next step's prefetch order (kept where a unit
