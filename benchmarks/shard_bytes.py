@@ -100,13 +100,13 @@ class Scheme:
 
 
 def scheme(strategy: str, algo: str | None) -> Scheme:
-    # the project's ring or topology-aware forms; else the backend's RS and AG: its choice
-    ring = {"ring": "ring", "hier": "topology"}.get(algo or "")
+    # the project's ring or topology-aware forms; else the backend's: its choice
+    form = {"ring": "ring", "hier": "topology"}.get(algo or "")
     if strategy == "flat":
-        return Scheme(2, {"ring": "ring", "hier": "topology"}.get(algo or ""))
+        return Scheme(2, form)
     return {"ddp": Scheme(2, "ring"),  # Gloo's ring all-reduce
-            "zero1": Scheme(2, ring), "zero2": Scheme(2, ring),  # the backend's RS and AG
-            "zero3": Scheme(3, ring),
+            "zero1": Scheme(2, form), "zero2": Scheme(2, form),  # a RS and an AG
+            "zero3": Scheme(3, form),
             "hsdp": Scheme(2, "topology")}[strategy]
 
 

@@ -94,7 +94,7 @@ from commbench.allreduce import runs_of
 from commbench.comm.algos import ALGOS
 from commbench.flags import nonneg_int, positive_int
 from commbench.results import write_atomic
-from commbench.strategies import Sync
+from commbench.strategies import STRATEGIES, Sync
 from experiments import grid_judge
 from experiments.bench import dilation_arg
 from experiments.heldout import GRID, Cell, Grid, GridError, load_grid
@@ -127,8 +127,10 @@ class BadInput(Exception):
 
 # --- a scheme as a job runs it --------------------------------------------------------
 
-#: the strategies a run names ``--algo`` for (the others have one form)
-ALGO_STRATEGIES = ("flat", "hierarchical", "zero1", "zero2", "zero3")
+#: the strategies a run names ``--algo`` for: those where it is a choice (the others have
+#: one form)
+ALGO_STRATEGIES = tuple(name for name, s in STRATEGIES.items()
+                        if s.uses_algo and (s.algos is None or len(s.algos) > 1))
 #: zero3's settings a run names (``Sync``'s fields and the flags' names)
 ZERO3_FLAGS = ("prefetch", "reduce_scatter_group", "reshard_root")
 

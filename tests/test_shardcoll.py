@@ -25,25 +25,18 @@ def _two_level(hosts: list[str], rank: int) -> TwoLevel:
 def _by_levels(hosts: list[str], flats: list[torch.Tensor], counts: list[int]
                ) -> list[torch.Tensor]:
     """Each rank's result of the two levels, done by hand: the node's reduce-scatter of the
-    permuted buffers (place ``l`` gets piece ``l`` of the node's sum), then the cross-node
-    reduce-scatter of that piece among the ranks at place ``l`` (group rank order)."""
-    nodes = node_ranks(topology_from_hostnames(0, hosts))
+    permuted buffers gives place ``l`` piece ``l`` of the node's sum, the cross-node one
+    adds the other nodes' and gives each rank at place ``l`` its share of the piece (group
+    rank order): together, this rank's share of piece ``l`` of every rank's permuted
+    buffer, summed."""
     out = []
     for r in range(len(hosts)):
         t = _two_level(hosts, r)
         pieces, cross_counts, off = t._layout(counts)
-        node = next(n for n in nodes if r in n)
-        permuted = sum(torch.cat([flats[q][off[j]:off[j] + counts[j]]
-                                  for ranks in t.places for j in ranks]) for q in node)
+        permuted = sum(torch.cat([flat[off[j]:off[j] + counts[j]]
+                                  for ranks in t.places for j in ranks]) for flat in flats)
         start = sum(pieces[:t.place])
         piece = permuted[start:start + pieces[t.place]]
-        # the other nodes' node sums of the same piece, added by the cross-node step
-        for other in nodes:
-            if other is node:
-                continue
-            piece = piece + sum(torch.cat([flats[q][off[j]:off[j] + counts[j]]
-                                           for ranks in t.places for j in ranks])
-                                for q in other)[start:start + pieces[t.place]]
         at = t.places[t.place].index(r)
         lo = sum(cross_counts[:at])
         out.append(piece[lo:lo + cross_counts[at]])

@@ -42,6 +42,7 @@ import torch
 from commbench.comm.base import Communicator, Group, Topology
 from commbench.comm.hierarchical import inter_node_algo
 from commbench.comm.p2pcoll import allgather_by, reduce_scatter_by
+from commbench.comm.ring import offsets
 
 
 def node_ranks(topo: Topology) -> list[list[int]]:
@@ -151,11 +152,8 @@ class TwoLevel:
     def _layout(self, counts: list[int]) -> tuple[list[int], list[int], list[int]]:
         """(each place's piece in the permuted buffer, this place's cross-node counts, each
         job rank's offset in the job's order)."""
-        offsets = [0]
-        for c in counts[:-1]:
-            offsets.append(offsets[-1] + c)
         pieces = [sum(counts[r] for r in ranks) for ranks in self.places]
-        return pieces, [counts[r] for r in self.places[self.place]], offsets
+        return pieces, [counts[r] for r in self.places[self.place]], offsets(counts)
 
     def reduce_scatter(self, flat: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Blocking: this rank's part of the job's sum of ``flat``."""
